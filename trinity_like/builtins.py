@@ -1,0 +1,22 @@
+"""The core's own registered components, imported by :func:`trinity_like.plugins.load_plugins`.
+
+The core registers a few components itself (workflows, reward functions, buffer
+storages, monitors) because it cannot run without them. They are imported here, in one
+place, before any plugin, so every process sees the same built-in entries.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+BUILTIN_MODULES = (
+    "trinity_like.explorer.workflows",
+    "trinity_like.explorer.rewards",
+    "trinity_like.buffer.storage",
+    "trinity_like.monitor.sinks",
+)
+
+
+def load_builtins() -> None:
+    for name in BUILTIN_MODULES:
+        importlib.import_module(name)

@@ -1,0 +1,200 @@
+"""The registries every pluggable component lives in, and plugin loading.
+
+One :class:`Registry` type serves every kind of component. It is built on mmengine's
+``Registry`` (duplicate detection, decorator registration of classes *and* functions) and
+adds what a user of this framework needs on top: an unknown name is an error that lists
+the registered names and the closest match, and every entry carries a one-line
+description (its docstring's first line) that ``trinity-like list`` prints.
+
+Example -- registering and resolving a policy loss::
+
+    from trinity_like.registry import POLICY_LOSS_FN
+
+    @POLICY_LOSS_FN.register_module("my_loss")
+    def my_loss(*, logprob, advantages, action_mask):
+        \"\"\"REINFORCE without a baseline.\"\"\"
+        ...
+
+    POLICY_LOSS_FN.get("my_loss") is my_loss        # True
+    POLICY_LOSS_FN.get("my_los")                    # UnknownNameError: ... did you mean 'my_loss'?
+
+Names are looked up only after :func:`trinity_like.plugins.load_plugins` has run in the
+process (``get`` calls it), so every process -- the CLI, a Ray worker -- sees the same
+entries: the installed plugins' (the first-party ``algorithms`` pack among them) plus the
+ones named by the config or the ``TRINITY_LIKE_PLUGINS`` environment variable.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from mmengine.registry import Registry as _MMRegistry
+
+from trinity_like.errors import TrinityError
+
+T = TypeVar("T")
+
+
+class RegistryError(TrinityError):
+    """A registry was used wrongly: a duplicate name, or an unknown one."""
+
+
+class UnknownNameError(RegistryError, KeyError):
+    """A name that is not registered was looked up."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+def first_line(obj: Any) -> str:
+    """The first non-empty line of ``obj``'s docstring, or ``""``."""
+    doc = inspect.getdoc(obj) or ""
+    for line in doc.splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+class Registry:
+    """A named table of components (functions or classes), filled by decorators.
+
+    >>> REG = Registry("demo")
+    >>> @REG.register_module("double")
+    ... def double(x):
+    ...     '''Twice x.'''
+    ...     return 2 * x
+    >>> REG.get("double")(3), REG.describe("double")
+    (6, 'Twice x.')
+    """
+
+    def __init__(self, name: str, kind: str = "") -> None:
+        self.name = name
+        self.kind = kind or name.lower().replace("_", " ")
+        # scope=None and no `locations`: mmengine must not import anything on its own;
+        # plugins are loaded by trinity_like.plugins only.
+        self._mm = _MMRegistry(name)
+        self._origin: dict[str, str] = {}
+
+    # -- registration ---------------------------------------------------------------
+    def register_module(
+        self, name: str | None = None, *, force: bool = False, module: Any = None
+    ) -> Any:
+        """Register ``module`` under ``name`` (default: its ``__name__``).
+
+        Used as a decorator (``@REG.register_module("x")``) or called directly with
+        ``module=``. A name that is already taken is an error unless ``force=True``.
+        """
+        if name is not None and (not isinstance(name, str) or not name):
+            raise RegistryError(f"{self.name}: a name must be a non-empty string, got {name!r}")
+
+        def _register(obj: T) -> T:
+            key = name or getattr(obj, "__name__", None)
+            if not key:
+                raise RegistryError(f"{self.name}: cannot infer a name for {obj!r}")
+            if key in self._mm.module_dict and not force:
+                raise RegistryError(
+                    f"{self.name}: the name {key!r} is already registered by "
+                    f"{self._origin.get(key, '?')}; pass force=True to replace it"
+                )
+            self._mm.register_module(name=key, force=force, module=obj)
+            self._origin[key] = f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', key)}"
+            return obj
+
+        if module is not None:
+            return _register(module)
+        return _register
+
+    # -- lookup ---------------------------------------------------------------------
+    def get(self, name: str) -> Any:
+        """The component registered as ``name``; plugins are loaded first."""
+        from trinity_like.plugins import load_plugins
+
+        load_plugins()
+        if name in self._mm.module_dict:
+            return self._mm.module_dict[name]
+        raise UnknownNameError(self.unknown_message(name))
+
+    def unknown_message(self, name: str) -> str:
+        names = sorted(self._mm.module_dict)
+        close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        known = ", ".join(names) if names else "(none registered)"
+        return f"unknown {self.kind} {name!r}{hint} (registered: {known})"
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._mm.module_dict
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._mm.module_dict))
+
+    def __len__(self) -> int:
+        return len(self._mm.module_dict)
+
+    def names(self) -> list[str]:
+        return sorted(self._mm.module_dict)
+
+    def describe(self, name: str) -> str:
+        """One-line description of an entry: its docstring's first line."""
+        return first_line(self._mm.module_dict[name])
+
+    def origin(self, name: str) -> str:
+        """Dotted path of the object registered as ``name``."""
+        return self._origin.get(name, "?")
+
+    def items(self) -> list[tuple[str, Any]]:
+        return sorted(self._mm.module_dict.items())
+
+    def __repr__(self) -> str:
+        return f"Registry({self.name!r}, {len(self)} entries)"
+
+
+# The ten registries. Their names are the ones the config and `trinity-like list` use.
+ALGORITHM_TYPE = Registry("ALGORITHM_TYPE", "algorithm type")
+POLICY_LOSS_FN = Registry("POLICY_LOSS_FN", "policy loss")
+ADVANTAGE_FN = Registry("ADVANTAGE_FN", "advantage function")
+KL_FN = Registry("KL_FN", "KL estimator")
+ENTROPY_LOSS_FN = Registry("ENTROPY_LOSS_FN", "entropy loss")
+SAMPLE_STRATEGY = Registry("SAMPLE_STRATEGY", "sample strategy")
+WORKFLOW = Registry("WORKFLOW", "workflow")
+REWARD_FN = Registry("REWARD_FN", "reward function")
+BUFFER_STORAGE = Registry("BUFFER_STORAGE", "buffer storage")
+MONITOR = Registry("MONITOR", "monitor")
+
+REGISTRIES: dict[str, Registry] = {
+    r.name: r
+    for r in (
+        ALGORITHM_TYPE,
+        POLICY_LOSS_FN,
+        ADVANTAGE_FN,
+        KL_FN,
+        ENTROPY_LOSS_FN,
+        SAMPLE_STRATEGY,
+        WORKFLOW,
+        REWARD_FN,
+        BUFFER_STORAGE,
+        MONITOR,
+    )
+}
+
+
+def find_registry(name: str) -> Registry:
+    """Look a registry up by name, case-insensitively (``policy_loss_fn`` works)."""
+    key = name.upper().replace("-", "_")
+    if key in REGISTRIES:
+        return REGISTRIES[key]
+    close = difflib.get_close_matches(key, list(REGISTRIES), n=1, cutoff=0.5)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise UnknownNameError(
+        f"unknown registry {name!r}{hint} (registries: {', '.join(REGISTRIES)})"
+    )
+
+
+def component_fn(registry: Registry, name: str) -> Callable[..., Any]:
+    """Shorthand for ``registry.get(name)`` used where a callable is expected."""
+    fn = registry.get(name)
+    if not callable(fn):
+        raise RegistryError(f"{registry.name}: {name!r} is not callable")
+    return fn

@@ -1,0 +1,76 @@
+"""The train-engine contract every engine (``local``, ``verl``) implements.
+
+Batch layout (verl's, so batches cross to verl without copies): a batch is a ``dict`` of
+tensors, B rows, prompts left-padded to P columns and responses right-padded to R::
+
+    input_ids      [B, P+R]  long   prompt tokens (left-padded) then response tokens (right-padded)
+    attention_mask [B, P+R]  long   1 on real tokens
+    position_ids   [B, P+R]  long   cumsum(attention_mask) - 1, clamped at 0
+    response_mask  [B, R]    float  1 on real response tokens that are trained on
+
+plus per-row / per-token fields the components asked for (``old_logprob [B, R]``,
+``advantages [B, R]``, ``ref_logprob [B, R]``, ``rewards [B]``, ``is_expert [B]``, ...).
+Letters: B batch rows, P prompt columns, R response columns, T = P + R.
+
+A *loss callable* maps ``(outputs, batch) -> (loss, metrics)`` where ``outputs`` holds
+what the model produced for the response columns: ``logprob [B, R]`` always,
+``entropy [B, R]`` when asked for, ``values [B, R]`` for a value model. It must be
+picklable (the ``verl`` engine ships it to Ray workers) and must return, for each
+micro-batch, that micro-batch's share of the whole batch's loss, so that micro-batch
+gradients add up to the full-batch gradient (the batch carries the global normalisers
+``num_tokens`` and ``num_seqs`` for that).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+Batch = dict[str, torch.Tensor]
+LossCallable = Callable[[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
+
+
+@runtime_checkable
+class TrainEngine(Protocol):
+    """What the trainer, the pipeline and the client API need of a train engine."""
+
+    def forward_backward(self, batch: Batch, loss_fn: LossCallable, *, need_entropy: bool = False) -> dict[str, float]:
+        """Run forward and backward over ``batch`` (in micro-batches); accumulate grads.
+
+        Returns the loss callable's metrics averaged over micro-batches, plus ``loss``.
+        """
+
+    def optim_step(self) -> dict[str, float]:
+        """Clip gradients, step the optimizer and scheduler, zero grads; returns ``grad_norm``, ``lr``."""
+
+    def compute_logprobs(self, batch: Batch, *, need_entropy: bool = False) -> dict[str, torch.Tensor]:
+        """``logprob [B, R]`` (and ``entropy [B, R]``) of the response tokens, without grad."""
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Full (unsharded) model weights on CPU, Hugging Face names -- for weight sync."""
+
+    def save(self, path: str) -> None:
+        """Write a Hugging Face folder (safetensors, config, tokenizer) plus optimizer state."""
+
+    def load(self, path: str) -> None:
+        """Restore weights and optimizer state written by :meth:`save`."""
+
+    def close(self) -> None:
+        """Release workers and memory."""
+
+
+def response_logprobs(logits_BTV: torch.Tensor, input_ids_BT: torch.Tensor, response_len: int) -> torch.Tensor:
+    """Logprobs ``[B, R]`` of the last ``response_len`` tokens given logits over all positions.
+
+    Position t's logits predict token t+1, so response token j (column P+j) is scored by
+    the logits at column P+j-1.
+    """
+    logits = logits_BTV[:, -response_len - 1 : -1, :].float()
+    targets = input_ids_BT[:, -response_len:]
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def describe_engine(engine: Any) -> str:
+    return type(engine).__name__
