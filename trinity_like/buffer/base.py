@@ -1,0 +1,62 @@
+"""What sample strategies (and the trainer) need of the buffer.
+
+Storages implement :class:`ExperienceSource`; an expert dataset (MIX) implements
+:class:`ExpertSource`. A sample strategy is a registered class::
+
+    @SAMPLE_STRATEGY.register_module("default")
+    class DefaultStrategy:
+        \"\"\"Take the oldest unclaimed experiences first.\"\"\"
+        def __init__(self, *, params: DefaultParams): ...
+        def sample(self, *, experiences, batch_size, model_version, expert=None) -> list[Experience]: ...
+        def state_dict(self) -> dict: ...
+        def load_state_dict(self, state: dict) -> None: ...
+
+Rows a strategy returns were *claimed*: the storage hands them to no one else, and marks
+them consumed only when the training step that used them is committed to a checkpoint
+(:meth:`ExperienceSource.commit`); claims not committed before a crash come back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from trinity_like.experience import Experience
+
+# Orders a storage can hand rows out in.
+ORDERS = ("fifo", "newest_version")
+
+
+@runtime_checkable
+class ExperienceSource(Protocol):
+    def claim(
+        self,
+        n: int,
+        *,
+        order: str = "fifo",
+        min_model_version: int | None = None,
+        timeout: float | None = None,
+    ) -> list[Experience]:
+        """Claim up to ``n`` unclaimed rows (``timeout`` None: wait until ``n`` are there).
+
+        ``order``: "fifo" (oldest written first) or "newest_version" (highest model
+        version first). ``min_model_version``: rows below it are never returned.
+        """
+
+    def drop_older_than(self, model_version: int) -> int:
+        """Mark unclaimed rows produced before ``model_version`` as dropped; returns how many."""
+
+    def put(self, rows: Sequence[Experience]) -> None:
+        """Append rows (transactionally)."""
+
+    def commit(self, step: int) -> None:
+        """Mark every row claimed so far as consumed by training step ``step``."""
+
+    def count(self, status: str = "available") -> int:
+        """Rows in a state: "available", "claimed", "consumed", "dropped"."""
+
+
+@runtime_checkable
+class ExpertSource(Protocol):
+    def next_batch(self, n: int) -> list[Experience]:
+        """The next ``n`` expert rows (``is_expert=True``), cycling through epochs."""
