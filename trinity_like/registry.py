@@ -50,8 +50,16 @@ class UnknownNameError(RegistryError, KeyError):
 
 
 def first_line(obj: Any) -> str:
-    """The first non-empty line of ``obj``'s docstring, or ``""``."""
-    doc = inspect.getdoc(obj) or ""
+    """The first non-empty line of ``obj``'s ``description`` attribute or docstring, or ``""``.
+
+    Instances registered as values (an ``AlgorithmType``) carry a ``description`` field;
+    functions and classes carry a docstring.
+    """
+    desc = getattr(obj, "description", None)
+    if isinstance(desc, str) and not (inspect.isfunction(obj) or inspect.isclass(obj)):
+        doc = desc
+    else:
+        doc = (inspect.getdoc(obj) if (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.ismodule(obj)) else None) or ""
     for line in doc.splitlines():
         if line.strip():
             return line.strip()

@@ -1,0 +1,124 @@
+"""The ``trinity-like`` command line.
+
+    trinity-like run --config recipe.yaml [key.path=value ...] [--plugin P] [--dry-run]
+    trinity-like validate recipe.yaml [key.path=value ...]
+    trinity-like list [REGISTRY]
+    trinity-like version
+
+A user error (bad recipe, bad data, unknown name, failing plugin) prints one line and
+exits with status 2; ``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from trinity_like.errors import TrinityError
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse exits 2 too; keep it to one line
+        sys.stderr.write(f"trinity-like: error: {message} (see --help)\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--plugin", action="append", default=[], metavar="P",
+                   help="plugin module, .py file or package folder to load (repeatable)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="trinity-like", description="Reinforcement fine-tuning of language models.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = sub.add_parser("run", help="run a recipe")
+    run.add_argument("--config", "-c", required=True, help="recipe file (.yaml or .toml)")
+    run.add_argument("overrides", nargs="*", metavar="key.path=value", help="override recipe values")
+    run.add_argument("--dry-run", action="store_true", help="validate and print the resolved plan, run nothing")
+    _add_common(run)
+
+    val = sub.add_parser("validate", help="validate a recipe and exit")
+    val.add_argument("config", help="recipe file (.yaml or .toml)")
+    val.add_argument("overrides", nargs="*", metavar="key.path=value")
+    _add_common(val)
+
+    lst = sub.add_parser("list", help="list registered components (all registries, or one)")
+    lst.add_argument("registry", nargs="?", help="e.g. POLICY_LOSS_FN or policy_loss_fn")
+    _add_common(lst)
+
+    sub.add_parser("version", help="print versions")
+    return parser
+
+
+# -- commands ---------------------------------------------------------------------------
+def cmd_version(_: argparse.Namespace) -> int:
+    import platform
+
+    import trinity_like
+
+    print(f"trinity-like {trinity_like.__version__} (python {platform.python_version()})")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from trinity_like.plugins import load_plugins
+    from trinity_like.registry import REGISTRIES, find_registry
+
+    load_plugins(args.plugin)
+    regs = [find_registry(args.registry)] if args.registry else list(REGISTRIES.values())
+    for reg in regs:
+        print(f"{reg.name} ({len(reg)})")
+        width = max((len(n) for n in reg.names()), default=0)
+        for name in reg.names():
+            desc = reg.describe(name) or "(no description)"
+            print(f"  {name.ljust(width)}  {desc}")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from trinity_like.config import load_plan
+
+    plan = load_plan(args.config, args.overrides, args.plugin)
+    print(f"{args.config}: ok ({len(plan.stages)} stage{'s' if len(plan.stages) != 1 else ''})")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from trinity_like.config import describe_plan, load_plan
+
+    plan = load_plan(args.config, args.overrides, args.plugin)
+    if args.dry_run:
+        print(describe_plan(plan))
+        return 0
+    from trinity_like.runner import run_plan
+
+    return run_plan(plan)
+
+
+COMMANDS = {"run": cmd_run, "validate": cmd_validate, "list": cmd_list, "version": cmd_version}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    debug = getattr(args, "debug", False) or "--debug" in (argv if argv is not None else sys.argv)
+    try:
+        return COMMANDS[args.command](args)
+    except TrinityError as exc:
+        if debug:
+            raise
+        msg = " ".join(str(exc).split("\n"))
+        sys.stderr.write(f"trinity-like: error: {msg}\n")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        sys.stderr.write("trinity-like: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

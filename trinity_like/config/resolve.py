@@ -1,0 +1,366 @@
+"""From a recipe file to a validated, resolved run plan.
+
+Order of work (each step's errors name the file, key path and line):
+
+1. read the file, apply ``key.path=value`` overrides;
+2. load the plugins the recipe and the command line name (so their names resolve);
+3. split ``stages`` (each stage = the top-level sections deep-merged with its overrides);
+4. apply the algorithm type's preset: ``defaults`` and per-slot params fill only what the
+   recipe left unset; a recipe value that contradicts the preset's ``requires`` or the
+   algorithm's policy loss / advantage is an error -- never a silent rewrite;
+5. validate the typed schema; resolve every component name in its registry and build
+   its params object; check every input a component needs is provided by some part.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pydantic
+
+from trinity_like.components import SLOTS, AlgorithmType, build_params, required_inputs
+from trinity_like.config.loader import KeyPath, RawRecipe, apply_overrides, load_recipe
+from trinity_like.config.schema import Config
+from trinity_like.errors import ConfigError, TrinityError
+from trinity_like.plugins import load_plugins, loaded_plugins
+from trinity_like.registry import (
+    ALGORITHM_TYPE,
+    BUFFER_STORAGE,
+    MONITOR,
+    REGISTRIES,
+    REWARD_FN,
+    WORKFLOW,
+    UnknownNameError,
+)
+
+# Keys of a slot mapping that are not params of the component.
+_SLOT_KEYS = ("name", "coef")
+# Slots whose component the algorithm type fixes (a different one is another algorithm).
+_FIXED_SLOTS = ("policy_loss", "advantage")
+
+
+@dataclass(frozen=True)
+class ResolvedComponent:
+    slot: str  # "policy_loss", "advantage", ...
+    name: str  # registered name
+    fn: Any  # the registered function or class
+    params: Any  # its params object (None if it takes none)
+    coef: float | None = None  # KL slots: the coefficient
+
+
+@dataclass(frozen=True)
+class ResolvedStage:
+    config: Config
+    algorithm: AlgorithmType
+    components: dict[str, ResolvedComponent]
+    needs: frozenset[str]  # batch fields some component asks for
+    reward_params: Any = None
+
+    @property
+    def needs_reference(self) -> bool:
+        return "ref_logprob" in self.needs
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.config.run_dir())
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    source: Path | None
+    stages: list[ResolvedStage]
+    plugins: list[str] = field(default_factory=list)
+
+
+# -- helpers ----------------------------------------------------------------------------
+def _get(data: dict, path: tuple[str, ...]) -> tuple[bool, Any]:
+    node: Any = data
+    for part in path:
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def _set(data: dict, path: tuple[str, ...], value: Any) -> None:
+    node = data
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+    node[path[-1]] = copy.deepcopy(value)
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+class _Locator:
+    """Maps a key path of a (stage-merged) config to where the recipe set it."""
+
+    def __init__(self, raw: RawRecipe, stage_index: int | None, stage_data: dict | None) -> None:
+        self.raw, self.stage_index, self.stage_data = raw, stage_index, stage_data or {}
+
+    def __call__(self, path: KeyPath) -> str:
+        if self.stage_index is not None and path and _get(self.stage_data, tuple(path[:1]))[0]:
+            return self.raw.where(("stages", self.stage_index) + tuple(path))
+        return self.raw.where(tuple(path))
+
+    def error(self, path: KeyPath, message: str) -> ConfigError:
+        prefix = "stages.%d." % self.stage_index if self.stage_index is not None and path and _get(self.stage_data, tuple(path[:1]))[0] else ""
+        dotted = ".".join(str(p) for p in path)
+        return ConfigError(f"{self(path)}: {prefix}{dotted}: {message}")
+
+
+def _fmt(value: Any) -> str:
+    return repr(value)
+
+
+# -- presets ----------------------------------------------------------------------------
+def _apply_preset(data: dict, algo: AlgorithmType, algo_name: str, loc: _Locator) -> dict:
+    data = copy.deepcopy(data)
+    alg = data.setdefault("algorithm", {})
+    if not isinstance(alg, dict):
+        raise loc.error(("algorithm",), "must be a mapping")
+    for slot, name in algo.components().items():
+        user = alg.setdefault(slot, {})
+        if not isinstance(user, dict):
+            raise loc.error(("algorithm", slot), f"must be a mapping like {{name: {name}}}")
+        if "name" in user and user["name"] != name and slot in _FIXED_SLOTS:
+            raise loc.error(
+                ("algorithm", slot, "name"),
+                f"{_fmt(user['name'])} conflicts with algorithm type {algo_name!r}, which uses {name!r} "
+                f"(register an algorithm type of your own to change it)",
+            )
+        user.setdefault("name", name)
+        for key, value in algo.params.get(slot, {}).items():
+            user.setdefault(key, copy.deepcopy(value))
+    for path_str, value in algo.requires.items():
+        path = tuple(path_str.split("."))
+        present, current = _get(data, path)
+        if present and current != value:
+            raise loc.error(
+                path, f"{_fmt(current)} conflicts with algorithm type {algo_name!r}, which requires {_fmt(value)}"
+            )
+        _set(data, path, value)
+    for path_str, value in algo.defaults.items():
+        path = tuple(path_str.split("."))
+        if not _get(data, path)[0]:
+            _set(data, path, value)
+    return data
+
+
+# -- validation -------------------------------------------------------------------------
+def _validate_schema(data: dict, loc: _Locator) -> Config:
+    try:
+        return Config.model_validate(data, strict=True)
+    except pydantic.ValidationError as exc:
+        err = exc.errors()[0]
+        path = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+            parent_model = _model_at(Config, path[:-1])
+            if parent_model is not None:
+                import difflib
+
+                known = list(parent_model.model_fields)
+                close = difflib.get_close_matches(str(path[-1]), known, n=1)
+                msg += f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(known)})"
+        elif "input" in err and err["type"] != "missing":
+            msg += f" (got {_fmt(err['input'])})"
+        raise loc.error(path, msg) from None
+
+
+def _model_at(model: type[pydantic.BaseModel], path: KeyPath) -> type[pydantic.BaseModel] | None:
+    import typing
+
+    for part in path:
+        if isinstance(part, int):
+            continue
+        f = model.model_fields.get(str(part))
+        if f is None:
+            return None
+        ann = f.annotation
+        candidates = [ann] + list(typing.get_args(ann))
+        for c in candidates:
+            for cc in [c] + list(typing.get_args(c)):
+                if isinstance(cc, type) and issubclass(cc, pydantic.BaseModel):
+                    model = cc
+                    break
+            else:
+                continue
+            break
+        else:
+            return None
+    return model
+
+
+def _resolve_name(registry: Any, name: str, loc: _Locator, path: KeyPath) -> Any:
+    try:
+        return registry.get(name)
+    except UnknownNameError as exc:
+        raise loc.error(path, str(exc)) from None
+
+
+def _resolve_components(cfg: Config, loc: _Locator) -> dict[str, ResolvedComponent]:
+    out: dict[str, ResolvedComponent] = {}
+    for slot, reg_name in SLOTS.items():
+        spec = dict(getattr(cfg.algorithm, slot))
+        if not spec:
+            continue
+        if "name" not in spec:
+            raise loc.error(("algorithm", slot), "set `name` (the algorithm type does not use this slot)")
+        name = spec.pop("name")
+        if name in (None, "none") and slot != "entropy_loss":
+            continue
+        fn = _resolve_name(REGISTRIES[reg_name], name, loc, ("algorithm", slot, "name"))
+        coef = spec.pop("coef", None) if slot in ("kl_loss", "kl_penalty") else None
+        if coef is not None and not isinstance(coef, (int, float)):
+            raise loc.error(("algorithm", slot, "coef"), f"must be a number (got {_fmt(coef)})")
+        try:
+            params = build_params(fn, spec, where=f"algorithm.{slot}")
+        except ConfigError as exc:
+            key = str(exc).split(":", 1)[0].split(".")
+            raise ConfigError(f"{loc(tuple(key))}: {exc}") from None
+        out[slot] = ResolvedComponent(slot, name, fn, params, float(coef) if coef is not None else None)
+    return out
+
+
+def _provided_inputs(algo: AlgorithmType, comps: dict[str, ResolvedComponent]) -> set[str]:
+    """Batch fields the pipeline can provide for this algorithm."""
+    fields = {"logprob", "entropy", "action_mask", "num_tokens", "num_seqs"}
+    if algo.schema == "pair":
+        fields |= {"scores"}
+    else:
+        fields |= {"old_logprob", "rewards", "group_index", "is_expert", "token_level_rewards"}
+    if "advantage" in comps:
+        fields |= {"advantages", "returns"}
+    if algo.use_reference or "kl_loss" in comps or "kl_penalty" in comps:
+        fields |= {"ref_logprob"}
+    if algo.use_critic:
+        fields |= {"values", "old_values", "returns"}
+    return fields
+
+
+def _check_inputs(algo: AlgorithmType, comps: dict[str, ResolvedComponent], loc: _Locator) -> frozenset[str]:
+    provided = _provided_inputs(algo, comps)
+    needs: set[str] = set()
+    for slot, comp in comps.items():
+        if slot == "sample_strategy":
+            continue
+        req = required_inputs(comp.fn) - {"logprob", "ref_logprob"} if slot in ("kl_loss", "kl_penalty") else required_inputs(comp.fn)
+        missing = req - provided
+        if missing:
+            raise loc.error(
+                ("algorithm", slot, "name"),
+                f"{comp.name!r} needs {sorted(missing)}, which no component provides for this algorithm",
+            )
+        needs |= req
+    if "kl_loss" in comps or "kl_penalty" in comps:
+        needs |= {"ref_logprob"}
+    return frozenset(needs)
+
+
+def _check_sections(cfg: Config, algo: AlgorithmType, loc: _Locator) -> Any:
+    online = algo.use_rollout and cfg.mode in ("both", "explore", "bench")
+    if online and cfg.buffer.tasks is None and cfg.mode != "bench":
+        raise loc.error(("buffer", "tasks"), f"algorithm {cfg.algorithm.type!r} explores: set buffer.tasks")
+    if not algo.use_rollout and cfg.mode == "train" and cfg.buffer.train_data is None:
+        raise loc.error(("buffer", "train_data"), f"offline algorithm {cfg.algorithm.type!r}: set buffer.train_data")
+    if cfg.algorithm.sample_strategy.get("name") == "mix" and cfg.buffer.expert_data is None:
+        raise loc.error(("buffer", "expert_data"), "the mix sample strategy needs buffer.expert_data")
+    _resolve_name(BUFFER_STORAGE, cfg.buffer.experience.storage, loc, ("buffer", "experience", "storage"))
+    for i, backend in enumerate(cfg.monitor.backends):
+        _resolve_name(MONITOR, backend, loc, ("monitor", "backends", i))
+    reward_params = None
+    if algo.use_rollout:
+        _resolve_name(WORKFLOW, cfg.explorer.workflow, loc, ("explorer", "workflow"))
+        reward = _resolve_name(REWARD_FN, cfg.explorer.reward_fn, loc, ("explorer", "reward_fn"))
+        try:
+            reward_params = build_params(reward, cfg.explorer.reward_args, where="explorer.reward_args")
+        except ConfigError as exc:
+            raise ConfigError(f"{loc(('explorer', 'reward_args'))}: {exc}") from None
+    return reward_params
+
+
+def _resolve_paths(data: dict, base: Path) -> dict:
+    """Make data-file paths relative to the recipe's folder, as a user expects."""
+    buf = data.get("buffer")
+    if isinstance(buf, dict):
+        for key, ds in buf.items():
+            if isinstance(ds, dict) and isinstance(ds.get("path"), str) and key != "experience":
+                p = Path(ds["path"]).expanduser()
+                if not p.is_absolute() and not p.exists() and (base / p).exists():
+                    ds["path"] = str(base / p)
+    return data
+
+
+def resolve_stage(data: dict, loc: _Locator, base: Path) -> ResolvedStage:
+    alg = data.get("algorithm", {})
+    algo_name = alg.get("type", "grpo") if isinstance(alg, dict) else "grpo"
+    if not isinstance(algo_name, str):
+        raise loc.error(("algorithm", "type"), f"must be a string (got {_fmt(algo_name)})")
+    algo = _resolve_name(ALGORITHM_TYPE, algo_name, loc, ("algorithm", "type"))
+    if not isinstance(algo, AlgorithmType):
+        raise loc.error(("algorithm", "type"), f"{algo_name!r} is registered but is not an AlgorithmType")
+    data = _apply_preset(data, algo, algo_name, loc)
+    data = _resolve_paths(data, base)
+    cfg = _validate_schema(data, loc)
+    comps = _resolve_components(cfg, loc)
+    needs = _check_inputs(algo, comps, loc)
+    reward_params = _check_sections(cfg, algo, loc)
+    return ResolvedStage(cfg, algo, comps, needs, reward_params)
+
+
+def _stage_datas(raw: RawRecipe) -> list[tuple[dict, int | None, dict | None]]:
+    data = raw.data
+    stages = data.get("stages") or []
+    if not isinstance(stages, list):
+        raise ConfigError(f"{raw.where(('stages',))}: stages: must be a list of stage mappings")
+    base = {k: v for k, v in data.items() if k != "stages"}
+    if not stages:
+        return [(base, None, None)]
+    out = []
+    names = set()
+    for i, st in enumerate(stages):
+        if not isinstance(st, dict):
+            raise ConfigError(f"{raw.where(('stages', i))}: stages.{i}: must be a mapping with a `name`")
+        name = st.get("name")
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{raw.where(('stages', i))}: stages.{i}.name: every stage needs a name")
+        if name in names:
+            raise ConfigError(f"{raw.where(('stages', i, 'name'))}: stages.{i}.name: duplicate stage name {name!r}")
+        names.add(name)
+        over = {k: v for k, v in st.items() if k != "name"}
+        merged = _deep_merge(base, over)
+        merged["name"] = f"{base.get('name', 'run')}/{name}"
+        out.append((merged, i, over))
+    return out
+
+
+def load_plan(path: str | Path, overrides: list[str] | None = None, plugins: list[str] | None = None) -> RunPlan:
+    """Load, validate and resolve a recipe. Raises :class:`ConfigError` with file and line."""
+    raw = apply_overrides(load_recipe(path), list(overrides or []))
+    base = raw.path.parent if raw.path else Path.cwd()
+    specs = raw.data.get("plugins", [])
+    if not isinstance(specs, list) or not all(isinstance(s, str) for s in specs):
+        raise ConfigError(f"{raw.where(('plugins',))}: plugins: must be a list of module names or paths")
+    resolved_specs = []
+    for s in specs:
+        p = Path(s).expanduser()
+        looks_path = s.endswith(".py") or "/" in s or s.startswith(".")
+        resolved_specs.append(str(base / p) if looks_path and not p.is_absolute() else s)
+    try:
+        load_plugins(resolved_specs + list(plugins or []))
+    except TrinityError as exc:
+        raise type(exc)(f"{raw.where(('plugins',))}: {exc}") from exc.__cause__
+    stages = [resolve_stage(d, _Locator(raw, i, over), base) for d, i, over in _stage_datas(raw)]
+    return RunPlan(source=raw.path, stages=stages, plugins=loaded_plugins())

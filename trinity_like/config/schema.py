@@ -1,0 +1,203 @@
+"""The typed, immutable recipe schema: one class per section, one comment per field.
+
+Every field has exactly one default, here. Unknown keys, wrong types and out-of-range
+values are validation errors (the loader turns them into ``file:line: key.path: ...``).
+Values a recipe does not set but an algorithm needs come from the algorithm's preset
+(:mod:`trinity_like.config.resolve`), never from code that reads the config with a default.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+PosInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PosFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+Prob = Annotated[float, Field(ge=0, le=1)]
+
+
+class Section(BaseModel):
+    """Base of every section: frozen, unknown keys forbidden, no type coercion."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class ModelConfig(Section):
+    path: str = "smollm2-135m-instruct"  # built-in id (see `trinity-like list models`) or a local HF folder
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # fp32: bf16 is slower on most CPUs
+    max_prompt_tokens: PosInt = 256  # prompts longer than this are an error, not silently cut
+    max_response_tokens: PosInt = 64  # upper bound on generated / trained response tokens
+    critic_path: str | None = None  # initial weights of the value model (PPO); None: same as `path`
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"  # attention kernel for HF models
+
+
+class DatasetConfig(Section):
+    """A data source: a file/folder read through `datasets`, or a built-in generator."""
+
+    path: str | None = None  # JSONL / parquet file or folder; relative to the recipe's folder
+    generator: str | None = None  # built-in task generator, e.g. "arithmetic" or "reasoning_gym:gsm_symbolic"
+    generator_args: dict[str, Any] = {}  # arguments of the generator (operand ranges, terms, ...)
+    split: Literal["train", "test"] = "train"  # generator split; "test" never overlaps "train"
+    size: PosInt | None = None  # number of rows to generate / keep (None: all, or the generator's default)
+    prompt_key: str = "prompt"  # field holding the prompt text
+    answer_key: str = "answer"  # field holding the reference answer (tasks)
+    response_key: str = "response"  # field holding the response text (SFT prompt/response rows)
+    messages_key: str = "messages"  # field holding chat messages (SFT rows in chat form)
+    chosen_key: str = "chosen"  # preferred response (pairs)
+    rejected_key: str = "rejected"  # dispreferred response (pairs)
+    system_prompt: str | None = None  # system message prepended to text prompts
+    shuffle: bool = True  # shuffle each epoch with `seed`
+    seed: int = 0  # shuffling seed
+    epochs: PosInt = 1  # passes over the data before it is exhausted (offline algorithms)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetConfig:
+        if (self.path is None) == (self.generator is None):
+            raise ValueError("set exactly one of `path` and `generator`")
+        return self
+
+
+class StorageConfig(Section):
+    storage: str = "sqlite"  # BUFFER_STORAGE name: sqlite (persistent) | memory | jsonl
+    path: str | None = None  # file of a persistent storage; None: inside the run directory
+    capacity: PosInt = 10_000  # bounded queue size of `memory` (a full queue blocks the writer)
+
+
+class BufferConfig(Section):
+    tasks: DatasetConfig | None = None  # tasks the explorer answers (online algorithms)
+    eval_tasks: DatasetConfig | None = None  # held-out tasks for evaluation (`bench` and periodic eval)
+    train_data: DatasetConfig | None = None  # offline training data: SFT rows or preference pairs
+    eval_data: DatasetConfig | None = None  # held-out offline data (SFT loss, pair accuracy)
+    expert_data: DatasetConfig | None = None  # expert SFT rows mixed into RL batches (MIX)
+    experience: StorageConfig = StorageConfig()  # where explored experiences wait for the trainer
+    train_batch_size: PosInt | None = None  # experiences (or pairs) per train step; None: explorer batch x group
+
+
+class SamplingConfig(Section):
+    temperature: NonNegFloat = 1.0  # 0 means greedy
+    top_k: NonNegInt = 0  # 0 disables top-k
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0  # nucleus sampling mass; 1 disables it
+    max_new_tokens: PosInt | None = None  # None: model.max_response_tokens
+    stop: list[str] = []  # stop strings (the matched text is kept, generation ends there)
+    stop_token_ids: list[int] = []  # stop tokens in addition to the tokenizer's eos
+
+
+class ExplorerConfig(Section):
+    engine: Literal["hf", "vllm"] = "hf"  # rollout engine: "hf" (our KV-cache engine over any HF model) | "vllm" (GPU)
+    batch_size: PosInt = 8  # prompts per explore step
+    group_size: PosInt = 8  # samples per prompt (GRPO's G)
+    max_concurrent: PosInt = 128  # sequences decoded at once (continuous batching width)
+    workflow: str = "math"  # WORKFLOW name
+    reward_fn: str = "exact_match"  # REWARD_FN name
+    reward_args: dict[str, Any] = {}  # params of the reward fn
+    reward_timeout_s: PosFloat = 10.0  # a reward call slower than this fails (and is retried)
+    reward_retries: NonNegInt = 1  # retries before the task is skipped and counted
+    sampling: SamplingConfig = SamplingConfig()  # rollout sampling
+    eval_sampling: SamplingConfig = SamplingConfig(temperature=0.0)  # evaluation: greedy by default
+
+
+class OptimizerConfig(Section):
+    lr: PosFloat = 1e-5  # AdamW learning rate
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas
+    eps: PosFloat = 1e-8  # AdamW epsilon
+    weight_decay: NonNegFloat = 0.0  # AdamW weight decay
+    grad_clip: NonNegFloat = 1.0  # max global grad norm; 0 disables clipping
+    warmup_steps: NonNegInt = 0  # linear warm-up steps
+    scheduler: Literal["constant", "cosine"] = "constant"  # LR after warm-up
+    min_lr_ratio: Prob = 0.0  # cosine floor as a fraction of lr
+
+
+class TrainerConfig(Section):
+    engine: Literal["verl", "local"] = "verl"  # train engine: "verl" (FSDP workers via Ray) | "local" (in-process torch)
+    total_steps: PosInt = 20  # training steps of this stage
+    micro_batch_size: PosInt = 8  # rows per forward/backward (gradient accumulation inside a step)
+    update_epochs: PosInt = 1  # passes over each batch (PPO epochs)
+    optimizer: OptimizerConfig = OptimizerConfig()  # policy optimizer
+    critic_optimizer: OptimizerConfig = OptimizerConfig(lr=1e-5)  # value model optimizer (PPO)
+    max_nan_steps: NonNegInt = 3  # consecutive NaN losses tolerated (step skipped) before the run stops
+
+
+class SynchronizerConfig(Section):
+    method: Literal["memory", "checkpoint"] = "memory"  # weights via Ray's object store, or via checkpoint files
+    interval: PosInt = 1  # sync weights to the explorer every `interval` train steps
+    offset: NonNegInt = 0  # explorer may run this many steps ahead of the trainer (off-policy)
+
+
+class CheckpointConfig(Section):
+    interval: PosInt = 10  # save every `interval` train steps (and at the end)
+    keep_last: PosInt = 2  # checkpoints kept; older ones are deleted
+    resume: bool = True  # continue from the latest checkpoint of the run directory
+
+
+class MonitorConfig(Section):
+    backends: list[str] = ["jsonl", "tensorboard"]  # MONITOR names
+    eval_interval: NonNegInt = 0  # evaluate every N steps; 0: only at start and end
+    eval_at_start: bool = True  # evaluate before the first step
+    progress: bool = True  # progress bar with the latest figures on the terminal
+
+
+class ClusterConfig(Section):
+    ray_address: str | None = None  # existing Ray cluster ("ray://host:10001" or "auto"); None: start locally
+    num_cpus: PosInt | None = None  # CPUs for a locally started Ray; None: all
+    num_gpus: NonNegInt = 0  # GPUs per node the trainer uses; 0: CPU (gloo)
+    trainer_workers: PosInt = 2  # FSDP world size of the `verl` engine
+    nnodes: PosInt = 1  # nodes
+
+
+class AlgorithmConfig(Section):
+    """Algorithm type plus per-slot overrides: ``{name: ..., <param>: ...}``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    type: str = "grpo"  # ALGORITHM_TYPE name
+    policy_loss: dict[str, Any] = {}  # {name?, params...} of the policy loss
+    advantage: dict[str, Any] = {}  # {name?, params...} of the advantage fn
+    kl_loss: dict[str, Any] = {}  # {name?, coef?, params...}: KL as a loss term
+    kl_penalty: dict[str, Any] = {}  # {name?, coef?, params...}: KL as reward shaping
+    entropy_loss: dict[str, Any] = {}  # {name?, params...}
+    sample_strategy: dict[str, Any] = {}  # {name?, params...}
+
+
+MODES = ("both", "explore", "train", "bench")
+
+
+class StageConfig(Section):
+    """One stage of a multi-stage recipe. Any top-level section may be overridden."""
+
+    name: str  # stage name, used for its run sub-directory
+    mode: Literal["both", "explore", "train", "bench"] | None = None
+    model: dict[str, Any] = {}
+    algorithm: dict[str, Any] = {}
+    buffer: dict[str, Any] = {}
+    explorer: dict[str, Any] = {}
+    trainer: dict[str, Any] = {}
+    synchronizer: dict[str, Any] = {}
+    checkpoint: dict[str, Any] = {}
+    monitor: dict[str, Any] = {}
+
+
+class Config(Section):
+    """A whole recipe (one stage of it, after stage overrides are merged)."""
+
+    name: str = "run"  # run name; the run directory is `<run_root>/<name>`
+    run_root: str = "runs"  # parent folder of run directories, relative to the working directory
+    mode: Literal["both", "explore", "train", "bench"] = "both"  # what this run does
+    seed: int = 42  # seeds sampling, data order and init
+    model: ModelConfig = ModelConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    buffer: BufferConfig = BufferConfig()
+    explorer: ExplorerConfig = ExplorerConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    synchronizer: SynchronizerConfig = SynchronizerConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    monitor: MonitorConfig = MonitorConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    plugins: list[str] = []  # plugin modules, .py files or package folders to load
+    stages: list[StageConfig] = []  # run one after another; each overrides the sections above
+
+    def run_dir(self) -> str:
+        import os
+
+        return os.path.join(self.run_root, self.name)
