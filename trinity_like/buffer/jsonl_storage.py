@@ -1,0 +1,156 @@
+"""A JSON Lines buffer: rows appended to a text file a person can read, grep and share.
+
+Each line is one row's ``to_dict()`` (a pair is recognised by its ``chosen_tokens``), so
+the file is also the export format of a run's experiences. A reader walks the file in
+write order; its position is saved beside the file (``<file>.cursor.json``) at each
+``commit``, so claims that were never committed are claimed again after a restart.
+
+Only "fifo" order exists here (a file is read front to back). Rows below the staleness
+floor (``min_model_version`` or :meth:`drop_older_than`) are skipped and counted as
+dropped when the cursor passes them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonlines
+
+from trinity_like.buffer.rows import Row, check_claim_args, check_status, decode, kind_of, model_version
+from trinity_like.registry import BUFFER_STORAGE
+
+
+def _kind(record: dict[str, Any]) -> str:
+    return "pair" if "chosen_tokens" in record else "experience"
+
+
+def read_rows(path: str | Path) -> Iterator[Row]:
+    """Every row of a JSONL buffer file, in write order."""
+    with jsonlines.open(path) as reader:
+        for record in reader.iter(type=dict, skip_empty=True):
+            yield decode(_kind(record), json.dumps(record))
+
+
+@dataclass(frozen=True)
+class JsonlParams:
+    """The file a JSONL buffer appends to and reads from."""
+
+    path: str = "experiences.jsonl"  # a relative path is taken inside the run directory
+    poll_interval_s: float = 0.01  # pause of a claim waiting for more lines
+
+
+@BUFFER_STORAGE.register_module("jsonl")
+class JsonlStorage:
+    """JSON Lines file: append rows, read them back in order; cursor saved at each commit."""
+
+    def __init__(self, *, params: JsonlParams, run_dir: str | Path | None = None) -> None:
+        path = Path(params.path).expanduser()
+        if run_dir is not None and not path.is_absolute():
+            path = Path(run_dir) / path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+        self.params = params
+        self.path = path
+        self._cursor_path = path.with_name(path.name + ".cursor.json")
+        self._lock = threading.Lock()
+        self._state = {"offset": 0, "step": None, "consumed": 0, "dropped": 0, "floor": None}
+        if self._cursor_path.exists():
+            self._state.update(json.loads(self._cursor_path.read_text()))
+        self._offset = self._state["offset"]  # read position, ahead of the committed one
+        self._claimed = 0
+        self._dropped_since_commit = 0
+
+    def put(self, rows: Sequence[Row]) -> None:
+        """Append rows as lines; a reader waits for a line until its newline is written."""
+        for row in rows:
+            kind_of(row)
+        with self._lock, jsonlines.open(self.path, mode="a", compact=True, flush=True) as writer:
+            writer.write_all(row.to_dict() for row in rows)
+
+    def _next_line(self) -> tuple[dict[str, Any], int] | None:
+        """The record at the read position and the offset after it; None at the end."""
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            line = f.readline()
+        if not line.endswith(b"\n"):  # end of file, or a line still being written
+            return None
+        end = self._offset + len(line)
+        if not line.strip():
+            self._offset = end
+            return self._next_line()
+        return json.loads(line), end
+
+    def claim(
+        self,
+        n: int,
+        *,
+        order: str = "fifo",
+        min_model_version: int | None = None,
+        timeout: float | None = None,
+    ) -> list[Row]:
+        """The next ``n`` rows of the file (waiting for lines as :meth:`SqliteStorage.claim` does)."""
+        check_claim_args(n, order, ("fifo",))
+        floors = [f for f in (min_model_version, self._state["floor"]) if f is not None]
+        floor = max(floors) if floors else None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out: list[Row] = []
+        with self._lock:
+            while len(out) < n:
+                got = self._next_line()
+                if got is None:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        break
+                    time.sleep(self.params.poll_interval_s)
+                    continue
+                record, self._offset = got
+                row = decode(_kind(record), json.dumps(record))
+                if floor is not None and model_version(row) < floor:
+                    self._dropped_since_commit += 1
+                    continue
+                out.append(row)
+        self._claimed += len(out)
+        return out
+
+    def drop_older_than(self, model_version: int) -> int:
+        """Rows sampled before ``model_version`` will be skipped; returns 0 (counted when passed)."""
+        self._state["floor"] = max(model_version, self._state["floor"] or model_version)
+        return 0
+
+    def commit(self, step: int) -> None:
+        """Save the read position as consumed by ``step`` (idempotent for a repeated step)."""
+        last = self._state["step"]
+        if last is not None and step <= last:
+            if self._claimed:
+                raise ValueError(f"commit({step}): step {last} is committed already and rows are claimed")
+            return
+        self._state.update(
+            offset=self._offset,
+            step=step,
+            consumed=self._state["consumed"] + self._claimed,
+            dropped=self._state["dropped"] + self._dropped_since_commit,
+        )
+        tmp = self._cursor_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self._state))
+        os.replace(tmp, self._cursor_path)
+        self._claimed = self._dropped_since_commit = 0
+
+    def count(self, status: str = "available") -> int:
+        """Rows in a state; "available" counts the complete lines after the read position."""
+        check_status(status)
+        if status == "claimed":
+            return self._claimed
+        if status in ("consumed", "dropped"):
+            return self._state[status]
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            return sum(1 for line in f if line.endswith(b"\n") and line.strip())
+
+    def close(self) -> None:
+        """Nothing held open between calls."""

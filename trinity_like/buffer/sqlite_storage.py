@@ -1,0 +1,287 @@
+"""The persistent buffer: one SQLite database file in the run directory.
+
+Why SQLite: Trinity-RFT keeps experiences in an in-memory queue and loses them when a run
+restarts. Here every row lives in a WAL-mode database that an explorer process writes and
+a trainer process reads at the same time, and every change is one transaction, so a
+process killed at any instant leaves either all or nothing of what it was doing.
+
+A row's life::
+
+    put ──► available ──claim──► claimed ──commit(step)──► consumed (by step)
+                │                   │
+                └─drop_older_than─► dropped      claimed, never committed: back to available
+                                                 when a reader opens (first claim or recover)
+
+The exactly-once contract with the trainer (one reader; any number of writers):
+
+1. claim the rows of a step, train on them;
+2. save the checkpoint of step ``s``, then call ``commit(s)`` -- before claiming again;
+3. on resume, call ``recover(s)`` with the step of the checkpoint resumed from.
+
+``recover`` reconciles the buffer with the checkpoint: if the run died between saving the
+checkpoint and committing, the claimed rows *are* in the checkpoint and become consumed by
+``s``; otherwise they return to available. Rows consumed by steps after ``s`` (a newer
+checkpoint that was lost) become available again. So no experience is lost and none is
+trained on twice, wherever the kill lands (tests/buffer/test_crash.py kills both sides).
+
+Example::
+
+    buf = SqliteStorage(params=SqliteParams(), run_dir="runs/demo")
+    buf.put([Experience(tokens=[1, 2, 3], prompt_length=1, model_version=4)])
+    rows = buf.claim(1, order="newest_version", min_model_version=3, timeout=1.0)
+    ...  # train, save checkpoint 7
+    buf.commit(7)
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from trinity_like.buffer.base import ORDERS
+from trinity_like.buffer.rows import (
+    STATUSES,
+    Row,
+    check_claim_args,
+    check_status,
+    decode,
+    encode,
+    model_version,
+)
+from trinity_like.registry import BUFFER_STORAGE
+
+_CODE = {name: i for i, name in enumerate(STATUSES)}  # status name -> integer stored
+AVAILABLE, CLAIMED, CONSUMED, DROPPED = (_CODE[s] for s in STATUSES)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS rows (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,  -- write order (fifo)
+    eid TEXT NOT NULL UNIQUE,               -- the row's id: a retried put adds nothing
+    kind TEXT NOT NULL,                     -- "experience" | "pair"
+    model_version INTEGER NOT NULL,
+    status INTEGER NOT NULL,                -- index into STATUSES
+    step INTEGER,                           -- training step that consumed it
+    body TEXT NOT NULL                      -- the row as JSON
+);
+CREATE INDEX IF NOT EXISTS rows_fifo ON rows (status, seq);
+CREATE INDEX IF NOT EXISTS rows_version ON rows (status, model_version, seq);
+CREATE TABLE IF NOT EXISTS commits (step INTEGER PRIMARY KEY, n_rows INTEGER NOT NULL, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+_ORDER_SQL = {"fifo": "seq", "newest_version": "model_version DESC, seq"}
+
+
+@dataclass(frozen=True)
+class SqliteParams:
+    """Where the database lives and how long to wait for it."""
+
+    path: str = "buffer.sqlite"  # database file; a relative path is taken inside the run directory
+    busy_timeout_s: float = 60.0  # how long a statement waits for another process's write lock
+    poll_interval_s: float = 0.005  # first pause of a claim waiting for rows; doubles up to 0.1 s
+    synchronous: str = "NORMAL"  # NORMAL survives a killed process; FULL also a power cut (slower)
+
+
+@BUFFER_STORAGE.register_module("sqlite")
+class SqliteStorage:
+    """Persistent SQLite buffer (default): crash-safe claims, exactly-once consumption."""
+
+    def __init__(self, *, params: SqliteParams, run_dir: str | Path | None = None) -> None:
+        if params.synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+            raise ValueError(f"synchronous must be OFF, NORMAL, FULL or EXTRA, got {params.synchronous!r}")
+        path = Path(params.path).expanduser()
+        if run_dir is not None and not path.is_absolute():
+            path = Path(run_dir) / path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.params = params
+        self.path = path
+        self._lock = threading.Lock()  # one connection per instance, shared by its threads
+        self._db = sqlite3.connect(
+            str(path), timeout=params.busy_timeout_s, isolation_level=None, check_same_thread=False
+        )
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA synchronous={params.synchronous}")
+        with self._tx() as db:  # schema statements one by one: executescript would commit early
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+        self._recovered = False
+
+    # -- transactions ------------------------------------------------------------
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction: the write lock is taken up front, so no deadlock on upgrade."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _read(self, sql: str, args: Sequence[object] = ()) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    # -- writer side -------------------------------------------------------------
+    def put(self, rows: Sequence[Row]) -> None:
+        """Append ``rows`` in one transaction; a row whose ``eid`` is stored already is skipped."""
+        records = [(r.eid, *encode(r), model_version(r), AVAILABLE) for r in rows]
+        if not records:
+            return
+        with self._tx() as db:
+            db.executemany(
+                "INSERT OR IGNORE INTO rows (eid, kind, body, model_version, status) VALUES (?, ?, ?, ?, ?)",
+                records,
+            )
+            db.execute("DELETE FROM meta WHERE key = 'writer_done'")
+
+    def mark_writer_done(self) -> None:
+        """No more rows will come: a claim waiting for ``n`` rows returns what there is."""
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('writer_done', '1')")
+
+    def writer_done(self) -> bool:
+        return bool(self._read("SELECT 1 FROM meta WHERE key = 'writer_done'"))
+
+    # -- reader side -------------------------------------------------------------
+    def claim(
+        self,
+        n: int,
+        *,
+        order: str = "fifo",
+        min_model_version: int | None = None,
+        timeout: float | None = None,
+    ) -> list[Row]:
+        """Claim up to ``n`` available rows; waits until ``n`` are there, the writer is done, or ``timeout``.
+
+        ``order`` is "fifo" (oldest write first) or "newest_version" (highest model
+        version first, oldest write among equals). Rows below ``min_model_version`` are
+        left where they are (see :meth:`drop_older_than` to retire them).
+        """
+        check_claim_args(n, order, ORDERS)
+        self._recover_once()
+        floor = -(2**62) if min_model_version is None else int(min_model_version)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = self.params.poll_interval_s
+        while True:
+            out_of_time = deadline is not None and time.monotonic() >= deadline
+            if out_of_time or self._n_available(floor, n) >= n or self.writer_done():
+                return self._take(n, order, floor)
+            time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
+            pause = min(pause * 2, 0.1)
+
+    def _n_available(self, floor: int, limit: int) -> int:
+        sql = "SELECT COUNT(*) FROM (SELECT 1 FROM rows WHERE status = ? AND model_version >= ? LIMIT ?)"
+        return self._read(sql, (AVAILABLE, floor, limit))[0][0]
+
+    def _take(self, n: int, order: str, floor: int) -> list[Row]:
+        if n == 0:
+            return []
+        with self._tx() as db:
+            found = db.execute(
+                f"SELECT seq, kind, body FROM rows WHERE status = ? AND model_version >= ? "
+                f"ORDER BY {_ORDER_SQL[order]} LIMIT ?",
+                (AVAILABLE, floor, n),
+            ).fetchall()
+            db.executemany("UPDATE rows SET status = ? WHERE seq = ?", [(CLAIMED, s) for s, _, _ in found])
+        return [decode(kind, body) for _, kind, body in found]
+
+    def drop_older_than(self, model_version: int) -> int:
+        """Mark available rows sampled before ``model_version`` as dropped; returns how many."""
+        with self._tx() as db:
+            cur = db.execute(
+                "UPDATE rows SET status = ? WHERE status = ? AND model_version < ?",
+                (DROPPED, AVAILABLE, model_version),
+            )
+            return cur.rowcount
+
+    def commit(self, step: int) -> None:
+        """Mark every claimed row consumed by ``step``, and record the step.
+
+        Call it right after the checkpoint of ``step`` is saved. Committing a step that is
+        recorded already, with nothing claimed since, does nothing (idempotent); claiming
+        rows and committing them under an old step number is an error.
+        """
+        self._recover_once()
+        with self._tx() as db:
+            last = self._last_step(db)
+            n_claimed = db.execute("SELECT COUNT(*) FROM rows WHERE status = ?", (CLAIMED,)).fetchone()[0]
+            if last is not None and step <= last:
+                if n_claimed:
+                    raise ValueError(f"commit({step}): step {last} is committed already and {n_claimed} rows are claimed")
+                return
+            self._consume_claimed(db, step)
+
+    @staticmethod
+    def _consume_claimed(db: sqlite3.Connection, step: int) -> None:
+        cur = db.execute("UPDATE rows SET status = ?, step = ? WHERE status = ?", (CONSUMED, step, CLAIMED))
+        db.execute("INSERT INTO commits VALUES (?, ?, ?)", (step, cur.rowcount, time.time()))
+
+    @staticmethod
+    def _last_step(db: sqlite3.Connection) -> int | None:
+        return db.execute("SELECT MAX(step) FROM commits").fetchone()[0]
+
+    def last_committed_step(self) -> int | None:
+        """The highest step committed so far (None before the first commit)."""
+        return self._read("SELECT MAX(step) FROM commits")[0][0]
+
+    def recover(self, checkpoint_step: int | None = None) -> dict[str, int]:
+        """Reconcile the buffer with the checkpoint a run resumes from; returns what moved.
+
+        ``checkpoint_step`` None means "no checkpoint to match": only uncommitted claims
+        return to available. With a step ``s``: claims made before the checkpoint of ``s``
+        was saved (``s`` newer than the last commit) become consumed by ``s``; rows
+        consumed by steps after ``s`` become available again; other claims return too.
+        """
+        moved = {"committed": 0, "released": 0, "restored": 0}
+        with self._tx() as db:
+            if checkpoint_step is not None:
+                last = self._last_step(db)
+                if last is None or checkpoint_step > last:
+                    n = db.execute("SELECT COUNT(*) FROM rows WHERE status = ?", (CLAIMED,)).fetchone()[0]
+                    if n:
+                        self._consume_claimed(db, checkpoint_step)
+                        moved["committed"] = n
+                cur = db.execute(
+                    "UPDATE rows SET status = ?, step = NULL WHERE status = ? AND step > ?",
+                    (AVAILABLE, CONSUMED, checkpoint_step),
+                )
+                moved["restored"] = cur.rowcount
+                db.execute("DELETE FROM commits WHERE step > ?", (checkpoint_step,))
+            cur = db.execute("UPDATE rows SET status = ? WHERE status = ?", (AVAILABLE, CLAIMED))
+            moved["released"] = cur.rowcount
+        self._recovered = True
+        return moved
+
+    def _recover_once(self) -> None:
+        """The first reader call of this instance returns a dead reader's claims."""
+        if not self._recovered:
+            self.recover(None)
+
+    # -- inspection --------------------------------------------------------------
+    def count(self, status: str = "available") -> int:
+        """Rows in a state: "available", "claimed", "consumed", "dropped"."""
+        code = _CODE[check_status(status)]
+        return self._read("SELECT COUNT(*) FROM rows WHERE status = ?", (code,))[0][0]
+
+    def statuses(self) -> dict[str, tuple[str, int | None]]:
+        """``eid -> (status, step)`` of every row: for tests and post-mortems."""
+        got = self._read("SELECT eid, status, step FROM rows")
+        return {eid: (STATUSES[code], step) for eid, code, step in got}
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> SqliteStorage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
