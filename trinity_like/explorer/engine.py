@@ -1,0 +1,422 @@
+"""The rollout engine: batched incremental decoding with continuous batching.
+
+Generation dominates the time of online RL, so this is written for throughput on the
+workload RL produces -- P prompts x G samples each, short answers of uneven length:
+
+- **A group's prompt is prefilled once.** Its keys/values are copied into each sample's
+  cache slot; ``generate(num_return_sequences=G)`` prefills every copy instead.
+- **Continuous batching.** Every sample owns a slot of a preallocated cache
+  (:mod:`.kv_cache`). When one finishes, a waiting sample takes its slot at once; when none
+  waits, the last active slot moves into the hole, so a decode step only ever computes
+  live rows and a long sample never holds a finished batch hostage.
+- **Cheap, per-sequence sampling** (:mod:`.sampling`): inverse-CDF draws from each
+  sample's own seeded generator. A sample's tokens depend on its seed, not on which
+  other samples share its batch: a group sampled together equals its samples sampled
+  one by one with the same seeds.
+
+Example::
+
+    engine = RolloutEngine(model, tokenizer)
+    groups = engine.generate([prompt_ids_a, prompt_ids_b], SamplingParams(n=8, seed=1))
+    groups[0][3].token_ids, groups[0][3].logprobs, groups[0][3].finish_reason
+
+Letters: B active rows, N prompts in a prefill chunk, P prompt length, L key length,
+V vocabulary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from trinity_like.errors import TrinityError
+from trinity_like.explorer.kv_cache import PrefillCache, SlotCache, use_attention
+from trinity_like.explorer.sampling import greedy_tokens, sample_tokens, uniforms
+
+TIMING_KEYS = ("prefill", "decode_forward", "sampling", "cache", "bookkeeping")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample: one object per call, shared by every prompt of the call."""
+
+    n: int = 1  # samples per prompt (the group size)
+    max_new_tokens: int = 64  # response length cap; reaching it finishes with "length"
+    temperature: float = 1.0  # logits are divided by it; must be > 0 unless greedy
+    top_k: int = 0  # keep the k most likely tokens; 0 keeps all
+    top_p: float = 1.0  # keep the smallest set of top tokens with this mass; 1.0 keeps all
+    greedy: bool = False  # argmax decoding (temperature, top-k/p and seed unused)
+    seed: int = 0  # base seed; sample (p, s) draws from its own generator, see sample_seed
+    stop_token_ids: tuple[int, ...] | None = None  # None: the model's/tokenizer's eos ids
+    stop_strings: tuple[str, ...] = ()  # finish once the response text contains one
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise TrinityError(f"SamplingParams.n must be >= 1, got {self.n}")
+        if self.max_new_tokens < 1:
+            raise TrinityError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.greedy and not self.temperature > 0:
+            raise TrinityError(
+                f"SamplingParams.temperature must be > 0 (got {self.temperature}); set greedy=True for argmax"
+            )
+        if not 0.0 < self.top_p <= 1.0:
+            raise TrinityError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise TrinityError(f"SamplingParams.top_k must be >= 0, got {self.top_k}")
+
+
+@dataclass(frozen=True)
+class EngineParams:
+    """Capacity knobs of the engine; they change speed and memory, never results."""
+
+    max_batch_size: int = 128  # cache slots = most sequences decoded in one forward
+    prefill_batch_size: int = 16  # prompts per prefill forward
+
+
+@dataclass(frozen=True)
+class Request:
+    """One prompt and the seeds of its samples (one sample per seed)."""
+
+    prompt_ids: tuple[int, ...]  # already rendered with the chat template
+    seeds: tuple[int, ...]  # per sample; unused by greedy decoding except for the count
+
+
+@dataclass
+class Sample:
+    """One generated response."""
+
+    prompt_index: int  # position of its prompt in the call
+    sample_index: int  # position within its group
+    token_ids: list[int]  # response tokens, the stop token included
+    logprobs: list[float]  # per response token, under the sampling distribution
+    finish_reason: str  # "stop" (stop token or string) or "length" (max_new_tokens)
+    model_version: int  # version of the weights that produced it
+
+
+def sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:
+    """A well-mixed 63-bit seed for sample ``sample_index`` of prompt ``prompt_index``."""
+    digest = hashlib.blake2b(f"{seed}:{prompt_index}:{sample_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+@dataclass
+class _Slot:
+    """A sequence being decoded."""
+
+    request: int
+    sample: int
+    generator: torch.Generator | None
+    cached: int  # positions 0..cached-1 are in the KV cache; the last token goes at `cached`
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Prefilled:
+    """A prefilled prompt: where its keys are and the logits of its next token."""
+
+    cache: PrefillCache
+    row: int
+    start: int  # left padding in the prefill chunk
+    length: int
+    logits_V: torch.Tensor
+    remaining: int  # samples not yet admitted; the entry is dropped at zero
+
+
+def _stop_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> tuple[int, ...]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif eos:
+            ids.update(int(i) for i in eos)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return tuple(sorted(ids))
+
+
+class RolloutEngine:
+    """Samples responses from a Hugging Face causal LM; see the module docstring."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        params: EngineParams = EngineParams(),
+        *,
+        model_version: int = 0,
+    ) -> None:
+        layer_types = getattr(model.config, "layer_types", None) or ()
+        if any(t != "full_attention" for t in layer_types):
+            raise TrinityError(
+                f"the rollout engine supports full attention only; {type(model).__name__} has layer types "
+                f"{sorted(set(layer_types))}"
+            )
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.params = params
+        self.model_version = model_version
+        self.default_stop_ids = _stop_ids(model, tokenizer)
+        self.timings = dict.fromkeys(TIMING_KEYS, 0.0)  # seconds, accumulated over calls
+        pad = tokenizer.pad_token_id if tokenizer is not None else None
+        self._pad_id = int(pad) if pad is not None else (self.default_stop_ids or (0,))[0]
+
+    # -- weights ----------------------------------------------------------------------
+    def update_weights(
+        self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None, strict: bool = True
+    ) -> int:
+        """Copy ``state_dict`` into the model in place; returns the new model version.
+
+        The version becomes ``version`` when given (the trainer's step), else it is bumped
+        by one. ``strict=False`` accepts a partial update (e.g. only the trained layers).
+        """
+        with torch.no_grad():
+            result = self.model.load_state_dict(dict(state_dict), strict=strict)
+        if strict and (result.missing_keys or result.unexpected_keys):
+            raise TrinityError(f"update_weights: missing {result.missing_keys}, unexpected {result.unexpected_keys}")
+        self.model_version = self.model_version + 1 if version is None else int(version)
+        return self.model_version
+
+    # -- public entry points ------------------------------------------------------------
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Sample]]:
+        """``sampling.n`` samples for each prompt; sample (p, s) uses ``sample_seed(seed, p, s)``."""
+        requests = [
+            Request(tuple(int(t) for t in ids), tuple(sample_seed(sampling.seed, p, s) for s in range(sampling.n)))
+            for p, ids in enumerate(prompts)
+        ]
+        return self.run(requests, sampling)
+
+    def run(self, requests: Sequence[Request], sampling: SamplingParams) -> list[list[Sample]]:
+        """Samples for each request (one per seed), in request order; ``sampling.n`` is unused."""
+        for i, req in enumerate(requests):
+            if not req.prompt_ids:
+                raise TrinityError(f"request {i}: empty prompt")
+            if not req.seeds:
+                raise TrinityError(f"request {i}: no seeds, so no samples")
+        with torch.inference_mode(), use_attention(self.model):
+            return _Run(self, list(requests), sampling).loop()
+
+    def reset_timings(self) -> None:
+        self.timings = dict.fromkeys(TIMING_KEYS, 0.0)
+
+
+class _Run:
+    """The state of one ``RolloutEngine.run`` call: waiting samples, slots, results."""
+
+    def __init__(self, engine: RolloutEngine, requests: list[Request], sampling: SamplingParams) -> None:
+        self.engine = engine
+        self.model = engine.model
+        self.requests = requests
+        self.sampling = sampling
+        self.version = engine.model_version
+        self.device = next(self.model.parameters()).device
+        stop_ids = sampling.stop_token_ids if sampling.stop_token_ids is not None else engine.default_stop_ids
+        self.stop_ids = frozenset(stop_ids)
+        if sampling.stop_strings and engine.tokenizer is None:
+            raise TrinityError("stop_strings need the engine to have a tokenizer")
+        # Tokens a stop string can span: each token decodes to at least one byte.
+        self.stop_window = max((len(s.encode()) for s in sampling.stop_strings), default=0) + 1
+        self.waiting = [(r, s) for r, req in enumerate(requests) for s in range(len(req.seeds))]
+        self.waiting.reverse()  # pop() from the end takes them in order
+        self.next_prefill = 0  # first request not yet prefilled
+        self.prefilled: dict[int, _Prefilled] = {}
+        self.results: list[list[Sample | None]] = [[None] * len(req.seeds) for req in requests]
+        self.slots: list[_Slot | None] = []
+        self.cache: SlotCache | None = None
+        self.num_slots = min(engine.params.max_batch_size, len(self.waiting))
+        self.max_length = max(len(r.prompt_ids) for r in requests) + sampling.max_new_tokens
+        self.t = engine.timings
+
+    # -- the loop -------------------------------------------------------------------------
+    def loop(self) -> list[list[Sample]]:
+        self.refill()
+        while self.slots:
+            self.decode_step()
+            self.refill()
+        return [[s for s in group if s is not None] for group in self.results]
+
+    def decode_step(self) -> None:
+        t0 = time.perf_counter()
+        assert self.cache is not None
+        slots = [s for s in self.slots if s is not None]
+        positions_B = torch.tensor([s.cached for s in slots], device=self.device)
+        key_length = int(positions_B.max()) + 1
+        self.cache.prepare_step(positions_B, key_length)
+        visible_BL = torch.arange(key_length, device=self.device)[None, :] <= positions_B[:, None]
+        mask_B11L = self._additive(visible_BL)[:, None, None, :]
+        input_B1 = torch.tensor([[s.tokens[-1]] for s in slots], device=self.device)
+        t1 = time.perf_counter()
+        logits_BV = self.model(
+            input_ids=input_B1,
+            position_ids=positions_B[:, None],
+            attention_mask=mask_B11L,
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]
+        t2 = time.perf_counter()
+        for s in slots:
+            s.cached += 1
+        self.t["cache"] += t1 - t0
+        self.t["decode_forward"] += t2 - t1
+        self.append_tokens(slots, logits_BV)
+
+    def append_tokens(self, slots: list[_Slot], logits_BV: torch.Tensor) -> None:
+        """Sample one token for each of ``slots``, append it, and retire finished slots."""
+        t0 = time.perf_counter()
+        sp = self.sampling
+        if sp.greedy:
+            token_B, logprob_B = greedy_tokens(logits_BV)
+        else:
+            u_B = uniforms([s.generator for s in slots])  # type: ignore[misc]
+            token_B, logprob_B = sample_tokens(
+                logits_BV, u_B, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p
+            )
+        tokens, logprobs = token_B.tolist(), logprob_B.tolist()
+        t1 = time.perf_counter()
+        self.t["sampling"] += t1 - t0
+        for slot, token, logprob in zip(slots, tokens, logprobs):
+            slot.tokens.append(token)
+            slot.logprobs.append(logprob)
+            reason = self.finish_reason(slot)
+            if reason:
+                self.results[slot.request][slot.sample] = Sample(
+                    slot.request, slot.sample, slot.tokens, slot.logprobs, reason, self.version
+                )
+                self.slots[self.slots.index(slot)] = None
+        self.t["bookkeeping"] += time.perf_counter() - t1
+
+    def finish_reason(self, slot: _Slot) -> str:
+        if slot.tokens[-1] in self.stop_ids:
+            return "stop"
+        if self.sampling.stop_strings:
+            tail = self.engine.tokenizer.decode(slot.tokens[-self.stop_window :])  # type: ignore[union-attr]
+            if any(s in tail for s in self.sampling.stop_strings):
+                return "stop"
+        if len(slot.tokens) >= self.sampling.max_new_tokens:
+            return "length"
+        return ""
+
+    # -- admission and compaction -----------------------------------------------------------
+    def refill(self) -> None:
+        """Give free slots to waiting samples, then close the remaining holes."""
+        while self.waiting and (None in self.slots or len(self.slots) < self.num_slots):
+            admitted: list[_Slot] = []
+            while self.waiting and (None in self.slots or len(self.slots) < self.num_slots):
+                admitted.append(self.admit(*self.waiting.pop()))
+            # Each new sample's first token comes from its prompt's prefill logits.
+            logits_BV = torch.stack([self.prefilled_of(s.request).logits_V for s in admitted])
+            for s in admitted:
+                self.release_prompt(s.request)
+            self.append_tokens(admitted, logits_BV)
+        self.compact()
+
+    def admit(self, request: int, sample: int) -> _Slot:
+        entry = self.prefilled_of(request)
+        t0 = time.perf_counter()
+        seed = self.requests[request].seeds[sample]
+        generator = None if self.sampling.greedy else torch.Generator().manual_seed(seed)
+        slot = _Slot(request, sample, generator, cached=entry.length)
+        index = self.slots.index(None) if None in self.slots else len(self.slots)
+        if self.cache is None:
+            self.cache = self._allocate(entry.cache)
+        self.cache.load_prompt(index, entry.cache, entry.row, entry.start, entry.length)
+        if index == len(self.slots):
+            self.slots.append(slot)
+        else:
+            self.slots[index] = slot
+        self.t["cache"] += time.perf_counter() - t0
+        return slot
+
+    def compact(self) -> None:
+        """Move the last active slots into holes so active rows are exactly 0..B-1."""
+        t0 = time.perf_counter()
+        assert self.cache is not None or not self.slots
+        while self.slots and self.slots[-1] is None:
+            self.slots.pop()
+        while None in self.slots:
+            hole = self.slots.index(None)
+            last = self.slots.pop()
+            assert last is not None
+            self.cache.move(len(self.slots), hole, last.cached)  # type: ignore[union-attr]
+            self.slots[hole] = last
+            while self.slots and self.slots[-1] is None:
+                self.slots.pop()
+        self.t["cache"] += time.perf_counter() - t0
+
+    def _allocate(self, example: PrefillCache) -> SlotCache:
+        k = example.keys[0]
+        assert k is not None
+        return SlotCache(
+            num_layers=len(example.keys),
+            num_slots=self.num_slots,
+            num_kv_heads=k.shape[1],
+            max_length=self.max_length,
+            head_dim=k.shape[3],
+            dtype=k.dtype,
+            device=k.device,
+        )
+
+    # -- prefill --------------------------------------------------------------------------
+    def prefilled_of(self, request: int) -> _Prefilled:
+        while request >= self.next_prefill:
+            self.prefill_chunk()
+        return self.prefilled[request]
+
+    def release_prompt(self, request: int) -> None:
+        entry = self.prefilled[request]
+        entry.remaining -= 1
+        if entry.remaining == 0:
+            del self.prefilled[request]
+
+    def prefill_chunk(self) -> None:
+        """Prefill the next ``prefill_batch_size`` prompts in one left-padded forward."""
+        t0 = time.perf_counter()
+        first = self.next_prefill
+        chunk = self.requests[first : first + self.engine.params.prefill_batch_size]
+        self.next_prefill += len(chunk)
+        lengths = [len(r.prompt_ids) for r in chunk]
+        width = max(lengths)
+        pads_N = torch.tensor([width - n for n in lengths], device=self.device)
+        ids_NP = torch.tensor(
+            [[self.engine._pad_id] * (width - len(r.prompt_ids)) + list(r.prompt_ids) for r in chunk],
+            device=self.device,
+        )
+        columns_P = torch.arange(width, device=self.device)
+        positions_NP = (columns_P[None, :] - pads_N[:, None]).clamp(min=0)
+        # Causal, padding invisible; every query sees itself so padded rows stay finite.
+        causal_PP = columns_P[None, :] <= columns_P[:, None]
+        real_NP = columns_P[None, :] >= pads_N[:, None]
+        visible_NPP = (causal_PP[None] & real_NP[:, None, :]) | torch.eye(width, dtype=torch.bool, device=self.device)
+        cache = PrefillCache(self._num_layers())
+        logits_NV = self.model(
+            input_ids=ids_NP,
+            position_ids=positions_NP,
+            attention_mask=self._additive(visible_NPP)[:, None],
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]
+        for row, req in enumerate(chunk):
+            self.prefilled[first + row] = _Prefilled(
+                cache, row, width - lengths[row], lengths[row], logits_NV[row], len(req.seeds)
+            )
+        self.t["prefill"] += time.perf_counter() - t0
+
+    def _num_layers(self) -> int:
+        n = getattr(self.model.config, "num_hidden_layers", None)
+        if n is None:
+            raise TrinityError(f"{type(self.model).__name__}: config has no num_hidden_layers")
+        return int(n)
+
+    def _additive(self, visible: torch.Tensor) -> torch.Tensor:
+        """Boolean visibility -> additive mask in the model's dtype (0 or the dtype's min)."""
+        dtype = self.model.dtype
+        zero = torch.zeros((), dtype=dtype, device=self.device)
+        return torch.where(visible, zero, torch.finfo(dtype).min)

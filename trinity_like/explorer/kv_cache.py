@@ -1,0 +1,165 @@
+"""Preallocated slot KV cache and the attention kernel that reads it without copies.
+
+Why our own cache: ``DynamicCache`` concatenates every layer's keys and values at every
+decode step (a copy of the whole cache per token), and dropping finished rows from it
+copies everything again. Here each layer owns two tensors allocated once::
+
+    keys_SHLD, values_SHLD: [S slots, H kv heads, L max length, D head dim]
+
+A sequence lives in one slot; its token at position ``p`` sits at index ``p`` (the prompt
+at ``0..P-1``, generated tokens after it), so a slot's length is also the next position id.
+A decode step writes one key/value per active slot at that slot's own length and hands the
+attention a *view* ``[:B, :, :L]`` -- no copy. Slots shorter than ``L`` are masked.
+Active sequences always occupy slots ``0..B-1``: a finished one is replaced by a waiting
+one (its prompt's keys copied in) or by the last active slot (one row copied).
+
+The attention function :func:`slot_attention` is registered with ``transformers``'
+``AttentionInterface`` and selected only while the engine runs a forward pass
+(:func:`use_attention`); it does grouped-query attention by reshaping the queries instead
+of repeating keys, so strided cache views feed ``matmul`` directly. Masks are additive
+float masks ``[B, 1, Q, L]`` built by the engine (transformers passes a 4-D mask through
+as it is).
+
+Letters: S slots, B active rows, H kv heads, G query heads per kv head, Q query length,
+L key length, D head dim, P prompt length.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from transformers import AttentionInterface, PreTrainedModel
+
+ATTENTION_NAME = "trinity_slot"
+
+
+def slot_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **_ignored: object,  # transformers passes model-specific extras (position ids, ...)
+) -> tuple[torch.Tensor, None]:
+    """Softmax attention over a (possibly strided) cache view, grouped-query aware.
+
+    query: [B, H*G, Q, D]; key, value: [B, H, L, D]; attention_mask: [B, 1, Q, L] additive.
+    Returns [B, Q, H*G, D], the layout transformers' attention modules expect.
+    """
+    del module, dropout  # inference only
+    b, hq, q, d = query.shape
+    h = key.shape[1]
+    g = hq // h
+    # Head j of the query uses kv head j // G (the order `repeat_kv` produces).
+    query_BHXD = query.reshape(b, h, g * q, d)
+    scores_BHXL = torch.matmul(query_BHXD, key.transpose(-1, -2)).mul_(scaling)
+    if attention_mask is not None:
+        scores_BHGQL = scores_BHXL.view(b, h, g, q, -1)
+        scores_BHGQL.add_(attention_mask.unsqueeze(2))
+    probs_BHXL = torch.softmax(scores_BHXL, dim=-1, dtype=torch.float32).to(value.dtype)
+    out_BHXD = torch.matmul(probs_BHXL, value)
+    return out_BHXD.view(b, hq, q, d).transpose(1, 2), None
+
+
+AttentionInterface.register(ATTENTION_NAME, slot_attention)
+
+
+@contextlib.contextmanager
+def use_attention(model: PreTrainedModel) -> Iterator[None]:
+    """Route ``model``'s attention through :func:`slot_attention` for the block's duration.
+
+    The model may be shared (a trainer in the same process): its own setting is restored
+    afterwards, so plain ``model(...)`` calls keep their usual attention.
+    """
+    config = model.config
+    before = config._attn_implementation
+    config._attn_implementation = ATTENTION_NAME
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
+class PrefillCache:
+    """Captures the keys and values of a prefill pass, layer by layer, without copying.
+
+    Passed as ``past_key_values`` to a forward over whole (padded) prompts: ``update``
+    keeps each layer's new keys/values and returns them unchanged as the attention input.
+    """
+
+    def __init__(self, num_layers: int) -> None:
+        self.keys: list[torch.Tensor | None] = [None] * num_layers  # [N, H, P, D] each
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *_: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys[layer_idx] = key_states
+        self.values[layer_idx] = value_states
+        return key_states, value_states
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+
+class SlotCache:
+    """Per-layer ``[S, H, L, D]`` key/value tensors, written at each slot's own position."""
+
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_slots: int,
+        num_kv_heads: int,
+        max_length: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        shape = (num_slots, num_kv_heads, max_length, head_dim)
+        # Zeros, not `empty`: masked positions are multiplied by a zero weight, and stale
+        # NaN bit patterns would survive that (NaN * 0 = NaN).
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.max_length = max_length
+        self.num_slots = num_slots
+        # Set by the engine before each decode forward:
+        self.rows_B = torch.arange(0)  # slot index of each active row, 0..B-1
+        self.positions_B = torch.zeros(0, dtype=torch.long)  # where this step's token goes
+        self.key_length = 0  # L of the view handed to attention (max position + 1)
+
+    def prepare_step(self, positions_B: torch.Tensor, key_length: int) -> None:
+        """Set where the next ``update`` writes: row b at ``positions_B[b]``."""
+        self.positions_B = positions_B
+        self.rows_B = torch.arange(positions_B.shape[0], device=positions_B.device)
+        self.key_length = key_length
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *_: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write one token per row ([B, H, 1, D]) and return the ``[:B, :, :L]`` views."""
+        b = key_states.shape[0]
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        keys[self.rows_B, :, self.positions_B] = key_states[:, :, 0]
+        values[self.rows_B, :, self.positions_B] = value_states[:, :, 0]
+        return keys[:b, :, : self.key_length], values[:b, :, : self.key_length]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.key_length
+
+    def load_prompt(self, slot: int, prefill: PrefillCache, row: int, start: int, length: int) -> None:
+        """Copy a prefilled prompt (row ``row``, tokens ``start:start+length``) into ``slot``."""
+        for layer, (k, v) in enumerate(zip(prefill.keys, prefill.values)):
+            assert k is not None and v is not None
+            self.keys[layer][slot, :, :length] = k[row, :, start : start + length]
+            self.values[layer][slot, :, :length] = v[row, :, start : start + length]
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` positions of slot ``src`` into slot ``dst``."""
+        for k, v in zip(self.keys, self.values):
+            k[dst, :, :length] = k[src, :, :length]
+            v[dst, :, :length] = v[src, :, :length]
