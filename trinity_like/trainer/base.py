@@ -72,5 +72,43 @@ def response_logprobs(logits_BTV: torch.Tensor, input_ids_BT: torch.Tensor, resp
     return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
+def with_normalisers(batch: Batch) -> Batch:
+    """``batch`` plus the global normalisers ``num_tokens`` and ``num_seqs`` (0-dim float tensors).
+
+    Engines call this on the whole batch before splitting it, so every micro-batch (and,
+    in the ``verl`` engine, every data-parallel rank) divides by the same full-batch
+    counts. A caller that accumulates gradients over several ``forward_backward`` calls
+    sets them itself, to the counts of everything accumulated; existing values are kept.
+    """
+    out = dict(batch)
+    if "num_tokens" not in out:
+        out["num_tokens"] = batch["response_mask"].sum().to(torch.float32)
+    if "num_seqs" not in out:
+        out["num_seqs"] = torch.tensor(float(batch["response_mask"].shape[0]))
+    return out
+
+
+def batch_rows(batch: Batch) -> int:
+    """Number of rows B of a batch (from ``input_ids``)."""
+    return int(batch["input_ids"].shape[0])
+
+
+def slice_rows(batch: Batch, start: int, stop: int) -> Batch:
+    """Rows ``start:stop`` of every per-row field; 0-dim fields (normalisers) are shared."""
+    return {k: (v if v.dim() == 0 else v[start:stop]) for k, v in batch.items()}
+
+
+def micro_batches(batch: Batch, micro_batch_size: int) -> list[Batch]:
+    """Split a batch into consecutive micro-batches of at most ``micro_batch_size`` rows."""
+    rows = batch_rows(batch)
+    return [slice_rows(batch, i, min(i + micro_batch_size, rows)) for i in range(0, rows, micro_batch_size)]
+
+
+def mean_metrics(per_micro: list[dict[str, float]]) -> dict[str, float]:
+    """Average each metric over the micro-batches that reported it."""
+    keys = sorted({k for m in per_micro for k in m})
+    return {k: sum(m[k] for m in per_micro if k in m) / sum(1 for m in per_micro if k in m) for k in keys}
+
+
 def describe_engine(engine: Any) -> str:
     return type(engine).__name__

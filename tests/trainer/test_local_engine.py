@@ -1,0 +1,156 @@
+"""The local engine against independent oracles: a naive full forward, plain autograd + AdamW."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from trainer_batches import ClippedPPOLoss, make_batch, naive_outputs, nll_loss, value_mse_loss
+from transformers import AutoModelForCausalLM
+
+from trinity_like.errors import TrinityError
+from trinity_like.models.tiny import build_tiny_model
+from trinity_like.trainer.base import TrainEngine, with_normalisers
+from trinity_like.trainer.local_engine import HEAD_FILE, LocalEngine
+from trinity_like.trainer.params import ModelParams, OptimParams
+
+B, P, R = 8, 6, 5
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory) -> str:
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=3))
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_path) -> dict[str, torch.Tensor]:
+    vocab = AutoModelForCausalLM.from_pretrained(tiny_path).config.vocab_size
+    return make_batch(vocab, B, P, R, seed=11)
+
+
+def reference_model(path: str) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+
+
+def test_is_a_train_engine(tiny_path):
+    assert isinstance(LocalEngine(ModelParams(path=tiny_path)), TrainEngine)
+
+
+def test_missing_model_is_one_clear_error(tmp_path):
+    with pytest.raises(TrinityError, match="not found"):
+        LocalEngine(ModelParams(path=str(tmp_path / "nope")))
+
+
+def test_logprobs_and_entropy_match_a_naive_full_forward(tiny_path, batch):
+    engine = LocalEngine(ModelParams(path=tiny_path, micro_batch_size=3))
+    out = engine.compute_logprobs(batch, need_entropy=True)
+    with torch.no_grad():
+        expected = naive_outputs(reference_model(tiny_path), batch)
+    attended = batch["attention_mask"][:, P:].bool()
+    assert out["logprob"].shape == (B, R)
+    torch.testing.assert_close(out["logprob"][attended], expected["logprob"][attended], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out["entropy"][attended], expected["entropy"][attended], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("loss_fn", [nll_loss, ClippedPPOLoss(clip=0.2, entropy_coef=0.01)], ids=["nll", "ppo"])
+def test_micro_batches_add_up_to_the_full_batch_gradient_and_adamw_step(tiny_path, batch, loss_fn):
+    """Engine with micro-batches of 3 rows == one autograd pass over all 8 rows + torch AdamW."""
+    # Adam's first step is lr * g / (|g| + eps): where |g| << eps it is flat in g, where |g| is
+    # near 0 it jumps, so fp32 summation-order noise in g could move it by a fraction of lr.
+    # A large eps keeps the step Lipschitz in g (slope lr / eps = 10): the gradient tolerance
+    # (atol 1e-6) then bounds the weight difference by 1e-5.
+    optim = OptimParams(lr=1e-2, weight_decay=0.1, betas=(0.8, 0.95), eps=1e-3, clip_grad=1e9)
+    engine = LocalEngine(ModelParams(path=tiny_path, micro_batch_size=3), optim)
+    metrics = engine.forward_backward(batch, loss_fn, need_entropy=True)
+
+    model = reference_model(tiny_path)
+    full = with_normalisers(batch)
+    loss, _ = loss_fn(naive_outputs(model, full), full)
+    loss.backward()
+    assert metrics["loss"] == pytest.approx(loss.item(), rel=1e-5)
+    engine_grads = {n: p.grad for n, p in engine.model.named_parameters()}
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(engine_grads[name], p.grad, rtol=1e-4, atol=1e-6)
+
+    engine.optim_step()
+    torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, betas=(0.8, 0.95), eps=1e-3).step()
+    after = engine.state_dict()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(after[name], p.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_grad_clipping_bounds_the_update_norm(tiny_path, batch):
+    engine = LocalEngine(ModelParams(path=tiny_path), OptimParams(lr=1e-3, clip_grad=0.5))
+    engine.forward_backward(batch, nll_loss)
+    grads = [p.grad.clone() for p in engine.model.parameters()]
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    metrics = engine.optim_step()
+    assert metrics["grad_norm"] == pytest.approx(float(norm), rel=1e-5)
+    assert metrics["grad_norm"] > 0.5  # so clipping was active; the AdamW step is scale-free anyway
+
+
+def test_save_load_round_trip_is_byte_identical_and_resumes_identically(tiny_path, batch, tmp_path):
+    optim = OptimParams(lr=1e-3, warmup_steps=2)
+    first = LocalEngine(ModelParams(path=tiny_path), optim)
+    for _ in range(2):
+        first.forward_backward(batch, nll_loss)
+        first.optim_step()
+    first.save(str(tmp_path / "ckpt"))
+
+    second = LocalEngine(ModelParams(path=tiny_path), optim)
+    second.load(str(tmp_path / "ckpt"))
+    a, b = first.state_dict(), second.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    for engine in (first, second):
+        engine.forward_backward(batch, nll_loss)
+        assert engine.optim_step()["lr"] == pytest.approx(1e-3)  # step 2: warmup over
+    a, b = first.state_dict(), second.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "tokenizer_config.json").is_file()
+    saved_weights = load_file(str(next((tmp_path / "ckpt").glob("*.safetensors"))))
+    for name, tensor in saved_weights.items():
+        assert torch.equal(loaded.state_dict()[name], tensor)
+
+
+def test_forward_only_engine_refuses_to_train(tiny_path, batch):
+    ref = LocalEngine(ModelParams(path=tiny_path, forward_only=True))
+    assert ref.compute_logprobs(batch)["logprob"].shape == (B, R)
+    with pytest.raises(TrinityError, match="forward-only"):
+        ref.forward_backward(batch, nll_loss)
+
+
+def unpadded_hidden(model: torch.nn.Module, batch, row: int) -> tuple[torch.Tensor, int]:
+    """Oracle: the backbone over one row with its padding removed; returns (hidden [L, H], prompt length)."""
+    keep = batch["attention_mask"][row].bool()
+    ids = batch["input_ids"][row][keep].unsqueeze(0)
+    with torch.no_grad():
+        hidden = model.base_model(input_ids=ids).last_hidden_state[0]
+    return hidden, int(keep[:P].sum())
+
+
+def test_value_and_reward_heads_read_the_right_positions(tiny_path, batch, tmp_path):
+    critic = LocalEngine(ModelParams(path=tiny_path, kind="value", head_seed=5))
+    rm = LocalEngine(ModelParams(path=tiny_path, kind="reward", head_seed=5))
+    values = critic.compute_logprobs(batch)["values"]
+    scores = rm.compute_logprobs(batch)["scores"]
+    assert values.shape == (B, R) and scores.shape == (B,)
+    model, head = reference_model(tiny_path), critic.head
+    for row in range(B):
+        hidden, plen = unpadded_hidden(model, batch, row)
+        rlen = hidden.shape[0] - plen
+        with torch.no_grad():
+            expect_values = head(hidden[plen - 1 : plen - 1 + rlen]).squeeze(-1)
+            expect_score = head(hidden[-1]).squeeze(-1)
+        torch.testing.assert_close(values[row, :rlen], expect_values, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(scores[row], expect_score, rtol=1e-4, atol=1e-5)
+
+    critic.forward_backward(batch, value_mse_loss)
+    critic.optim_step()
+    critic.save(str(tmp_path / "critic"))
+    assert (tmp_path / "critic" / HEAD_FILE).is_file()
+    reloaded = LocalEngine(ModelParams(path=str(tmp_path / "critic"), kind="value", head_seed=99))
+    a, b = critic.state_dict(), reloaded.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)

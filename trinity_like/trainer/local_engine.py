@@ -1,0 +1,218 @@
+"""The ``local`` train engine: one process, plain torch, a Hugging Face model.
+
+For prototyping, the client API and unit tests; it runs the same loss callables as the
+``verl`` engine and steps to the same weights (``tests/trainer/test_verl_engine.py``).
+
+Efficiency on CPU: a language model's vocabulary (49k for SmolLM2) makes the LM head the
+most expensive layer, so the engine runs the backbone over the whole sequence but the
+head only over the R positions that predict response tokens, and takes logprobs as
+``gather - logsumexp`` instead of materialising a ``log_softmax`` over ``[B, T, V]``.
+
+Model kinds (:class:`~trinity_like.trainer.params.ModelParams` ``kind``):
+
+- ``lm``: outputs ``logprob [B, R]`` (and ``entropy [B, R]``);
+- ``value``: a critic, backbone + ``Linear(hidden, 1)``: ``values [B, R]`` where the value of
+  response token j is read at the position before it (verl's convention);
+- ``reward``: a reward model, the same head read at the last non-pad token: ``scores [B]``.
+
+The scalar head lives beside the backbone in the Hugging Face folder as
+``value_head.safetensors``; the folder still loads in ``transformers`` as a causal LM.
+
+Example::
+
+    engine = LocalEngine(ModelParams(path="tiny"), OptimParams(lr=1e-4))
+    metrics = engine.forward_backward(batch, loss_fn)
+    engine.optim_step()
+    engine.save("ckpt/step_1")
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from trinity_like.errors import TrinityError
+from trinity_like.trainer.base import (
+    Batch,
+    LossCallable,
+    mean_metrics,
+    micro_batches,
+    with_normalisers,
+)
+from trinity_like.trainer.params import ModelParams, OptimParams, lr_factor
+
+HEAD_FILE = "value_head.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+STATE_FILE = "trainer_state.json"
+
+
+def load_causal_lm(path: str, params: ModelParams) -> nn.Module:
+    """Load a Hugging Face causal LM folder; a missing folder is one clear error line."""
+    if not (Path(path) / "config.json").is_file():
+        raise TrinityError(f"model folder {path!r} not found (no config.json there)")
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=getattr(torch, params.dtype), attn_implementation=params.attn_implementation
+    )
+    if params.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def build_head(path: str, hidden_size: int, params: ModelParams) -> nn.Linear:
+    """The scalar head of a value/reward model: from ``value_head.safetensors`` or freshly seeded."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(params.head_seed)
+        head = nn.Linear(hidden_size, 1).to(getattr(torch, params.dtype))
+    file = Path(path) / HEAD_FILE
+    if file.is_file():
+        head.load_state_dict(load_file(str(file)))
+    return head
+
+
+def response_outputs(
+    hidden_BTH: torch.Tensor, lm_head: nn.Module, input_ids_BT: torch.Tensor, response_len: int, need_entropy: bool
+) -> dict[str, torch.Tensor]:
+    """``logprob [B, R]`` (and ``entropy``) from the hidden states, running the head on R positions only.
+
+    logprob = logit[target] - logsumexp(logits); entropy = logsumexp - sum softmax * logits.
+    """
+    hidden_BRH = hidden_BTH[:, -response_len - 1 : -1, :]
+    logits_BRV = lm_head(hidden_BRH).float()
+    targets_BR = input_ids_BT[:, -response_len:]
+    lse_BR = torch.logsumexp(logits_BRV, dim=-1)
+    out = {"logprob": logits_BRV.gather(-1, targets_BR.unsqueeze(-1)).squeeze(-1) - lse_BR}
+    if need_entropy:
+        out["entropy"] = lse_BR - (torch.softmax(logits_BRV, dim=-1) * logits_BRV).sum(-1)
+    return out
+
+
+def last_token_index(attention_mask_BT: torch.Tensor) -> torch.Tensor:
+    """Index ``[B]`` of each row's last attended token (responses are right-padded)."""
+    cols = torch.arange(attention_mask_BT.shape[1], device=attention_mask_BT.device)
+    return (attention_mask_BT.bool() * cols).amax(dim=1)
+
+
+class LocalEngine:
+    """An in-process train engine implementing :class:`~trinity_like.trainer.base.TrainEngine`."""
+
+    def __init__(self, model: ModelParams, optim: OptimParams = OptimParams()) -> None:
+        self.params = model
+        self.optim_params = optim
+        self.model = load_causal_lm(model.path, model)
+        self.head = build_head(model.path, self.model.config.hidden_size, model) if model.kind != "lm" else None
+        self.tokenizer_path = model.path
+        self.step = 0  # optimiser steps taken; drives the lr schedule
+        self.optimizer = None if model.forward_only else self._build_optimizer()
+        self.model.train(not model.forward_only)
+
+    # -- construction --------------------------------------------------------------
+    def _parameters(self) -> list[nn.Parameter]:
+        params = list(self.model.parameters())
+        return params + (list(self.head.parameters()) if self.head is not None else [])
+
+    def _build_optimizer(self) -> torch.optim.Optimizer:
+        o = self.optim_params
+        return torch.optim.AdamW(self._parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, eps=o.eps)
+
+    # -- forward -------------------------------------------------------------------
+    def _forward(self, batch: Batch, need_entropy: bool) -> dict[str, torch.Tensor]:
+        """What the model produces for the response columns of one micro-batch."""
+        input_ids = batch["input_ids"]
+        response_len = batch["response_mask"].shape[1]
+        hidden = self.model.base_model(
+            input_ids=input_ids,
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+            use_cache=False,
+        ).last_hidden_state
+        if self.params.kind == "lm":
+            return response_outputs(hidden, self.model.get_output_embeddings(), input_ids, response_len, need_entropy)
+        if self.params.kind == "value":
+            return {"values": self.head(hidden[:, -response_len - 1 : -1, :]).squeeze(-1).float()}
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        last = hidden[rows, last_token_index(batch["attention_mask"])]
+        return {"scores": self.head(last).squeeze(-1).float()}
+
+    # -- the contract --------------------------------------------------------------
+    def forward_backward(self, batch: Batch, loss_fn: LossCallable, *, need_entropy: bool = False) -> dict[str, float]:
+        """Accumulate the gradient of ``loss_fn`` over ``batch``, one micro-batch at a time."""
+        if self.optimizer is None:
+            raise TrinityError("forward_backward on a forward-only engine (the reference model is frozen)")
+        self.model.train()
+        batch = with_normalisers(batch)
+        per_micro, total = [], 0.0
+        for mb in micro_batches(batch, self.params.micro_batch_size):
+            loss, metrics = loss_fn(self._forward(mb, need_entropy), mb)
+            loss.backward()
+            total += float(loss.detach())
+            per_micro.append(dict(metrics))
+        return {**mean_metrics(per_micro), "loss": total}
+
+    def optim_step(self) -> dict[str, float]:
+        """Clip, step AdamW at the scheduled lr, zero grads. A non-finite grad norm skips the step."""
+        if self.optimizer is None:
+            raise TrinityError("optim_step on a forward-only engine (the reference model is frozen)")
+        lr = self.optim_params.lr * lr_factor(self.step, self.optim_params)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        grad_norm = torch.nn.utils.clip_grad_norm_(self._parameters(), max_norm=self.optim_params.clip_grad)
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return {"grad_norm": float(grad_norm), "lr": lr}
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: Batch, *, need_entropy: bool = False) -> dict[str, torch.Tensor]:
+        """The model's outputs for the response columns (``logprob``, or ``values``/``scores``)."""
+        was_training = self.model.training
+        self.model.eval()
+        parts = [self._forward(mb, need_entropy) for mb in micro_batches(batch, self.params.micro_batch_size)]
+        self.model.train(was_training)
+        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Full weights on CPU under Hugging Face names (the head as ``value_head.*``)."""
+        sd = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        if self.head is not None:
+            sd.update({f"value_head.{k}": v.detach().cpu().clone() for k, v in self.head.state_dict().items()})
+        return sd
+
+    def save(self, path: str) -> None:
+        """A Hugging Face folder (+ ``value_head.safetensors``) plus optimiser and step count."""
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out, safe_serialization=True)
+        if (Path(self.tokenizer_path) / "tokenizer_config.json").is_file():
+            AutoTokenizer.from_pretrained(self.tokenizer_path).save_pretrained(out)
+        if self.head is not None:
+            save_file({k: v.contiguous() for k, v in self.head.state_dict().items()}, str(out / HEAD_FILE))
+        if self.optimizer is not None:
+            torch.save(self.optimizer.state_dict(), out / OPTIMIZER_FILE)
+        (out / STATE_FILE).write_text(json.dumps({"step": self.step}))
+
+    def load(self, path: str) -> None:
+        """Restore what :meth:`save` wrote: weights, head, optimiser state and step count."""
+        self.model = load_causal_lm(path, self.params)
+        if self.head is not None:
+            self.head = build_head(path, self.model.config.hidden_size, self.params)
+        self.tokenizer_path = path
+        state_file = Path(path) / STATE_FILE
+        self.step = json.loads(state_file.read_text())["step"] if state_file.is_file() else 0
+        if self.optimizer is not None:
+            self.optimizer = self._build_optimizer()
+            opt_file = Path(path) / OPTIMIZER_FILE
+            if opt_file.is_file():
+                self.optimizer.load_state_dict(torch.load(opt_file, weights_only=True))
+        self.model.train(not self.params.forward_only)
+
+    def close(self) -> None:
+        """Drop the model and optimiser so their memory can be freed."""
+        self.model = None
+        self.head = None
+        self.optimizer = None
