@@ -1,0 +1,259 @@
+"""Recipe loading: schema validation with file/key/line, overrides, presets, stages, TOML."""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from pathlib import Path
+
+import pydantic
+import pytest
+import torch
+
+from trinity_like.components import AlgorithmType
+from trinity_like.config import load_plan
+from trinity_like.errors import ConfigError
+from trinity_like.registry import ADVANTAGE_FN, ALGORITHM_TYPE, POLICY_LOSS_FN, SAMPLE_STRATEGY
+
+
+@dataclasses.dataclass(frozen=True)
+class _LossParams:
+    clip: float = 0.2  # a clip range
+    mode: str = "token-mean"  # aggregation
+
+
+def _cfgtest_loss(*, logprob: torch.Tensor, advantages: torch.Tensor, action_mask: torch.Tensor, params: _LossParams):
+    """Test loss."""
+    return (-(logprob * advantages * action_mask).sum(), {})
+
+
+def _cfgtest_needs_values(*, logprob: torch.Tensor, values: torch.Tensor, params: _LossParams):
+    """Test loss that needs a critic."""
+    return (values.sum(), {})
+
+
+def _cfgtest_adv(*, rewards: torch.Tensor, action_mask: torch.Tensor, group_index: torch.Tensor):
+    """Test advantage."""
+    return rewards[:, None] * action_mask, rewards[:, None] * action_mask
+
+
+class _CfgtestSample:
+    """Test sample strategy."""
+
+
+SAMPLE_STRATEGY.register_module("cfgtest_sample", module=_CfgtestSample, force=True)
+POLICY_LOSS_FN.register_module("cfgtest_loss", module=_cfgtest_loss, force=True)
+POLICY_LOSS_FN.register_module("cfgtest_needs_values", module=_cfgtest_needs_values, force=True)
+ADVANTAGE_FN.register_module("cfgtest_adv", module=_cfgtest_adv, force=True)
+ALGORITHM_TYPE.register_module(
+    "cfgtest_online",
+    module=AlgorithmType(
+        description="Test online algorithm.", policy_loss="cfgtest_loss", advantage="cfgtest_adv", sample_strategy="cfgtest_sample",
+        params={"policy_loss": {"clip": 0.28}}, defaults={"explorer.group_size": 4},
+        requires={"synchronizer.offset": 0},
+    ),
+    force=True,
+)
+ALGORITHM_TYPE.register_module(
+    "cfgtest_offline",
+    module=AlgorithmType(description="Test offline algorithm.", policy_loss="cfgtest_loss", use_rollout=False, sample_strategy="cfgtest_sample",
+                         requires={"mode": "train"}),
+    force=True,
+)
+ALGORITHM_TYPE.register_module(
+    "cfgtest_bad_inputs",
+    module=AlgorithmType(description="Loss needs values but no critic.", policy_loss="cfgtest_needs_values",
+                         advantage="cfgtest_adv", sample_strategy="cfgtest_sample"),
+    force=True,
+)
+
+BASE = """\
+name: t
+algorithm:
+  type: cfgtest_online
+buffer:
+  tasks:
+    generator: arithmetic
+trainer:
+  engine: local
+  total_steps: 3
+  optimizer:
+    lr: 1e-5
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "r.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def error_of(path: Path, overrides: list[str] | None = None) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_plan(path, overrides)
+    msg = str(info.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_valid_recipe_resolves_to_frozen_typed_config(tmp_path):
+    plan = load_plan(write(tmp_path, BASE))
+    (stage,) = plan.stages
+    cfg = stage.config
+    assert cfg.trainer.optimizer.lr == 1e-5 and isinstance(cfg.trainer.optimizer.lr, float)
+    assert cfg.trainer.total_steps == 3
+    assert stage.components["policy_loss"].params == _LossParams(clip=0.28)  # preset param filled
+    assert cfg.explorer.group_size == 4  # preset default filled
+    with pytest.raises(pydantic.ValidationError):
+        cfg.trainer.total_steps = 5  # type: ignore[misc]
+
+
+def test_unknown_key_names_file_line_and_suggests(tmp_path):
+    p = write(tmp_path, BASE.replace("  total_steps: 3", "  totl_steps: 3"))
+    msg = error_of(p)
+    assert msg.startswith(f"{p}:9: trainer.totl_steps: unknown key")
+    assert "did you mean 'total_steps'" in msg
+
+
+def test_wrong_type_names_file_line_and_key(tmp_path):
+    p = write(tmp_path, BASE.replace("total_steps: 3", "total_steps: three"))
+    msg = error_of(p)
+    assert msg.startswith(f"{p}:9: trainer.total_steps:") and "integer" in msg and "'three'" in msg
+    p = write(tmp_path, BASE.replace("total_steps: 3", "total_steps: true"))
+    assert error_of(p).startswith(f"{p}:9: trainer.total_steps:")
+
+
+def test_out_of_range_value(tmp_path):
+    p = write(tmp_path, BASE.replace("lr: 1e-5", "lr: -0.1"))
+    msg = error_of(p)
+    assert msg.startswith(f"{p}:11: trainer.optimizer.lr:") and "greater than 0" in msg
+
+
+def test_bad_yaml_names_the_line(tmp_path):
+    p = write(tmp_path, "name: t\ntrainer:\n  total_steps: 3\n   bad: [1, 2\n")
+    msg = error_of(p)
+    assert msg.startswith(f"{p}:") and "bad YAML" in msg
+
+
+def test_duplicate_yaml_key_is_an_error(tmp_path):
+    p = write(tmp_path, BASE + "name: again\n")
+    assert error_of(p) == f"{p}:12: name: duplicate key"
+
+
+def test_missing_file_and_bad_extension(tmp_path):
+    assert "no such recipe file" in error_of(tmp_path / "missing.yaml")
+    p = tmp_path / "r.json"
+    p.write_text("{}")
+    assert "unknown recipe format" in error_of(p)
+
+
+def test_overrides_apply_and_their_errors_name_the_override(tmp_path):
+    p = write(tmp_path, BASE)
+    plan = load_plan(p, ["trainer.total_steps=7", "trainer.optimizer.lr=3e-4", "explorer.sampling.stop=[a, b]"])
+    cfg = plan.stages[0].config
+    assert (cfg.trainer.total_steps, cfg.trainer.optimizer.lr, cfg.explorer.sampling.stop) == (7, 3e-4, ["a", "b"])
+    msg = error_of(p, ["trainer.total_steps=-2"])
+    assert "override 'trainer.total_steps=-2'" in msg and "trainer.total_steps" in msg
+    assert "expected key.path=value" in error_of(p, ["trainer.total_steps"])
+
+
+def test_preset_fills_only_unset_values_and_user_params_win(tmp_path):
+    p = write(tmp_path, BASE + "explorer:\n  group_size: 16\nalgorithm:\n  type: cfgtest_online\n" if False else BASE)
+    p = write(tmp_path, BASE.replace("algorithm:\n  type: cfgtest_online\n",
+                                     "algorithm:\n  type: cfgtest_online\n  policy_loss:\n    clip: 0.1\n")
+              + "explorer:\n  group_size: 16\n")
+    stage = load_plan(p).stages[0]
+    assert stage.config.explorer.group_size == 16
+    assert stage.components["policy_loss"].params.clip == 0.1
+
+
+def test_preset_conflicts_are_errors_not_rewrites(tmp_path):
+    p = write(tmp_path, BASE + "synchronizer:\n  offset: 2\n")
+    msg = error_of(p)
+    assert msg.startswith(f"{p}:14: synchronizer.offset: 2 conflicts with algorithm type 'cfgtest_online'")
+    p = write(tmp_path, BASE.replace("  type: cfgtest_online\n", "  type: cfgtest_online\n  policy_loss:\n    name: other\n"))
+    msg = error_of(p)
+    assert "algorithm.policy_loss.name: 'other' conflicts with algorithm type 'cfgtest_online'" in msg
+    offline = "algorithm:\n  type: cfgtest_offline\nmode: both\nbuffer:\n  train_data:\n    generator: arithmetic\n"
+    msg = error_of(write(tmp_path, offline))
+    assert ":3: mode: 'both' conflicts with algorithm type 'cfgtest_offline', which requires 'train'" in msg
+
+
+def test_component_params_are_validated(tmp_path):
+    p = write(tmp_path, BASE.replace("  type: cfgtest_online\n", "  type: cfgtest_online\n  policy_loss:\n    clipp: 0.1\n"))
+    msg = error_of(p)
+    assert msg.startswith(f"{p}:5:") and "algorithm.policy_loss.clipp: unknown parameter" in msg and "'clip'" in msg
+    p = write(tmp_path, BASE.replace("  type: cfgtest_online\n", "  type: cfgtest_online\n  policy_loss:\n    clip: wide\n"))
+    assert "algorithm.policy_loss.clip" in error_of(p)
+
+
+def test_unknown_algorithm_lists_known_names(tmp_path):
+    p = write(tmp_path, BASE.replace("cfgtest_online", "cfgtest_onlin"))
+    msg = error_of(p)
+    assert msg.startswith(f"{p}:3: algorithm.type: unknown algorithm type 'cfgtest_onlin'")
+    assert "did you mean 'cfgtest_online'" in msg
+
+
+def test_a_loss_needing_an_input_nobody_provides_is_rejected(tmp_path):
+    p = write(tmp_path, BASE.replace("cfgtest_online", "cfgtest_bad_inputs"))
+    msg = error_of(p)
+    assert "'cfgtest_needs_values' needs ['values']" in msg
+
+
+def test_stages_merge_over_the_top_level_and_errors_point_into_the_stage(tmp_path):
+    text = BASE + textwrap.dedent(
+        """\
+        stages:
+          - name: warmup
+            algorithm:
+              type: cfgtest_offline
+            mode: train
+            buffer:
+              train_data:
+                generator: arithmetic
+          - name: rl
+            trainer:
+              total_steps: 5
+        """
+    )
+    plan = load_plan(write(tmp_path, text))
+    a, b = plan.stages
+    assert a.config.algorithm.type == "cfgtest_offline" and a.config.mode == "train"
+    assert b.config.algorithm.type == "cfgtest_online" and b.config.trainer.total_steps == 5
+    assert a.config.name == "t/warmup" and b.config.name == "t/rl"
+    assert a.config.trainer.optimizer.lr == b.config.trainer.optimizer.lr == 1e-5
+    bad = write(tmp_path, text.replace("total_steps: 5", "total_steps: 0"))
+    msg = error_of(bad)
+    assert msg.startswith(f"{bad}:22: stages.1.trainer.total_steps:")
+
+
+def test_toml_recipe_equals_yaml_and_names_lines(tmp_path):
+    toml = textwrap.dedent(
+        """\
+        name = "t"
+
+        [algorithm]
+        type = "cfgtest_online"
+
+        [buffer.tasks]
+        generator = "arithmetic"
+
+        [trainer]
+        engine = "local"
+        total_steps = 3
+
+        [trainer.optimizer]
+        lr = 1e-5
+        """
+    )
+    p = write(tmp_path, toml, "r.toml")
+    assert load_plan(p).stages[0].config == load_plan(write(tmp_path, BASE)).stages[0].config
+    bad = write(tmp_path, toml.replace("total_steps = 3", "total_stepz = 3"), "bad.toml")
+    assert error_of(bad).startswith(f"{bad}:11: trainer.total_stepz: unknown key")
+    broken = write(tmp_path, "name = \n", "broken.toml")
+    assert "bad TOML" in error_of(broken)
+
+
+def test_dataset_needs_exactly_one_source(tmp_path):
+    p = write(tmp_path, BASE.replace("    generator: arithmetic\n", "    generator: arithmetic\n    path: x.jsonl\n"))
+    assert "exactly one of `path` and `generator`" in error_of(p)
