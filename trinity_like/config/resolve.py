@@ -223,8 +223,10 @@ def _resolve_components(cfg: Config, loc: _Locator) -> dict[str, ResolvedCompone
             continue
         fn = _resolve_name(REGISTRIES[reg_name], name, loc, ("algorithm", slot, "name"))
         coef = spec.pop("coef", None) if slot in ("kl_loss", "kl_penalty") else None
-        if coef is not None and not isinstance(coef, (int, float)):
-            raise loc.error(("algorithm", slot, "coef"), f"must be a number (got {_fmt(coef)})")
+        if slot in ("kl_loss", "kl_penalty") and coef is None:
+            raise loc.error(("algorithm", slot, "coef"), f"set the coefficient of the {name!r} KL {slot.split('_')[1]}")
+        if coef is not None and (isinstance(coef, bool) or not isinstance(coef, (int, float)) or coef < 0):
+            raise loc.error(("algorithm", slot, "coef"), f"must be a number >= 0 (got {_fmt(coef)})")
         try:
             params = build_params(fn, spec, where=f"algorithm.{slot}")
         except ConfigError as exc:

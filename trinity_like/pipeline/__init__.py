@@ -1,0 +1,1 @@
+"""Orchestration: the explore/train loop, evaluation, checkpoints and metrics."""

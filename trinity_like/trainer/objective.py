@@ -1,0 +1,131 @@
+"""The training objective: registered components composed into one picklable loss callable.
+
+    loss = policy_loss(...) + coef_kl * aggregate(KL(pi || ref)) + entropy_loss(...)
+
+An :class:`Objective` holds only component *names* and params objects, so it pickles to
+Ray workers (the ``verl`` engine) and resolves the functions there, after the worker has
+loaded the same plugins. Each component receives exactly the inputs it declares
+(:func:`trinity_like.components.call_component`), taken from the batch and the model
+outputs (``logprob``, ``entropy``, ``values``, ``scores``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from trinity_like.components import call_component, required_inputs
+from trinity_like.ops import kl_loss_term
+from trinity_like.registry import REGISTRIES
+
+_NORMALIZERS = ("num_tokens", "num_seqs")
+
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    """A registered component by name, with its params object (picklable)."""
+
+    registry: str  # registry name, e.g. "POLICY_LOSS_FN"
+    name: str  # registered name
+    params: Any = None  # the component's params dataclass instance, or None
+    coef: float | None = None  # KL slots: the coefficient
+
+    def resolve(self) -> Any:
+        return REGISTRIES[self.registry].get(self.name)
+
+
+@dataclass(frozen=True)
+class Objective:
+    """Policy loss + optional KL loss term + optional entropy loss, as one loss callable.
+
+    ``on_policy``: every row was sampled by the weights being trained and the batch gets
+    exactly one update, so the "old" policy's logprobs equal the current ones; they are
+    taken as ``logprob.detach()`` instead of paying a second forward pass (exact: the
+    ratio is 1 and its gradient is that of ``logprob``).
+    """
+
+    policy_loss: ComponentSpec
+    kl_loss: ComponentSpec | None = None
+    entropy_loss: ComponentSpec | None = None
+    on_policy: bool = False
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def _fn(self, spec: ComponentSpec) -> Any:
+        key = (spec.registry, spec.name)
+        if key not in self._cache:
+            self._cache[key] = spec.resolve()
+        return self._cache[key]
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_cache"] = {}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        for k, v in state.items():
+            object.__setattr__(self, k, v)
+
+    @property
+    def need_entropy(self) -> bool:
+        comps = [self.policy_loss] + ([self.entropy_loss] if self.entropy_loss else [])
+        return any("entropy" in required_inputs(self._fn(c)) for c in comps)
+
+    def inputs_needed(self) -> set[str]:
+        needed = set(required_inputs(self._fn(self.policy_loss)))
+        if self.entropy_loss:
+            needed |= required_inputs(self._fn(self.entropy_loss))
+        if self.kl_loss:
+            needed |= {"ref_logprob"}
+        if self.on_policy:
+            needed.discard("old_logprob")
+        return needed
+
+    def _agg_mode(self) -> str:
+        return getattr(self.policy_loss.params, "loss_agg_mode", "token-mean")
+
+    def __call__(
+        self, outputs: Mapping[str, torch.Tensor], batch: Mapping[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        inputs: dict[str, Any] = dict(batch)
+        inputs.update(outputs)
+        if "response_mask" in inputs and "action_mask" not in inputs:
+            inputs["action_mask"] = inputs["response_mask"]
+        if self.on_policy and "logprob" in outputs:
+            inputs["old_logprob"] = outputs["logprob"].detach()
+        loss, metrics = call_component(self._fn(self.policy_loss), inputs, self.policy_loss.params)
+        metrics = dict(metrics)
+        metrics["policy_loss"] = float(loss.detach())
+        if self.kl_loss is not None:
+            kl_BR = call_component(self._fn(self.kl_loss), {"logprob": inputs["logprob"], "ref_logprob": inputs["ref_logprob"]})
+            term, kl_metrics = kl_loss_term(
+                kl_BR, inputs["action_mask"], coef=float(self.kl_loss.coef or 0.0), loss_agg_mode=self._agg_mode(),
+                num_tokens=inputs.get("num_tokens"), num_seqs=inputs.get("num_seqs"),
+            )
+            loss = loss + term
+            metrics.update(kl_metrics)
+        if self.entropy_loss is not None:
+            ent, ent_metrics = call_component(self._fn(self.entropy_loss), inputs, self.entropy_loss.params)
+            loss = loss + ent
+            metrics.update(ent_metrics)
+        return loss, metrics
+
+
+def objective_from_stage(stage: Any, *, on_policy: bool) -> Objective:
+    """Build the objective of a resolved recipe stage (:class:`trinity_like.config.ResolvedStage`)."""
+    comps = stage.components
+
+    def spec(slot: str) -> ComponentSpec | None:
+        c = comps.get(slot)
+        if c is None:
+            return None
+        from trinity_like.components import SLOTS
+
+        return ComponentSpec(SLOTS[slot], c.name, c.params, c.coef)
+
+    entropy = spec("entropy_loss")
+    if entropy is not None and entropy.name == "none":
+        entropy = None
+    return Objective(policy_loss=spec("policy_loss"), kl_loss=spec("kl_loss"), entropy_loss=entropy, on_policy=on_policy)
