@@ -1,0 +1,137 @@
+"""SIGKILL the explorer (writer) and the trainer (reader) at random moments: nothing lost, nothing twice.
+
+The reader plays a trainer: it claims rows, "trains" on them (appends their ids to the
+model state it holds in memory), saves a checkpoint (the model state, written atomically)
+every few steps and commits the step right after. A killed reader restarts from its last
+checkpoint and calls ``recover(step)``. After every kill the invariant is checked against
+the checkpoint, an oracle independent of the buffer's own bookkeeping:
+
+* every row the writer saw ``put`` return for is in the database (none lost);
+* the checkpoint's model holds each row at most once (none trained twice);
+* a row is consumed (with the checkpoint's step) exactly when the checkpoint holds it, and
+  available otherwise -- so the resumed run trains on each remaining row exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from trinity_like.buffer.sqlite_storage import SqliteParams, SqliteStorage
+from trinity_like.experience import Experience
+
+N_ROWS = 200
+CTX = multiprocessing.get_context("fork")
+
+
+def _eid(i: int) -> str:
+    return f"e{i:05d}"
+
+
+def _open(db: Path) -> SqliteStorage:
+    return SqliteStorage(params=SqliteParams(path=str(db), poll_interval_s=0.002))
+
+
+def _writer(db: Path, log: Path, seed: int) -> None:
+    """Put rows e0..e{N-1} in random batches; log each batch after ``put`` returned."""
+    storage = _open(db)
+    done = set(log.read_text().split()) if log.exists() else set()
+    rng = random.Random(seed)
+    todo = [i for i in range(N_ROWS) if _eid(i) not in done]
+    with open(log, "a") as f:
+        while todo:
+            batch = todo[: rng.randint(1, 6)]
+            todo = todo[len(batch) :]
+            rows = [Experience(tokens=[i, i + 1], prompt_length=1, model_version=i // 10, eid=_eid(i)) for i in batch]
+            storage.put(rows)
+            f.write(" ".join(r.eid for r in rows) + "\n")
+            f.flush()
+    storage.mark_writer_done()
+
+
+def _load_ckpt(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {"step": 0, "trained": []}
+
+
+def _reader(db: Path, ckpt_path: Path, seed: int) -> None:
+    """A trainer: claim, train (in memory), checkpoint every 1-3 steps, then commit."""
+    storage = _open(db)
+    ckpt = _load_ckpt(ckpt_path)
+    storage.recover(ckpt["step"])
+    rng = random.Random(seed)
+    step, model, pending = ckpt["step"], list(ckpt["trained"]), []
+    every = rng.randint(1, 3)
+    while True:
+        rows = storage.claim(rng.randint(1, 8), order=rng.choice(["fifo", "newest_version"]), timeout=0.02)
+        if not rows and storage.writer_done() and storage.count("available") == 0:
+            break
+        if not rows:
+            continue
+        step += 1
+        pending += [r.eid for r in rows]
+        if step % every == 0:
+            model += [[eid, step] for eid in pending]
+            tmp = ckpt_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"step": step, "trained": model}))
+            os.replace(tmp, ckpt_path)  # the checkpoint is saved ...
+            storage.commit(step)  # ... then the step is committed
+            pending = []
+    if pending:  # the last partial interval: checkpoint and commit it too
+        model += [[eid, step] for eid in pending]
+        ckpt_path.write_text(json.dumps({"step": step, "trained": model}))
+        storage.commit(step)
+
+
+def _check(db: Path, ckpt_path: Path, log: Path) -> dict[str, tuple[str, int | None]]:
+    """Recover as a restarted trainer would and check the invariant; returns row states."""
+    ckpt = _load_ckpt(ckpt_path)
+    storage = _open(db)
+    storage.recover(ckpt["step"])
+    states = storage.statuses()
+    storage.close()
+    confirmed = set(log.read_text().split()) if log.exists() else set()
+    assert confirmed <= set(states), f"lost rows: {sorted(confirmed - set(states))[:5]}"
+    trained = [eid for eid, _ in ckpt["trained"]]
+    assert len(trained) == len(set(trained)), "a row was trained on twice"
+    in_model = dict(ckpt["trained"])
+    for eid, (status, step) in states.items():
+        if eid in in_model:
+            assert (status, step) == ("consumed", in_model[eid]), (eid, status, step, in_model[eid])
+        else:
+            assert status == "available", (eid, status, step)
+    return states
+
+
+def _start(target, *args) -> multiprocessing.Process:
+    proc = CTX.Process(target=target, args=args, daemon=True)
+    proc.start()
+    return proc
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("seed", range(24))
+def test_sigkill_writer_and_reader_loses_nothing_and_trains_nothing_twice(tmp_path: Path, seed: int) -> None:
+    db, ckpt, log = tmp_path / "buffer.sqlite", tmp_path / "ckpt.json", tmp_path / "written.log"
+    rng = random.Random(seed)
+    procs = {"writer": _start(_writer, db, log, seed), "reader": _start(_reader, db, ckpt, seed)}
+    for kill in range(4):
+        time.sleep(rng.uniform(0.0, 0.06))
+        who = rng.choice(["writer", "reader"])
+        procs[who].kill()  # SIGKILL (a no-op if it has finished already)
+        procs[who].join()
+        if who == "reader":
+            _check(db, ckpt, log)
+        target, args = (_writer, (db, log, seed + kill + 1)) if who == "writer" else (_reader, (db, ckpt, seed + kill + 1))
+        procs[who] = _start(target, *args)
+    for proc in procs.values():
+        proc.join(timeout=30)
+        assert proc.exitcode == 0
+    states = _check(db, ckpt, log)
+    assert sorted(states) == [_eid(i) for i in range(N_ROWS)]
+    assert {s for s, _ in states.values()} == {"consumed"}
