@@ -1,0 +1,160 @@
+"""Atomic, verifiable checkpoints of a run directory.
+
+Layout::
+
+    <run_dir>/checkpoints/step_000010/
+        model/            Hugging Face folder (safetensors + config + tokenizer) + optimizer state
+        critic/           the value model, for algorithms with a critic
+        state.json        step, model version, dataset / sample-strategy / buffer positions
+        rng.pt            Python, NumPy and torch RNG states
+        manifest.json     sha256 of every file above: the content hash of the weights
+    <run_dir>/checkpoints/latest     name of the newest complete checkpoint
+
+A checkpoint is written into a temporary folder beside the others, fsynced, then renamed
+into place, and only then does ``latest`` move (write + rename). A kill at any moment
+leaves the previous checkpoint intact and ``latest`` pointing at it; leftover temporary
+folders are removed on the next start. Only the ``keep_last`` newest are kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trinity_like.errors import TrinityError
+
+LATEST = "latest"
+MANIFEST = "manifest.json"
+STATE = "state.json"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_tree(root: Path) -> None:
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as fh:
+                os.fsync(fh.fileno())
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+class CheckpointManager:
+    """Writes, finds, verifies and prunes the checkpoints of one run directory."""
+
+    def __init__(self, run_dir: str | os.PathLike, keep_last: int = 2) -> None:
+        self.root = Path(run_dir) / "checkpoints"
+        self.keep_last = keep_last
+
+    def clean_partial(self) -> list[str]:
+        """Remove temporary folders a killed save left behind; returns their names."""
+        if not self.root.exists():
+            return []
+        removed = []
+        for p in self.root.iterdir():
+            if p.name.startswith(".tmp-") or (p.name.startswith(".") and p.name.endswith(f"-{LATEST}")):
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+                removed.append(p.name)
+        return removed
+
+    def save(self, step: int, state: dict[str, Any], writers: dict[str, Callable[[str], None]]) -> Path:
+        """Write checkpoint ``step``: each writer fills its sub-folder (``model``, ``critic``)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        name = f"step_{step:06d}"
+        final = self.root / name
+        tmp = self.root / f".tmp-{name}-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        for sub, write in writers.items():
+            write(str(tmp / sub))
+        (tmp / STATE).write_text(json.dumps({"step": step, **state}, indent=1, sort_keys=True))
+        torch.save(rng_state(), tmp / "rng.pt")
+        files = sorted(p for p in tmp.rglob("*") if p.is_file())
+        manifest = {str(p.relative_to(tmp)): _sha256(p) for p in files}
+        weights = [v for k, v in manifest.items() if k.endswith(".safetensors")]
+        body = {"step": step, "files": manifest, "weights_sha256": hashlib.sha256("".join(weights).encode()).hexdigest()}
+        (tmp / MANIFEST).write_text(json.dumps(body, indent=1, sort_keys=True))
+        _fsync_tree(tmp)
+        if final.exists():  # a re-save of the same step (resumed run): replace it whole
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _write_atomic(self.root / LATEST, name)
+        self._prune()
+        return final
+
+    def _prune(self) -> None:
+        done = self.list()
+        for old in done[: max(0, len(done) - self.keep_last)]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def list(self) -> list[Path]:
+        """Complete checkpoints, oldest first."""
+        if not self.root.exists():
+            return []
+        return sorted(p for p in self.root.glob("step_*") if (p / MANIFEST).exists())
+
+    def latest(self) -> Path | None:
+        """The newest complete checkpoint (following ``latest``), or None."""
+        pointer = self.root / LATEST
+        if pointer.exists():
+            path = self.root / pointer.read_text().strip()
+            if (path / MANIFEST).exists():
+                return path
+        done = self.list()
+        return done[-1] if done else None
+
+    @staticmethod
+    def verify(path: Path) -> dict[str, Any]:
+        """Check every file against the manifest; returns the manifest."""
+        manifest = json.loads((path / MANIFEST).read_text())
+        for rel, digest in manifest["files"].items():
+            f = path / rel
+            if not f.exists() or _sha256(f) != digest:
+                raise TrinityError(f"checkpoint {path}: {rel} does not match its manifest hash (corrupted?)")
+        return manifest
+
+    @staticmethod
+    def read_state(path: Path) -> dict[str, Any]:
+        return json.loads((path / STATE).read_text())
+
+    @staticmethod
+    def restore_rng(path: Path) -> None:
+        set_rng_state(torch.load(path / "rng.pt", weights_only=False))
