@@ -1,0 +1,193 @@
+"""The ``verl`` train engine: verl 0.9.1's FSDP training workers driven through Ray.
+
+Workers are verl's engine-based ``TrainingWorker`` (see ``verl_worker.py``), created with
+verl's own single-controller classes (``RayResourcePool``, ``RayClassWithInitArgs``,
+``RayWorkerGroup``); the model is sharded with FSDP2 over ``num_workers`` data-parallel
+ranks -- nccl on GPUs, gloo on CPU through ``verl_cpu``. The same class serves the actor
+(``kind="lm"``), the reference policy (``forward_only=True``: no optimiser is built) and
+a critic (``kind="value"``: verl's value-model engine, a token-classification head).
+
+Our loss callable runs inside verl's training step: ``set_loss_fn`` ships it (wrapped in
+``VerlLossAdapter``) to every worker, and verl's ``forward_backward_batch`` calls it per
+micro-batch. The batch is split into ``num_workers`` equal row blocks on the driver.
+
+Ray starts locally (``ray.init`` with ``num_cpus``) unless ``ray_address`` names a cluster.
+
+Example::
+
+    engine = VerlEngine(ModelParams(path="tiny"), OptimParams(lr=1e-4), VerlParams(num_workers=2))
+    engine.forward_backward(batch, loss_fn)
+    engine.optim_step()
+    engine.close()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+import torch
+
+from trinity_like.errors import TrinityError
+from trinity_like.plugins import ray_runtime_env
+from trinity_like.trainer import verl_cpu
+from trinity_like.trainer.base import Batch, LossCallable, batch_rows, mean_metrics, slice_rows, with_normalisers
+from trinity_like.trainer.params import ModelParams, OptimParams
+
+ON_GPU = torch.cuda.is_available()
+
+
+@dataclass(frozen=True)
+class VerlParams:
+    """Where and how wide the verl workers run."""
+
+    num_workers: int = 2  # data-parallel FSDP ranks (one Ray actor each)
+    ray_address: str | None = None  # an existing Ray cluster ("ray://host:10001", "auto"); None starts one here
+    num_cpus: int | None = None  # CPUs for a locally started Ray; None lets Ray count them
+    strategy: str = "fsdp2"  # verl's FSDP flavour: "fsdp2" (fully_shard) or "fsdp"
+    seed: int = 42  # verl's engine seed
+
+
+def start_ray(params: VerlParams) -> bool:
+    """Connect to ``ray_address`` or start Ray here; True when this call started it."""
+    if ray.is_initialized():
+        return False
+    env = ray_runtime_env({"env_vars": {} if ON_GPU else verl_cpu.worker_env()})
+    try:
+        if params.ray_address is None:
+            ray.init(num_cpus=params.num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=False)
+        else:
+            ray.init(address=params.ray_address, runtime_env=env, log_to_driver=False)
+    except ConnectionError as exc:
+        raise TrinityError(f"cannot reach the Ray cluster at {params.ray_address!r}: {exc}") from exc
+    return True
+
+
+def worker_config(model: ModelParams, optim: OptimParams, verl: VerlParams):
+    """verl's ``TrainingWorkerConfig`` for our params: fp32 unless asked, no remove-padding, no compile."""
+    from verl.trainer.config import CheckpointConfig
+    from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig, TrainingWorkerConfig
+
+    if not (Path(model.path) / "config.json").is_file():
+        raise TrinityError(f"model folder {model.path!r} not found (no config.json there)")
+    if model.kind == "reward":
+        raise TrinityError("the verl engine has no reward-model kind yet; use engine 'local' for reward models")
+    dtype = "fp32" if model.dtype == "float32" else "bf16"
+    model_config = HFModelConfig(
+        path=model.path,
+        override_config={"attn_implementation": model.attn_implementation},
+        use_remove_padding=False,
+        enable_gradient_checkpointing=model.gradient_checkpointing,
+    )
+    engine_config = FSDPEngineConfig(
+        strategy=verl.strategy,
+        forward_only=model.forward_only,
+        model_dtype=dtype,
+        mixed_precision={"param_dtype": dtype, "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
+        use_dynamic_bsz=False,
+        micro_batch_size_per_gpu=model.micro_batch_size,
+        infer_micro_batch_size_per_gpu=model.micro_batch_size,
+        use_torch_compile=False,
+        use_remove_padding=False,
+        seed=verl.seed,
+    )
+    optim_config = FSDPOptimizerConfig(
+        lr=optim.lr,
+        betas=optim.betas,
+        weight_decay=optim.weight_decay,
+        clip_grad=optim.clip_grad,
+        lr_warmup_steps=optim.warmup_steps,
+        lr_scheduler_type=optim.schedule,
+        total_training_steps=optim.total_steps,
+        min_lr_ratio=optim.min_lr_ratio,
+        override_optimizer_config={"eps": optim.eps},
+    )
+    return TrainingWorkerConfig(
+        model_type="language_model" if model.kind == "lm" else "value_model",
+        model_config=model_config,
+        engine_config=engine_config,
+        optimizer_config=optim_config,
+        checkpoint_config=CheckpointConfig(),
+    )
+
+
+class VerlEngine:
+    """A :class:`~trinity_like.trainer.base.TrainEngine` over a group of verl FSDP workers."""
+
+    def __init__(self, model: ModelParams, optim: OptimParams = OptimParams(), verl: VerlParams = VerlParams()) -> None:
+        if not ON_GPU:
+            verl_cpu.install()
+        from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+
+        from trinity_like.trainer.verl_worker import TrinityVerlWorker
+
+        self.params, self.verl_params = model, verl
+        config = worker_config(model, optim, verl)
+        self._started_ray = start_ray(verl)
+        pool = RayResourcePool(process_on_nodes=[verl.num_workers], use_gpu=ON_GPU, max_colocate_count=1)
+        worker_env = dict(ray_runtime_env()["env_vars"])
+        if not ON_GPU:
+            worker_env.update(verl_cpu.worker_env())
+        self.group = RayWorkerGroup(
+            resource_pool=pool,
+            ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(TrinityVerlWorker), config=config),
+            worker_env=worker_env,
+            device_name="cuda" if ON_GPU else "cpu",
+        )
+        self.group.reset()  # verl builds the model, FSDP wrapping, optimiser and scheduler here
+        self._loss_fn: LossCallable | None = None
+
+    # -- batches -------------------------------------------------------------------
+    def _split(self, batch: Batch) -> list[Batch]:
+        """Equal row blocks, one per worker: every rank must run the same number of micro-batches."""
+        rows, workers = batch_rows(batch), self.verl_params.num_workers
+        if rows % workers:
+            raise TrinityError(f"a batch of {rows} rows does not split evenly over {workers} verl workers")
+        step = rows // workers
+        return [slice_rows(batch, i * step, (i + 1) * step) for i in range(workers)]
+
+    # -- the contract --------------------------------------------------------------
+    def forward_backward(self, batch: Batch, loss_fn: LossCallable, *, need_entropy: bool = False) -> dict[str, float]:
+        """Forward/backward on every worker; returns the full-batch loss and mean metrics."""
+        if self.params.forward_only:
+            raise TrinityError("forward_backward on a forward-only engine (the reference model is frozen)")
+        from trinity_like.trainer.verl_worker import VerlLossAdapter
+
+        if loss_fn is not self._loss_fn:
+            self.group.set_loss_fn(VerlLossAdapter(loss_fn))
+            self._loss_fn = loss_fn
+        parts = self.group.trinity_forward_backward(self._split(with_normalisers(batch)), [need_entropy] * len(self.group.workers))
+        workers = self.verl_params.num_workers
+        total = sum(loss / workers for part in parts for loss in part["losses"])  # undo the adapter's dp scaling
+        per_micro = [
+            {k: v[i] for k, v in part["metrics"].items()} for part in parts for i in range(len(part["losses"]))
+        ]
+        return {**mean_metrics(per_micro), "loss": total}
+
+    def optim_step(self) -> dict[str, float]:
+        if self.params.forward_only:
+            raise TrinityError("optim_step on a forward-only engine (the reference model is frozen)")
+        return self.group.trinity_optim_step()[0]
+
+    def compute_logprobs(self, batch: Batch, *, need_entropy: bool = False) -> dict[str, torch.Tensor]:
+        """``logprob [B, R]`` (and ``entropy``), or ``values`` for a value model, without grad."""
+        parts = self.group.trinity_infer(self._split(batch), [need_entropy] * len(self.group.workers))
+        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Full weights gathered from the shards, on the driver's CPU."""
+        return self.group.trinity_state_dict()[0]
+
+    def save(self, path: str) -> None:
+        self.group.trinity_save(str(Path(path).resolve()))
+
+    def load(self, path: str) -> None:
+        self.group.trinity_load(str(Path(path).resolve()))
+
+    def close(self) -> None:
+        """Kill the workers, and Ray itself when this engine started it."""
+        for worker in self.group.workers:
+            ray.kill(worker)
+        if self._started_ray:
+            ray.shutdown()

@@ -1,0 +1,213 @@
+"""What runs inside each Ray worker of the ``verl`` engine: verl's FSDP training worker,
+our loss adapter, and the conversions between our padded layout and verl's padding-free one.
+
+The worker is verl 0.9.1's ``TinkerTrainingWorker`` (``TrainingWorker`` with split
+forward/backward and optimiser steps, exactly our contract) plus a few methods the
+driver needs: forward/backward and inference on our padded batches, the optimiser step
+followed by the lr-scheduler step, gathering full weights, and HF-folder save/load.
+
+Import order matters: on a CPU-only host ``verl_cpu.install()`` must run before any other
+verl module resolves its platform, so it is the first thing this module does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trinity_like.trainer import verl_cpu
+
+if not torch.cuda.is_available():
+    verl_cpu.install()
+
+import torch.distributed as dist  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+from tensordict import TensorDict  # noqa: E402
+from torch.distributed.checkpoint.state_dict import (  # noqa: E402
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.tensor import DTensor  # noqa: E402
+from verl.single_controller.base.decorator import Dispatch, register  # noqa: E402
+from verl.utils import tensordict_utils as tu  # noqa: E402
+from verl.workers.engine_workers_tinker import TinkerTrainingWorker  # noqa: E402
+from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding  # noqa: E402
+
+from trinity_like.trainer.base import LossCallable  # noqa: E402
+
+OPTIMIZER_FILE = "optimizer.pt"
+SCALARS_KEY = "trinity_scalar_keys"  # names of the batch's 0-dim fields, carried as non-tensor data
+
+
+def largest_divisor_at_most(n: int, cap: int) -> int:
+    """The largest d <= cap dividing n: verl's micro-batches must split a rank's rows exactly."""
+    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
+
+
+def to_verl(batch: Mapping[str, torch.Tensor], micro_batch_size: int, need_entropy: bool) -> TensorDict:
+    """Our padded batch -> verl's padding-free TensorDict (``left_right_2_no_padding``, as its trainer does).
+
+    ``prompts``/``responses`` are added because verl's ``no_padding_2_padding`` reads the
+    prompt and response lengths from them; 0-dim fields (the global normalisers) travel as
+    non-tensor data, since a TensorDict is split along the batch dimension.
+    """
+    rows = batch["input_ids"].shape[0]
+    response_len = batch["response_mask"].shape[1]
+    tensors = {k: v for k, v in batch.items() if v.dim() > 0}
+    tensors["prompts"] = batch["input_ids"][:, :-response_len]
+    tensors["responses"] = batch["input_ids"][:, -response_len:]
+    td = TensorDict(tensors, batch_size=[rows])
+    td = left_right_2_no_padding(td)
+    scalars = {k: float(v) for k, v in batch.items() if v.dim() == 0}
+    tu.assign_non_tensor(
+        td,
+        temperature=1.0,
+        calculate_entropy=need_entropy,
+        use_dynamic_bsz=False,
+        use_remove_padding=False,
+        micro_batch_size_per_gpu=largest_divisor_at_most(rows, micro_batch_size),
+        **{SCALARS_KEY: json.dumps(scalars)},
+    )
+    return td
+
+
+def from_verl(data: TensorDict) -> dict[str, torch.Tensor]:
+    """One micro-batch of verl's TensorDict -> our padded batch (dense fields, normalisers)."""
+    batch = {k: v for k, v in data.items() if isinstance(v, torch.Tensor) and not v.is_nested}
+    for key, value in json.loads(tu.get_non_tensor_data(data, SCALARS_KEY, "{}")).items():
+        batch[key] = torch.tensor(value)
+    return batch
+
+
+def model_outputs_to_padded(model_output: Mapping[str, torch.Tensor], data: TensorDict) -> dict[str, torch.Tensor]:
+    """verl's padding-free ``log_probs``/``entropy``/``values`` -> our ``[B, R]`` names."""
+    names = {"log_probs": "logprob", "entropy": "entropy", "values": "values"}
+    return {ours: no_padding_2_padding(model_output[theirs], data) for theirs, ours in names.items() if theirs in model_output}
+
+
+class VerlLossAdapter:
+    """Wraps our ``(outputs, batch) -> (loss, metrics)`` as verl's ``(model_output, data, dp_group)``.
+
+    Gradient scaling: our callable returns the micro-batch's share of the full-batch loss
+    (it divides by the global ``num_tokens``/``num_seqs``). FSDP averages gradients over the
+    ``dp_size`` data-parallel ranks, so the share is multiplied by ``dp_size``: the mean over
+    ranks of ``dp_size * sum(shares on the rank)`` is the sum of all shares, the full-batch
+    loss. (verl's own ``ppo_loss`` scales by ``dp_size`` for the same reason.)
+    """
+
+    def __init__(self, loss_fn: LossCallable) -> None:
+        self.loss_fn = loss_fn
+
+    def __call__(self, model_output: Mapping[str, torch.Tensor], data: TensorDict, dp_group: Any = None):
+        loss, metrics = self.loss_fn(model_outputs_to_padded(model_output, data), from_verl(data))
+        return loss * data["dp_size"], dict(metrics)
+
+
+class TrinityVerlWorker(TinkerTrainingWorker):
+    """verl's FSDP training worker, started on gloo when there is no GPU, with our entry points."""
+
+    def __init__(self, config: Any) -> None:
+        from trinity_like.plugins import load_plugins
+
+        load_plugins()  # loss callables resolve registered components by name in this process
+        if not torch.cuda.is_available() and not dist.is_initialized():
+            # verl would start "cpu:gloo,cpu:gloo"; a plain gloo group is what FSDP2 needs here.
+            import os
+
+            dist.init_process_group(backend="gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+        super().__init__(config)
+
+    # -- training ------------------------------------------------------------------
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def trinity_forward_backward(self, batch: dict[str, torch.Tensor], need_entropy: bool) -> dict[str, Any]:
+        """Forward/backward over this rank's rows; grads accumulate until ``trinity_optim_step``."""
+        td = to_verl(batch, self.engine_config.micro_batch_size_per_gpu, need_entropy)
+        with self.engine.train_mode(zero_grad_on_exit=False):
+            out = self.engine.forward_backward_batch(td, loss_function=self.loss_fn, forward_only=False)
+        return {"losses": list(out["loss"]), "metrics": dict(out["metrics"])}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def trinity_optim_step(self) -> dict[str, float]:
+        """Clip + AdamW step at the current lr, then advance the scheduler; zeroes grads."""
+        with self.engine.train_mode(zero_grad_on_exit=True):
+            lr = self.engine.optimizer.param_groups[0]["lr"]
+            grad_norm = self.engine.optimizer_step()
+            self.engine.lr_scheduler_step()
+        return {"grad_norm": float(grad_norm), "lr": float(lr)}
+
+    # -- inference -----------------------------------------------------------------
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def trinity_infer(self, batch: dict[str, torch.Tensor], need_entropy: bool) -> dict[str, torch.Tensor]:
+        """Forward only: our ``[B, R]`` outputs for this rank's rows."""
+        td = to_verl(batch, self.engine_config.infer_micro_batch_size_per_gpu, need_entropy)
+        with self.engine.eval_mode():
+            out = self.engine.infer_batch(td, loss_function=None)
+        return {k: v.float().cpu() for k, v in model_outputs_to_padded(out["model_output"], td).items()}
+
+    # -- weights and checkpoints ---------------------------------------------------
+    def _full_state(self) -> dict[str, torch.Tensor]:
+        """Unsharded weights (a collective: every rank must call it)."""
+        full = {}
+        for name, param in self.engine.module.state_dict().items():
+            full[name] = (param.full_tensor() if isinstance(param, DTensor) else param).detach().cpu().clone()
+        return full
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def trinity_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Full weights, returned by rank 0 only (the others return None to spare the transfer)."""
+        full = self._full_state()
+        return full if self.rank == 0 else None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def trinity_save(self, path: str) -> None:
+        """Rank 0 writes a Hugging Face folder plus the full optimiser state and lr-scheduler state."""
+        full = self._full_state()
+        optim = None
+        if self.engine.optimizer is not None:
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            optim = get_optimizer_state_dict(self.engine.module, self.engine.optimizer, options=options)
+        if self.rank == 0:
+            self._write_folder(Path(path), full, optim)
+        dist.barrier()
+
+    def _write_folder(self, out: Path, full: dict[str, torch.Tensor], optim: dict | None) -> None:
+        from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+        out.mkdir(parents=True, exist_ok=True)
+        config = self.model_config.hf_config
+        auto = AutoModelForCausalLM if self.config.model_type == "language_model" else AutoModelForTokenClassification
+        with torch.device("meta"):
+            model = auto.from_config(config)
+        model.load_state_dict(full, assign=True, strict=True)
+        model.save_pretrained(out, safe_serialization=True)
+        self.model_config.tokenizer.save_pretrained(out)
+        if optim is not None:
+            torch.save(optim, out / OPTIMIZER_FILE)
+            torch.save(self.engine.lr_scheduler.state_dict(), out / "scheduler.pt")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def trinity_load(self, path: str) -> None:
+        """Every rank reads the folder written by ``trinity_save`` and keeps its own shard."""
+        folder = Path(path)
+        full = {}
+        for file in sorted(folder.glob("*.safetensors")):
+            full.update(load_file(str(file)))
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        result = set_model_state_dict(self.engine.module, full, options=options)
+        tied = {"lm_head.weight"} if getattr(self.model_config.hf_config, "tie_word_embeddings", False) else set()
+        missing = set(result.missing_keys) - tied
+        if missing or result.unexpected_keys:
+            raise ValueError(f"{path}: missing weights {sorted(missing)}, unexpected {sorted(result.unexpected_keys)}")
+        if self.engine.optimizer is not None and (folder / OPTIMIZER_FILE).is_file():
+            optim = torch.load(folder / OPTIMIZER_FILE, weights_only=True)
+            set_optimizer_state_dict(
+                self.engine.module, self.engine.optimizer, optim, options=StateDictOptions(full_state_dict=True)
+            )
+            self.engine.lr_scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
+        dist.barrier()
