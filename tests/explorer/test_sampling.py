@@ -1,0 +1,69 @@
+"""The inverse-CDF sampler against a naive loop and against the distribution it claims."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from trinity_like.explorer.sampling import greedy_tokens, sample_tokens
+
+
+def naive_inverse_cdf(probs, u):
+    """First index whose running total exceeds u * total, by a Python loop."""
+    total = sum(probs)
+    acc = 0.0
+    for i, p in enumerate(probs):
+        acc += p
+        if acc > u * total:
+            return i
+    return max(i for i, p in enumerate(probs) if p > 0)
+
+
+def test_matches_naive_loop_on_a_grid_of_uniforms():
+    logits = torch.tensor([[0.3, -1.0, 2.0, 0.0, -5.0, 1.1]])
+    probs = torch.softmax(logits[0].double() / 0.8, -1).tolist()
+    for k in range(200):
+        u = (k + 0.37) / 200
+        token, logprob = sample_tokens(logits, torch.tensor([u], dtype=torch.float64), temperature=0.8)
+        want = naive_inverse_cdf(probs, u)
+        assert int(token) == want
+        assert math.isclose(float(logprob), math.log(probs[want]), abs_tol=1e-5)
+
+
+def test_frequencies_follow_softmax():
+    torch.manual_seed(0)
+    logits = torch.randn(1, 10) * 1.5
+    n = 20000
+    u = torch.rand(n, dtype=torch.float64)
+    tokens, _ = sample_tokens(logits.expand(n, -1), u, temperature=1.0)
+    freq = torch.bincount(tokens, minlength=10).double() / n
+    probs = torch.softmax(logits[0].double(), -1)
+    # 5 standard errors per bin: a wrong distribution fails, noise does not.
+    assert ((freq - probs).abs() <= 5 * (probs * (1 - probs) / n).sqrt() + 1e-9).all()
+
+
+def test_top_k_and_top_p_never_leave_the_support():
+    logits = torch.tensor([[5.0, 4.0, 3.0, 0.0, -1.0, -2.0]])
+    u = torch.linspace(0, 0.999999, 500, dtype=torch.float64)
+    tokens, _ = sample_tokens(logits.expand(500, -1), u, temperature=1.0, top_k=2)
+    assert set(tokens.tolist()) == {0, 1}
+    probs = torch.softmax(logits[0], -1)  # [0.66, 0.24, 0.09, ...]: top_p=0.8 keeps 0 and 1
+    tokens, logprob = sample_tokens(logits.expand(500, -1), u, temperature=1.0, top_p=0.8)
+    assert set(tokens.tolist()) == {0, 1}
+    renorm = probs[:2] / probs[:2].sum()
+    assert torch.allclose(logprob[tokens == 0][0], renorm[0].log(), atol=1e-6)
+
+
+def test_extreme_uniforms_never_pick_zero_mass_tokens():
+    logits = torch.tensor([[float("-inf"), 0.0, float("-inf"), 1.0, float("-inf")]])
+    for u in (0.0, 1.0 - 1e-16, 0.5):
+        token, logprob = sample_tokens(logits, torch.tensor([u], dtype=torch.float64), temperature=1.0)
+        assert int(token) in (1, 3) and math.isfinite(float(logprob))
+
+
+def test_greedy_reports_model_logprob():
+    logits = torch.tensor([[1.0, 3.0, 2.0]])
+    token, logprob = greedy_tokens(logits)
+    assert int(token) == 1
+    assert math.isclose(float(logprob), float(torch.log_softmax(logits, -1)[0, 1]), abs_tol=1e-6)
