@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import threading
 import time
@@ -89,19 +90,23 @@ class MemoryQueue:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
-                eligible = [(s, r) for s, r in self._available.items() if model_version(r) >= floor]
+                taken = self._pick(n, order, floor)
                 left = None if deadline is None else deadline - time.monotonic()
-                if len(eligible) >= n or self._writer_done or (left is not None and left <= 0):
+                if len(taken) >= n or self._writer_done or (left is not None and left <= 0):
                     break
                 self._cond.wait(left)
-            if order == "newest_version":
-                eligible.sort(key=lambda sr: (-model_version(sr[1]), sr[0]))
-            taken = eligible[:n]
             for seq, row in taken:
                 del self._available[seq]
                 self._claimed.append(row)
             self._cond.notify_all()  # room for a blocked writer
             return [row for _, row in taken]
+
+    def _pick(self, n: int, order: str, floor: int) -> list[tuple[int, Row]]:
+        """Up to ``n`` eligible ``(seq, row)``; fifo stops at the n-th, so a claim is O(n) there."""
+        eligible = ((s, r) for s, r in self._available.items() if model_version(r) >= floor)
+        if order == "fifo":
+            return list(itertools.islice(eligible, n))
+        return heapq.nsmallest(n, eligible, key=lambda sr: (-model_version(sr[1]), sr[0]))
 
     def drop_older_than(self, version: int) -> int:
         with self._cond:
