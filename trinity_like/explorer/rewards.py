@@ -1,1 +1,232 @@
-"""Placeholder: filled by its issue."""
+"""Built-in reward functions (the REWARD_FN registry) and how workflows call them safely.
+
+The contract: a reward function declares its inputs as keyword-only parameters, taken
+from ``response`` (the decoded response text), ``answer`` (the task's reference answer),
+``task`` (the whole :class:`~trinity_like.experience.Task`) and ``messages`` (the chat
+prompt), plus an optional ``params`` frozen dataclass; it returns a float. A class is
+registered the same way: built once with ``params``, its instances are called with the
+inputs (``reward_model`` loads a model that way). Example::
+
+    @REWARD_FN.register_module("length_penalty")
+    def length_penalty(*, response: str, params: LengthParams) -> float:
+        \"\"\"Minus the response length in characters, scaled.\"\"\"
+        return -params.scale * len(response)
+
+Reward code is user code and may hang or raise: :func:`score_with_retries` runs each call
+with a time limit and retries, and reports a failure instead of stopping the explorer
+(the workflow then skips the task and counts it).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import queue
+import re
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trinity_like.components import build_params, call_component
+from trinity_like.errors import TrinityError
+from trinity_like.experience import Task
+from trinity_like.registry import REWARD_FN
+
+RewardCall = Callable[[Mapping[str, Any]], float]
+
+
+# -- answer parsing -------------------------------------------------------------------------
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+
+
+def last_boxed(text: str) -> str | None:
+    r"""Content of the last ``\boxed{...}`` (braces balanced), or None."""
+    start = text.rfind("\\boxed")
+    if start < 0:
+        return None
+    i = text.find("{", start)
+    if i < 0:
+        return None
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1 : j].strip()
+    return None
+
+
+def last_number(text: str) -> str | None:
+    """The last number in ``text`` with thousands separators removed (``1,234`` -> ``1234``)."""
+    found = _NUMBER.findall(text)
+    return found[-1].replace(",", "") if found else None
+
+
+def parse_final_answer(text: str) -> str | None:
+    r"""The final answer of a response: the last ``\boxed{}`` if any, else the last number.
+
+    A boxed number is normalised like any number (``\boxed{1,234}`` -> ``1234``); other
+    boxed content (``\frac{1}{2}``) is returned as written, for exact comparison.
+    """
+    boxed = last_boxed(text)
+    if boxed is not None:
+        boxed = boxed.strip("$ ")
+        return boxed.replace(",", "") if _NUMBER.fullmatch(boxed) else boxed
+    return last_number(text)
+
+
+def _same(a: str, b: str) -> bool:
+    """Numbers compare by value (``12.0`` equals ``12``), anything else as stripped text."""
+    try:
+        return math.isclose(float(a), float(b), rel_tol=0.0, abs_tol=1e-9)
+    except ValueError:
+        return a.strip() == b.strip()
+
+
+# -- registered reward functions ----------------------------------------------------------------
+@REWARD_FN.register_module("exact_match")
+def exact_match(*, response: str, answer: str) -> float:
+    r"""1.0 if the response's final answer (last \boxed{} or last number) equals the reference."""
+    got = parse_final_answer(response)
+    want = parse_final_answer(answer) or answer.strip()
+    return 1.0 if got is not None and _same(got, want) else 0.0
+
+
+# math-verify warns on every call that its own signal-based timeout is off; ours replaces it
+# (signals only work in the main thread, and rewards run in worker threads).
+logging.getLogger("math_verify").setLevel(logging.ERROR)
+
+
+@REWARD_FN.register_module("math_verify")
+def math_verify_reward(*, response: str, answer: str) -> float:
+    """1.0 if math-verify finds the response mathematically equal to the reference (LaTeX, boxed, numeric)."""
+    from math_verify import parse, verify
+
+    # A bare reference ("42", "\\sqrt{8}") is read as LaTeX math.
+    gold = parse(answer if "$" in answer or "\\boxed" in answer else f"${answer}$", parsing_timeout=None)
+    pred = parse(response, parsing_timeout=None)
+    if not gold or not pred:
+        return 0.0
+    return 1.0 if verify(gold, pred, timeout_seconds=None) else 0.0
+
+
+@dataclass(frozen=True)
+class FormatParams:
+    pattern: str = r"-?\d+(?:\.\d+)?"  # the whole stripped response must match (default: one number)
+    reward: float = 1.0  # given when it matches
+    penalty: float = 0.0  # given when it does not
+
+
+@REWARD_FN.register_module("format")
+def format_reward(*, response: str, params: FormatParams) -> float:
+    """params.reward if the whole stripped response matches params.pattern, else params.penalty."""
+    return params.reward if re.fullmatch(params.pattern, response.strip(), flags=re.DOTALL) else params.penalty
+
+
+@dataclass(frozen=True)
+class RewardModelParams:
+    path: str = ""  # folder written by trinity_like.models.reward_model.save_reward_model
+    max_length: int = 2048  # prompt + response tokens kept (the end is kept)
+
+
+@REWARD_FN.register_module("reward_model")
+class RewardModelReward:
+    """Score of a trained Bradley-Terry reward model on the prompt and response."""
+
+    def __init__(self, *, params: RewardModelParams) -> None:
+        from trinity_like.models.reward_model import load_reward_model
+
+        self.model, self.tokenizer = load_reward_model(params.path)
+        self.params = params
+
+    def __call__(self, *, messages: list[dict[str, str]], response: str) -> float:
+        from trinity_like.models.reward_model import score_conversations
+
+        conversation = [*messages, {"role": "assistant", "content": response}]
+        return float(score_conversations(self.model, self.tokenizer, [conversation], self.params.max_length)[0])
+
+
+@REWARD_FN.register_module("reasoning_gym")
+def reasoning_gym_reward(*, response: str, task: Task) -> float:
+    """reasoning-gym's own scorer for the task's generator (needs the optional reasoning-gym)."""
+    from trinity_like.explorer.tasks import load_reasoning_gym
+
+    entry = task.info.get("entry")
+    if entry is None:
+        raise TrinityError(f"task {task.task_id!r} has no reasoning-gym entry in info['entry']")
+    dataset = entry.get("metadata", {}).get("source_dataset") or task.info.get("dataset")
+    score = load_reasoning_gym().get_score_answer_fn(dataset)
+    # Its scorers compare the bare answer; a boxed answer is unwrapped first.
+    return float(score(last_boxed(response) or response.strip(), entry))
+
+
+# -- calling reward functions ---------------------------------------------------------------------
+def build_reward_fn(name: str, values: Mapping[str, Any] | None = None) -> RewardCall:
+    """The REWARD_FN entry ``name`` as a callable on an inputs mapping; params validated now."""
+    component = REWARD_FN.get(name)
+    params = build_params(component, values, where=f"reward_fn.{name}")
+    if inspect.isclass(component):
+        instance = component(params=params) if params is not None else component()
+        return lambda inputs: float(call_component(instance, inputs))
+    return lambda inputs: float(call_component(component, inputs, params))
+
+
+@dataclass(frozen=True)
+class RewardOutcome:
+    """What one scored response got: a reward, or why there is none."""
+
+    reward: float | None  # None when every attempt failed
+    error: str = ""  # "timeout" or "<ExceptionType>: message" of the last attempt
+    attempts: int = 1
+
+
+def _call_with_timeout(fn: RewardCall, inputs: Mapping[str, Any], timeout_s: float) -> float:
+    """Run ``fn(inputs)`` in a daemon thread; raise TimeoutError after ``timeout_s``.
+
+    Python cannot kill a thread: a reward call that hangs keeps its thread until it
+    returns, but the explorer stops waiting for it and the process can still exit.
+    """
+    box: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=1)
+
+    def target() -> None:
+        try:
+            box.put((True, fn(inputs)))
+        except BaseException as exc:  # delivered to the caller below, never swallowed here
+            box.put((False, exc))
+
+    threading.Thread(target=target, daemon=True, name="reward-fn").start()
+    try:
+        ok, value = box.get(timeout=timeout_s)
+    except queue.Empty:
+        raise TimeoutError(f"reward function exceeded {timeout_s:g} s") from None
+    if not ok:
+        raise value
+    return value
+
+
+def score_with_retries(fn: RewardCall, inputs: Mapping[str, Any], *, retries: int, timeout_s: float) -> RewardOutcome:
+    """Score once, retrying up to ``retries`` more times after an error or a timeout.
+
+    This is the one place that catches every ``Exception``: reward functions are user
+    code, and one bad task must not end a run. The failure is not hidden -- it comes
+    back as an outcome with the error text, and the workflow records and counts it.
+    """
+    error = ""
+    for attempt in range(1, retries + 2):
+        try:
+            value = _call_with_timeout(fn, inputs, timeout_s)
+        except TimeoutError:
+            error = "timeout"
+            continue
+        except Exception as exc:  # noqa: BLE001 -- see the docstring
+            error = f"{type(exc).__name__}: {exc}"
+            continue
+        if not math.isfinite(value):
+            error = f"non-finite reward {value!r}"
+            continue
+        return RewardOutcome(value, "", attempt)
+    return RewardOutcome(None, error, retries + 1)

@@ -1,0 +1,74 @@
+"""The arithmetic generator: seeded, correct answers, and a held-out split that never overlaps."""
+
+from __future__ import annotations
+
+import pytest
+
+from trinity_like.errors import TrinityError
+from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks, reasoning_gym_tasks
+
+
+def test_default_tasks_are_the_calculator_problems():
+    (task,) = arithmetic_tasks(ArithmeticParams(), "train", 1)
+    a, b = (int(x) for x in task.info["expression"].split(" + "))
+    assert 10 <= a <= 99 and 1 <= b <= 9
+    assert task.answer == str(a + b)
+    assert task.prompt == f"What is {a} + {b}? Answer with just the final number."
+    assert task.messages()[0] == {"role": "system", "content": "You are a calculator. Reply with only the number."}
+
+
+def test_splits_are_disjoint_cover_the_space_and_are_seeded():
+    params = ArithmeticParams()  # 90 * 9 = 810 problems
+    train = arithmetic_tasks(params, "train", 10_000)
+    held = arithmetic_tasks(params, "eval", 10_000)
+    train_x = {t.info["expression"] for t in train}
+    held_x = {t.info["expression"] for t in held}
+    assert not train_x & held_x
+    assert len(train_x) == len(train) and len(held_x) == len(held)
+    assert len(train_x | held_x) == 810  # every problem, exactly once
+    assert 0.15 < len(held) / 810 < 0.35
+    again = arithmetic_tasks(params, "train", 20)
+    other = arithmetic_tasks(ArithmeticParams(seed=1), "train", 20)
+    assert [t.info["expression"] for t in again] == [t.info["expression"] for t in train[:20]]
+    assert {t.info["expression"] for t in other} <= train_x  # another order, the same split
+    assert [t.info["expression"] for t in other] != [t.info["expression"] for t in again]
+
+
+@pytest.mark.parametrize("ops", [("-",), ("*",), ("+", "-", "*")])
+def test_answers_follow_an_independent_evaluation(ops):
+    params = ArithmeticParams(ops=ops, ranges=((1, 9),), num_terms=3)
+    for task in arithmetic_tasks(params, "train", 30):
+        tokens = task.info["expression"].split()
+        # Oracle: explicit precedence -- fold products first, then left-to-right sums.
+        terms, signs = [int(tokens[0])], []
+        for op, value in zip(tokens[1::2], tokens[2::2]):
+            if op == "*":
+                terms[-1] *= int(value)
+            else:
+                signs.append(1 if op == "+" else -1)
+                terms.append(int(value))
+        assert int(task.answer) == terms[0] + sum(s * t for s, t in zip(signs, terms[1:]))
+
+
+def test_bad_params_are_errors():
+    with pytest.raises(TrinityError, match="ops"):
+        ArithmeticParams(ops=("/",))
+    with pytest.raises(TrinityError, match="split"):
+        arithmetic_tasks(ArithmeticParams(), "test", 1)
+
+
+def test_reasoning_gym_adapter():
+    try:
+        import reasoning_gym  # noqa: F401
+    except ModuleNotFoundError:
+        with pytest.raises(TrinityError, match="pip install"):
+            reasoning_gym_tasks("gsm_symbolic", count=2)
+        return
+    from trinity_like.explorer.rewards import build_reward_fn
+
+    tasks = reasoning_gym_tasks("basic_arithmetic", count=3, seed=1)
+    assert len(tasks) == 3 and all(t.answer for t in tasks)
+    fn = build_reward_fn("reasoning_gym")
+    for t in tasks:
+        assert fn({"response": t.answer, "task": t}) == 1.0
+        assert fn({"response": "not it", "task": t}) < 1.0

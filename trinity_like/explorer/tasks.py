@@ -1,0 +1,174 @@
+"""Built-in task sources: a seeded arithmetic generator, and a reasoning-gym adapter.
+
+**Arithmetic.** "What is 47 + 8?" with a calculator system prompt is the default task: a
+small instruct model starts at about 20 % and GRPO lifts it past 85 % within minutes
+(notes/baselines.md), so a recipe shows learning on a laptop. The held-out split never
+overlaps training: every problem is assigned to one split by a hash of its expression
+(and the split seed), so the two sets are disjoint by construction, whatever is drawn.
+
+**reasoning-gym** (optional: ``pip install reasoning-gym==0.1.25``) generates GSM8K-style
+word problems (``gsm_symbolic``) and many other procedural tasks offline from a seed; its
+entries are kept in ``Task.info`` and scored by the ``reasoning_gym`` reward function
+(in :mod:`.rewards`).
+
+Example::
+
+    tasks = arithmetic_tasks(ArithmeticParams(), split="train", count=64)
+    held_out = arithmetic_tasks(ArithmeticParams(), split="eval", count=200)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import random
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trinity_like.errors import TrinityError
+from trinity_like.experience import Task
+
+CALCULATOR_PROMPT = "You are a calculator. Reply with only the number."
+SPLITS = ("train", "eval")
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+@dataclass(frozen=True)
+class ArithmeticParams:
+    """The arithmetic problem space; the default is 2-digit + 1-digit addition."""
+
+    ops: tuple[str, ...] = ("+",)  # operators drawn between terms, from "+", "-", "*"
+    ranges: tuple[tuple[int, int], ...] = ((10, 99), (1, 9))  # inclusive range of term i (last reused)
+    num_terms: int = 2  # terms per expression
+    template: str = "What is {expression}? Answer with just the final number."  # user message
+    system_prompt: str = CALCULATOR_PROMPT  # "" for none
+    eval_fraction: float = 0.25  # share of the problem space reserved for the eval split
+    split_seed: int = 0  # which problems are held out; keep it fixed across a project
+    seed: int = 0  # order of the problems drawn within a split
+
+    def __post_init__(self) -> None:
+        unknown = set(self.ops) - set(_OPS)
+        if unknown or not self.ops:
+            raise TrinityError(f"ArithmeticParams.ops: unknown {sorted(unknown)} (known: {sorted(_OPS)})")
+        if self.num_terms < 2 or not self.ranges:
+            raise TrinityError("ArithmeticParams: need num_terms >= 2 and at least one range")
+        if any(lo > hi for lo, hi in self.ranges):
+            raise TrinityError(f"ArithmeticParams.ranges: empty range in {self.ranges}")
+        if not 0.0 < self.eval_fraction < 1.0:
+            raise TrinityError(f"ArithmeticParams.eval_fraction must be in (0, 1), got {self.eval_fraction}")
+
+
+def split_of(expression: str, params: ArithmeticParams) -> str:
+    """The split an expression belongs to, fixed by a hash: the splits never overlap."""
+    digest = hashlib.blake2b(f"{params.split_seed}|{expression}".encode(), digest_size=8).digest()
+    return "eval" if int.from_bytes(digest, "little") / 2**64 < params.eval_fraction else "train"
+
+
+def _space_size(params: ArithmeticParams) -> int:
+    size = len(params.ops) ** (params.num_terms - 1)
+    for i in range(params.num_terms):
+        lo, hi = params.ranges[min(i, len(params.ranges) - 1)]
+        size *= hi - lo + 1
+    return size
+
+
+def _draw(rng: random.Random, params: ArithmeticParams) -> tuple[str, int]:
+    terms = [rng.randint(*params.ranges[min(i, len(params.ranges) - 1)]) for i in range(params.num_terms)]
+    ops = [rng.choice(params.ops) for _ in range(params.num_terms - 1)]
+    expression = str(terms[0])
+    for op, term in zip(ops, terms[1:]):
+        expression += f" {op} {term}"
+    # Left to right with the usual precedence: Python's own evaluation of the same text.
+    value = eval(expression, {"__builtins__": {}}, {})  # noqa: S307 -- digits and + - * only
+    return expression, int(value)
+
+
+def iter_arithmetic_tasks(params: ArithmeticParams, split: str = "train") -> Iterator[Task]:
+    """Distinct problems of ``split`` in a seeded order, until the split is exhausted."""
+    if split not in SPLITS:
+        raise TrinityError(f"unknown split {split!r} (splits: {', '.join(SPLITS)})")
+    rng = random.Random(f"{params.seed}|{split}")
+    seen: set[str] = set()
+    space = _space_size(params)
+    misses = 0
+    index = 0
+    # Rejection sampling; stop after many consecutive repeats (the split is exhausted).
+    while misses < 50 * space + 1000:
+        expression, value = _draw(rng, params)
+        if expression in seen or split_of(expression, params) != split:
+            misses += 1
+            continue
+        misses = 0
+        seen.add(expression)
+        yield Task(
+            prompt=params.template.format(expression=expression),
+            answer=str(value),
+            task_id=f"arith-{split}-{params.seed}-{index}",
+            system_prompt=params.system_prompt or None,
+            info={"expression": expression},
+        )
+        index += 1
+
+
+def arithmetic_tasks(params: ArithmeticParams, split: str = "train", count: int = 100) -> list[Task]:
+    """The first ``count`` problems of ``split`` (fewer only if the split is smaller)."""
+    out = []
+    for task in iter_arithmetic_tasks(params, split):
+        if len(out) == count:
+            break
+        out.append(task)
+    return out
+
+
+# -- reasoning-gym ------------------------------------------------------------------------------
+def load_reasoning_gym() -> Any:
+    try:
+        return importlib.import_module("reasoning_gym")
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split(".")[0] == "reasoning_gym":
+            raise TrinityError(
+                "reasoning-gym tasks need the optional package: pip install 'reasoning-gym==0.1.25' "
+                "(or trinity-like[gym])"
+            ) from None
+        raise
+
+
+def reasoning_gym_tasks(
+    dataset: str = "gsm_symbolic",
+    *,
+    count: int = 100,
+    seed: int = 0,
+    config: Mapping[str, Any] | None = None,
+    system_prompt: str | None = None,
+) -> list[Task]:
+    """``count`` tasks from a reasoning-gym generator (``gsm_symbolic`` is GSM8K-style).
+
+    ``config`` holds the generator's own options (see reasoning-gym's docs); the entry is
+    kept in ``Task.info["entry"]`` for the ``reasoning_gym`` reward function.
+    """
+    rg = load_reasoning_gym()
+    data = rg.create_dataset(dataset, seed=seed, size=count, **dict(config or {}))
+    tasks = []
+    for i, entry in enumerate(data):
+        tasks.append(
+            Task(
+                prompt=entry["question"],
+                answer=str(entry["answer"]),
+                task_id=f"rg-{dataset}-{seed}-{i}",
+                system_prompt=system_prompt,
+                info={"entry": _jsonable(entry), "dataset": dataset},
+            )
+        )
+    return tasks
+
+
+def _jsonable(value: Any) -> Any:
+    """reasoning-gym entries may hold tuples or sets; rows must stay JSON-serialisable."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
