@@ -23,7 +23,7 @@ from typing import Any
 
 import jsonlines
 
-from trinity_like.buffer.rows import Row, check_claim_args, check_status, decode, kind_of, model_version
+from trinity_like.buffer.rows import Row, check_claim_args, check_status, decode, fields_of, kind_of, model_version
 from trinity_like.registry import BUFFER_STORAGE
 
 
@@ -72,7 +72,7 @@ class JsonlStorage:
         for row in rows:
             kind_of(row)
         with self._lock, jsonlines.open(self.path, mode="a", compact=True, flush=True) as writer:
-            writer.write_all(row.to_dict() for row in rows)
+            writer.write_all(fields_of(row) for row in rows)
 
     def _next_line(self) -> tuple[dict[str, Any], int] | None:
         """The record at the read position and the offset after it; None at the end."""

@@ -49,9 +49,9 @@ from trinity_like.buffer.rows import (
     Row,
     check_claim_args,
     check_status,
-    decode,
-    encode,
     model_version,
+    pack,
+    unpack,
 )
 from trinity_like.registry import BUFFER_STORAGE
 
@@ -66,7 +66,8 @@ CREATE TABLE IF NOT EXISTS rows (
     model_version INTEGER NOT NULL,
     status INTEGER NOT NULL,                -- index into STATUSES
     step INTEGER,                           -- training step that consumed it
-    body TEXT NOT NULL                      -- the row as JSON
+    header TEXT NOT NULL,                   -- the row's scalar fields as JSON (rows.pack)
+    arrays BLOB NOT NULL                    -- its token / per-token lists, packed
 );
 CREATE INDEX IF NOT EXISTS rows_fifo ON rows (status, seq);
 CREATE INDEX IF NOT EXISTS rows_version ON rows (status, model_version, seq);
@@ -132,12 +133,12 @@ class SqliteStorage:
     # -- writer side -------------------------------------------------------------
     def put(self, rows: Sequence[Row]) -> None:
         """Append ``rows`` in one transaction; a row whose ``eid`` is stored already is skipped."""
-        records = [(r.eid, *encode(r), model_version(r), AVAILABLE) for r in rows]
+        records = [(r.eid, *pack(r), model_version(r), AVAILABLE) for r in rows]
         if not records:
             return
         with self._tx() as db:
             db.executemany(
-                "INSERT OR IGNORE INTO rows (eid, kind, body, model_version, status) VALUES (?, ?, ?, ?, ?)",
+                "INSERT OR IGNORE INTO rows (eid, kind, header, arrays, model_version, status) VALUES (?, ?, ?, ?, ?, ?)",
                 records,
             )
             db.execute("DELETE FROM meta WHERE key = 'writer_done'")
@@ -186,12 +187,12 @@ class SqliteStorage:
             return []
         with self._tx() as db:
             found = db.execute(
-                f"SELECT seq, kind, body FROM rows WHERE status = ? AND model_version >= ? "
+                f"SELECT seq, kind, header, arrays FROM rows WHERE status = ? AND model_version >= ? "
                 f"ORDER BY {_ORDER_SQL[order]} LIMIT ?",
                 (AVAILABLE, floor, n),
             ).fetchall()
-            db.executemany("UPDATE rows SET status = ? WHERE seq = ?", [(CLAIMED, s) for s, _, _ in found])
-        return [decode(kind, body) for _, kind, body in found]
+            db.executemany("UPDATE rows SET status = ? WHERE seq = ?", [(CLAIMED, f[0]) for f in found])
+        return [unpack(kind, header, blob) for _, kind, header, blob in found]
 
     def drop_older_than(self, model_version: int) -> int:
         """Mark available rows sampled before ``model_version`` as dropped; returns how many."""
