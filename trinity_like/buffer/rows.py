@@ -73,6 +73,7 @@ assert array("i").itemsize == 4 and array("d").itemsize == 8
 
 def pack(row: Row) -> tuple[str, str, bytes]:
     """``(kind, JSON header, blob)``: list fields become arrays in the blob, the rest JSON."""
+    kind = kind_of(row)
     fields = fields_of(row)
     layout, chunks = {}, []
     for name, code in _ARRAY_CODES.items():
@@ -86,7 +87,7 @@ def pack(row: Row) -> tuple[str, str, bytes]:
         chunks.append(arr.tobytes())
         del fields[name]
     fields["_arrays"] = layout
-    return kind_of(row), json.dumps(fields, separators=(",", ":")), b"".join(chunks)
+    return kind, json.dumps(fields, separators=(",", ":")), b"".join(chunks)
 
 
 def unpack(kind: str, header: str, blob: bytes) -> Row:
