@@ -34,7 +34,6 @@ _register(
     use_rollout=False,
     use_reference=True,
     schema="pair",
-    params={"policy_loss": {"beta": 0.1}},
     requires=OFFLINE,
 )
 _register(
@@ -69,6 +68,7 @@ _register(
     policy_loss="ppo",
     advantage="grpo",
     dynamic_sampling=True,
+    # the paper's values, spelled out: they define DAPO whatever PPO's defaults become
     params={"policy_loss": {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "loss_agg_mode": "token-mean"}},
 )
 _register(
@@ -104,7 +104,6 @@ _register(
     policy_loss="mix",
     advantage="grpo",
     sample_strategy="mix",
-    params={"policy_loss": {"mu": 0.1}, "sample_strategy": {"expert_ratio": 0.5}},
 )
 
 # -- online, with a critic -------------------------------------------------------------
@@ -117,5 +116,5 @@ _register(
     value_loss="value_clip",
     use_reference=True,
     use_critic=True,
-    params={"advantage": {"gamma": 1.0, "lam": 0.95}, "kl_penalty": {"coef": 0.001}},
+    params={"kl_penalty": {"coef": 0.001}},
 )

@@ -77,9 +77,7 @@ class AlgorithmType:
     kl_penalty: str | None = None  # KL_FN name when KL shapes the reward (coef in params)
     entropy_loss: str | None = None  # ENTROPY_LOSS_FN name, e.g. "entropy"
     sample_strategy: str = "default"  # SAMPLE_STRATEGY name
-    # POLICY_LOSS_FN name of the critic's loss when use_critic (PPO: "value_clip"), built
-    # with its default params. Not a slot yet: the recipe schema has no section for it.
-    value_loss: str | None = None
+    value_loss: str | None = None  # POLICY_LOSS_FN name of the critic's loss (use_critic; PPO: "value_clip")
     use_rollout: bool = True  # needs the explorer (online RL)
     use_reference: bool = False  # needs a frozen reference model's logprobs
     use_critic: bool = False  # trains a value model (PPO with GAE)
