@@ -198,11 +198,6 @@ def last_token_index(mask_BT: torch.Tensor) -> torch.Tensor:
     return torch.where(mask_BT > 0, positions, 0).amax(-1)
 
 
-def gather_last_token(x_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
-    """``x`` at each row's last non-pad token: ``[B, T] -> [B]`` (a reward model's scalar head reads it)."""
-    return x_BT.gather(-1, last_token_index(mask_BT).unsqueeze(-1)).squeeze(-1)
-
-
 def token_level_rewards(rewards_B: torch.Tensor, action_mask_BR: torch.Tensor) -> torch.Tensor:
     """Sequence scores placed on each row's last response token: ``[B] -> [B, R]``."""
     out = torch.zeros(action_mask_BR.shape, dtype=rewards_B.dtype, device=rewards_B.device)

@@ -5,9 +5,9 @@
 Bradley & Terry 1952, "Rank analysis of incomplete block designs", Biometrika 39;
 as a reward-model objective: Ouyang et al. 2022, arXiv:2203.02155, sec. 3.5.
 
-``scores [2B]`` is the reward model's scalar head read at each row's last non-pad token
-(``trinity_like.ops.gather_last_token``): the B chosen rows first, then the B rejected
-rows in the same order. ``num_seqs``: the whole batch's rows (2 per pair).
+``scores [2B]`` is the reward model's scalar head read at each row's last non-pad token:
+the B chosen rows first, then the B rejected rows in the same order. ``num_seqs``: the
+whole batch's rows (2 per pair).
 """
 
 from __future__ import annotations
