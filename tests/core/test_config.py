@@ -32,6 +32,11 @@ def _cfgtest_needs_values(*, logprob: torch.Tensor, values: torch.Tensor, params
     return (values.sum(), {})
 
 
+def _cfgtest_nll(*, logprob: torch.Tensor, action_mask: torch.Tensor):
+    """Test offline loss."""
+    return (-(logprob * action_mask).sum(), {})
+
+
 def _cfgtest_adv(*, rewards: torch.Tensor, action_mask: torch.Tensor, group_index: torch.Tensor):
     """Test advantage."""
     return rewards[:, None] * action_mask, rewards[:, None] * action_mask
@@ -43,6 +48,7 @@ class _CfgtestSample:
 
 SAMPLE_STRATEGY.register_module("cfgtest_sample", module=_CfgtestSample, force=True)
 POLICY_LOSS_FN.register_module("cfgtest_loss", module=_cfgtest_loss, force=True)
+POLICY_LOSS_FN.register_module("cfgtest_nll", module=_cfgtest_nll, force=True)
 POLICY_LOSS_FN.register_module("cfgtest_needs_values", module=_cfgtest_needs_values, force=True)
 ADVANTAGE_FN.register_module("cfgtest_adv", module=_cfgtest_adv, force=True)
 ALGORITHM_TYPE.register_module(
@@ -56,7 +62,7 @@ ALGORITHM_TYPE.register_module(
 )
 ALGORITHM_TYPE.register_module(
     "cfgtest_offline",
-    module=AlgorithmType(description="Test offline algorithm.", policy_loss="cfgtest_loss", use_rollout=False, sample_strategy="cfgtest_sample",
+    module=AlgorithmType(description="Test offline algorithm.", policy_loss="cfgtest_nll", use_rollout=False, sample_strategy="cfgtest_sample",
                          requires={"mode": "train"}),
     force=True,
 )
@@ -170,7 +176,7 @@ def test_preset_fills_only_unset_values_and_user_params_win(tmp_path):
 def test_preset_conflicts_are_errors_not_rewrites(tmp_path):
     p = write(tmp_path, BASE + "synchronizer:\n  offset: 2\n")
     msg = error_of(p)
-    assert msg.startswith(f"{p}:14: synchronizer.offset: 2 conflicts with algorithm type 'cfgtest_online'")
+    assert msg.startswith(f"{p}:13: synchronizer.offset: 2 conflicts with algorithm type 'cfgtest_online'")
     p = write(tmp_path, BASE.replace("  type: cfgtest_online\n", "  type: cfgtest_online\n  policy_loss:\n    name: other\n"))
     msg = error_of(p)
     assert "algorithm.policy_loss.name: 'other' conflicts with algorithm type 'cfgtest_online'" in msg

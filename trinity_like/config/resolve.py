@@ -15,6 +15,7 @@ Order of work (each step's errors name the file, key path and line):
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,10 @@ from trinity_like.registry import (
     WORKFLOW,
     UnknownNameError,
 )
+
+# Every slot a recipe can configure, and the registry its component lives in. The critic's
+# value loss is a policy-loss-shaped function of the value model's outputs.
+ALL_SLOTS: dict[str, str] = {**SLOTS, "value_loss": "POLICY_LOSS_FN"}
 
 # Keys of a slot mapping that are not params of the component.
 _SLOT_KEYS = ("name", "coef")
@@ -58,6 +63,7 @@ class ResolvedStage:
     components: dict[str, ResolvedComponent]
     needs: frozenset[str]  # batch fields some component asks for
     reward_params: Any = None
+    own_model: bool = True  # the recipe names this stage's model.path (else it continues the previous stage)
 
     @property
     def needs_reference(self) -> bool:
@@ -129,7 +135,10 @@ def _apply_preset(data: dict, algo: AlgorithmType, algo_name: str, loc: _Locator
     alg = data.setdefault("algorithm", {})
     if not isinstance(alg, dict):
         raise loc.error(("algorithm",), "must be a mapping")
-    for slot, name in algo.components().items():
+    named = dict(algo.components())
+    if getattr(algo, "value_loss", None):
+        named["value_loss"] = algo.value_loss
+    for slot, name in named.items():
         user = alg.setdefault(slot, {})
         if not isinstance(user, dict):
             raise loc.error(("algorithm", slot), f"must be a mapping like {{name: {name}}}")
@@ -212,7 +221,7 @@ def _resolve_name(registry: Any, name: str, loc: _Locator, path: KeyPath) -> Any
 
 def _resolve_components(cfg: Config, loc: _Locator) -> dict[str, ResolvedComponent]:
     out: dict[str, ResolvedComponent] = {}
-    for slot, reg_name in SLOTS.items():
+    for slot, reg_name in ALL_SLOTS.items():
         spec = dict(getattr(cfg.algorithm, slot))
         if not spec:
             continue
@@ -256,7 +265,7 @@ def _check_inputs(algo: AlgorithmType, comps: dict[str, ResolvedComponent], loc:
     provided = _provided_inputs(algo, comps)
     needs: set[str] = set()
     for slot, comp in comps.items():
-        if slot == "sample_strategy":
+        if slot in ("sample_strategy", "value_loss"):
             continue
         req = required_inputs(comp.fn) - {"logprob", "ref_logprob"} if slot in ("kl_loss", "kl_penalty") else required_inputs(comp.fn)
         missing = req - provided
@@ -279,7 +288,11 @@ def _check_sections(cfg: Config, algo: AlgorithmType, loc: _Locator) -> Any:
         raise loc.error(("buffer", "train_data"), f"offline algorithm {cfg.algorithm.type!r}: set buffer.train_data")
     if cfg.algorithm.sample_strategy.get("name") == "mix" and cfg.buffer.expert_data is None:
         raise loc.error(("buffer", "expert_data"), "the mix sample strategy needs buffer.expert_data")
-    _resolve_name(BUFFER_STORAGE, cfg.buffer.experience.storage, loc, ("buffer", "experience", "storage"))
+    storage = _resolve_name(BUFFER_STORAGE, cfg.buffer.experience.storage, loc, ("buffer", "experience", "storage"))
+    try:
+        build_params(storage, cfg.buffer.experience.args, where="buffer.experience.args")
+    except ConfigError as exc:
+        raise ConfigError(f"{loc(('buffer', 'experience', 'args'))}: {exc}") from None
     for i, backend in enumerate(cfg.monitor.backends):
         _resolve_name(MONITOR, backend, loc, ("monitor", "backends", i))
     reward_params = None
@@ -364,5 +377,9 @@ def load_plan(path: str | Path, overrides: list[str] | None = None, plugins: lis
         load_plugins(resolved_specs + list(plugins or []))
     except TrinityError as exc:
         raise type(exc)(f"{raw.where(('plugins',))}: {exc}") from exc.__cause__
-    stages = [resolve_stage(d, _Locator(raw, i, over), base) for d, i, over in _stage_datas(raw)]
+    stages = []
+    for d, i, over in _stage_datas(raw):
+        stage = resolve_stage(d, _Locator(raw, i, over), base)
+        own = i in (None, 0) or "path" in ((over or {}).get("model") or {})
+        stages.append(dataclasses.replace(stage, own_model=own))
     return RunPlan(source=raw.path, stages=stages, plugins=loaded_plugins())

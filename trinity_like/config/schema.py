@@ -40,7 +40,7 @@ class DatasetConfig(Section):
     path: str | None = None  # JSONL / parquet file or folder; relative to the recipe's folder
     generator: str | None = None  # built-in task generator, e.g. "arithmetic" or "reasoning_gym:gsm_symbolic"
     generator_args: dict[str, Any] = {}  # arguments of the generator (operand ranges, terms, ...)
-    split: Literal["train", "test"] = "train"  # generator split; "test" never overlaps "train"
+    split: Literal["train", "eval"] = "train"  # generator split; "eval" never overlaps "train"
     size: PosInt | None = None  # number of rows to generate / keep (None: all, or the generator's default)
     prompt_key: str = "prompt"  # field holding the prompt text
     answer_key: str = "answer"  # field holding the reference answer (tasks)
@@ -61,9 +61,8 @@ class DatasetConfig(Section):
 
 
 class StorageConfig(Section):
-    storage: str = "sqlite"  # BUFFER_STORAGE name: sqlite (persistent) | memory | jsonl
-    path: str | None = None  # file of a persistent storage; None: inside the run directory
-    capacity: PosInt = 10_000  # bounded queue size of `memory` (a full queue blocks the writer)
+    storage: str = "sqlite"  # BUFFER_STORAGE name: sqlite (persistent) | memory (bounded queue) | jsonl
+    args: dict[str, Any] = {}  # params of that storage (e.g. sqlite `path`, memory `capacity`)
 
 
 class BufferConfig(Section):
@@ -158,6 +157,7 @@ class AlgorithmConfig(Section):
     kl_penalty: dict[str, Any] = {}  # {name?, coef?, params...}: KL as reward shaping
     entropy_loss: dict[str, Any] = {}  # {name?, params...}
     sample_strategy: dict[str, Any] = {}  # {name?, params...}
+    value_loss: dict[str, Any] = {}  # {name?, params...}: the critic's loss (algorithms with a critic)
 
 
 MODES = ("both", "explore", "train", "bench")

@@ -1,0 +1,238 @@
+"""Everything one stage of a run holds: data, engines, buffer, strategy, checkpoints, metrics.
+
+:func:`build_context` validates the data *before* anything is written to the run
+directory, then builds the engines, opens the buffer and resumes from the latest
+checkpoint when there is one (``checkpoint.resume``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trinity_like.buffer.storage import open_storage
+from trinity_like.components import build_params
+from trinity_like.errors import TrinityError
+from trinity_like.experience import Experience
+from trinity_like.pipeline.checkpoint import CheckpointManager
+from trinity_like.pipeline.data import expert_set, task_set
+from trinity_like.pipeline.engines import make_engine
+from trinity_like.pipeline.metrics import MetricsLogger
+from trinity_like.registry import SAMPLE_STRATEGY, WORKFLOW
+from trinity_like.trainer.objective import ComponentSpec, Objective, objective_from_stage
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def workflow_params(stage: Any, cls: type) -> Any:
+    """The workflow's params: the explorer's reward settings it declares, plus nothing else."""
+    e = stage.config.explorer
+    offered = {
+        "reward_fn": e.reward_fn,
+        "reward_params": dict(e.reward_args),
+        "reward_timeout_s": e.reward_timeout_s,
+        "reward_retries": e.reward_retries,
+    }
+    from trinity_like.components import params_type
+
+    ptype = params_type(cls)
+    known = {f.name for f in dataclasses.fields(ptype)} if ptype else set()
+    return build_params(cls, {k: v for k, v in offered.items() if k in known}, where="explorer")
+
+
+def sampling_params(stage: Any, *, step: int, evaluation: bool = False) -> Any:
+    """The explorer's sampling for ``step``; seeds depend on (run seed, step) only."""
+    from trinity_like.explorer.engine import SamplingParams
+
+    cfg = stage.config
+    s = cfg.explorer.eval_sampling if evaluation else cfg.explorer.sampling
+    return SamplingParams(
+        n=1 if evaluation else cfg.explorer.group_size,
+        max_new_tokens=s.max_new_tokens or cfg.model.max_response_tokens,
+        temperature=s.temperature if s.temperature > 0 else 1.0,
+        greedy=s.temperature == 0,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        seed=(cfg.seed * 1_000_003 + step) % 2**62,
+        stop_token_ids=tuple(s.stop_token_ids) or None,
+        stop_strings=tuple(s.stop),
+    )
+
+
+@dataclass
+class StageContext:
+    stage: Any
+    run_dir: Path
+    model_path: Path
+    tokenizer: Any
+    pad_id: int
+    logger: MetricsLogger
+    checkpoints: CheckpointManager
+    actor: Any = None
+    reference: Any = None
+    critic: Any = None
+    rollout: Any = None
+    workflow: Any = None
+    tasks: Any = None
+    eval_tasks: list | None = None
+    storage: Any = None
+    strategy: Any = None
+    expert: Any = None
+    objective: Objective | None = None
+    value_objective: Objective | None = None
+    train_batch_size: int = 0
+    batch_needs: frozenset[str] = frozenset()
+    model_version: int = 0
+    start_step: int = 0
+    extra_state: dict[str, Any] = field(default_factory=dict)
+
+    # -- explorer side -----------------------------------------------------------------
+    def explore(self, step: int) -> tuple[list[Experience], dict[str, float]]:
+        tasks = self.tasks.next_batch(self.stage.config.explorer.batch_size)
+        if not tasks:
+            raise TrinityError("the task set is exhausted")
+        result = self.workflow.run(tasks, engine=self.rollout, sampling=sampling_params(self.stage, step=step))
+        for sk in result.skipped:
+            self.logger.write(f"step {step}: task {sk.task_id} skipped: {sk.reason}")
+        return result.experiences, dict(result.metrics)
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy accuracy (mean reward) and answer-format rate on the held-out tasks."""
+        from trinity_like.explorer.rewards import parse_final_answer
+
+        if not self.eval_tasks:
+            return {}
+        result = self.workflow.run(self.eval_tasks, engine=self.rollout, sampling=sampling_params(self.stage, step=0, evaluation=True))
+        rows = result.experiences
+        n = len(self.eval_tasks)
+        rewards = [float(r.reward or 0.0) for r in rows]
+        acc = sum(rewards) / n
+        formatted = sum(parse_final_answer(r.info.get("response_text", "")) is not None for r in rows) / n
+        stderr = (acc * (1 - acc) / n) ** 0.5
+        return {"eval/accuracy": acc, "eval/accuracy_stderr": stderr, "eval/format_rate": formatted, "eval/tasks": float(n)}
+
+    def sync_weights(self, version: int) -> None:
+        if self.rollout is not None:
+            self.rollout.update_weights(self.actor.state_dict(), version=version)
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def checkpoint(self, step: int) -> Path:
+        writers = {"model": self.actor.save}
+        if self.critic is not None:
+            writers["critic"] = self.critic.save
+        state = {
+            "model_version": self.model_version,
+            "tasks": self.tasks.state_dict() if self.tasks is not None else None,
+            "strategy": self.strategy.state_dict() if self.strategy is not None else None,
+            "expert": self.expert.state_dict() if self.expert is not None else None,
+            **self.extra_state,
+        }
+        path = self.checkpoints.save(step, state, writers)
+        if self.storage is not None and hasattr(self.storage, "commit"):
+            self.storage.commit(step)
+        return path
+
+    def resume(self) -> None:
+        """Load the latest checkpoint of the run directory, if any."""
+        self.checkpoints.clean_partial()
+        latest = self.checkpoints.latest() if self.stage.config.checkpoint.resume else None
+        if latest is None:
+            if self.storage is not None and hasattr(self.storage, "recover"):
+                self.storage.recover(None)
+            return
+        self.checkpoints.verify(latest)
+        state = self.checkpoints.read_state(latest)
+        self.actor.load(str(latest / "model"))
+        if self.critic is not None:
+            self.critic.load(str(latest / "critic"))
+        if self.tasks is not None and state.get("tasks") is not None:
+            self.tasks.load_state_dict(state["tasks"])
+        if self.strategy is not None and state.get("strategy") is not None:
+            self.strategy.load_state_dict(state["strategy"])
+        if self.expert is not None and state.get("expert") is not None:
+            self.expert.load_state_dict(state["expert"])
+        self.start_step = int(state["step"])
+        self.model_version = int(state.get("model_version", self.start_step))
+        self.extra_state = {k: v for k, v in state.items() if k not in ("step", "model_version", "tasks", "strategy", "expert")}
+        if self.storage is not None and hasattr(self.storage, "recover"):
+            moved = self.storage.recover(self.start_step)
+            if any(moved.values()):
+                self.logger.write(f"buffer reconciled with checkpoint {latest.name}: {moved}")
+        self.checkpoints.restore_rng(latest)
+        self.sync_weights(self.model_version)
+        self.logger.write(f"resumed from {latest} (step {self.start_step})")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.logger.log(step, metrics)
+
+    def close(self) -> None:
+        for engine in (self.actor, self.reference, self.critic):
+            if engine is not None:
+                engine.close()
+        if self.storage is not None and hasattr(self.storage, "close"):
+            self.storage.close()
+        self.logger.close()
+
+
+def _train_batch_size(stage: Any) -> int:
+    cfg = stage.config
+    return cfg.buffer.train_batch_size or cfg.explorer.batch_size * cfg.explorer.group_size
+
+
+def build_online_context(stage: Any) -> StageContext:
+    """Validate data, then build engines, buffer and strategy for an online stage, and resume."""
+    from trinity_like.explorer.engine import EngineParams, RolloutEngine
+    from trinity_like.models.resolve import load_model, resolve_model_path
+
+    cfg = stage.config
+    seed_everything(cfg.seed)
+    # Data first: a bad data file fails before the run directory is touched.
+    tasks = task_set(cfg.buffer.tasks, "buffer.tasks", train=True)
+    eval_tasks = list(task_set(cfg.buffer.eval_tasks, "buffer.eval_tasks", train=False)) if cfg.buffer.eval_tasks else None
+    model_path = resolve_model_path(cfg.model.path)
+    model, tokenizer = load_model(model_path)
+    expert = expert_set(cfg.buffer.expert_data, tokenizer, max_tokens=cfg.model.max_prompt_tokens + cfg.model.max_response_tokens) if cfg.buffer.expert_data else None
+
+    run_dir = Path(cfg.run_dir())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(cfg.model_dump_json(indent=1))
+    ctx = StageContext(
+        stage=stage, run_dir=run_dir, model_path=model_path, tokenizer=tokenizer,
+        pad_id=int(tokenizer.pad_token_id), checkpoints=CheckpointManager(run_dir, cfg.checkpoint.keep_last),
+        logger=MetricsLogger(str(run_dir), cfg.monitor.backends, total_steps=cfg.trainer.total_steps, start_step=0,
+                             progress=cfg.monitor.progress, desc=cfg.name),
+    )
+    ctx.tasks, ctx.eval_tasks, ctx.expert = tasks, eval_tasks, expert
+    ctx.rollout = RolloutEngine(model, tokenizer, EngineParams(max_batch_size=cfg.explorer.max_concurrent))
+    wf_cls = WORKFLOW.get(cfg.explorer.workflow)
+    ctx.workflow = wf_cls(params=workflow_params(stage, wf_cls))
+    ctx.storage = open_storage(cfg.buffer.experience.storage, cfg.buffer.experience.args, run_dir=run_dir)
+    strat = stage.components["sample_strategy"]
+    ctx.strategy = SAMPLE_STRATEGY.get(strat.name)(params=strat.params)
+    ctx.objective = objective_from_stage(stage, on_policy=cfg.synchronizer.interval == 1 and cfg.synchronizer.offset == 0 and cfg.trainer.update_epochs == 1)
+    ctx.batch_needs = frozenset(stage.needs | ctx.objective.inputs_needed())
+    ctx.train_batch_size = _train_batch_size(stage)
+    ctx.actor = make_engine(stage, str(model_path))
+    if "ref_logprob" in ctx.batch_needs:
+        ctx.reference = make_engine(stage, str(model_path), forward_only=True)
+    if stage.algorithm.use_critic:
+        critic_path = str(resolve_model_path(cfg.model.critic_path)) if cfg.model.critic_path else str(model_path)
+        ctx.critic = make_engine(stage, critic_path, kind="value", critic=True)
+        vl = stage.components.get("value_loss")
+        if vl is None:
+            raise TrinityError(f"algorithm {cfg.algorithm.type!r} uses a critic but names no value_loss")
+        ctx.value_objective = Objective(policy_loss=ComponentSpec("POLICY_LOSS_FN", vl.name, vl.params))
+    ctx.resume()
+    if ctx.logger.bar is not None and ctx.start_step:
+        ctx.logger.bar.update(ctx.start_step)
+    return ctx

@@ -1,0 +1,71 @@
+"""Data sources of a stage from its config: task sets (generators or files), offline sets."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+from trinity_like.buffer.datasets import DatasetOptions, ExpertSet, PairSet, RowSet, SftSet, TaskSet
+from trinity_like.config.schema import DatasetConfig
+from trinity_like.errors import ConfigError
+from trinity_like.experience import Task
+
+_OPTION_FIELDS = {f.name for f in fields(DatasetOptions)}
+
+
+def dataset_options(ds: DatasetConfig, *, epochs: int | None) -> DatasetOptions:
+    values = {k: getattr(ds, k) for k in _OPTION_FIELDS if hasattr(ds, k) and k not in ("path", "epochs")}
+    return DatasetOptions(path=ds.path or "", epochs=epochs, **values)
+
+
+def generated_tasks(ds: DatasetConfig, where: str) -> list[Task]:
+    """Tasks of a built-in generator: ``arithmetic`` or ``reasoning_gym:<dataset>``."""
+    name = ds.generator or ""
+    if name == "arithmetic":
+        from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks
+
+        args = dict(ds.generator_args)
+        for key in ("ranges",):
+            if key in args and isinstance(args[key], list):
+                args[key] = tuple(tuple(r) for r in args[key])
+        if "ops" in args and isinstance(args["ops"], list):
+            args["ops"] = tuple(args["ops"])
+        known = {f.name for f in fields(ArithmeticParams)}
+        unknown = set(args) - known
+        if unknown:
+            raise ConfigError(f"{where}.generator_args: unknown {sorted(unknown)} (known: {', '.join(sorted(known))})")
+        params = ArithmeticParams(**args)
+        return arithmetic_tasks(params, split=ds.split, count=ds.size or 10**9)
+    if name.startswith("reasoning_gym:"):
+        from trinity_like.explorer.tasks import reasoning_gym_tasks
+
+        dataset = name.split(":", 1)[1]
+        seed = ds.generator_args.get("seed", 0) + (10**6 if ds.split == "eval" else 0)
+        config = {k: v for k, v in ds.generator_args.items() if k != "seed"}
+        return reasoning_gym_tasks(dataset, count=ds.size or 100, seed=seed, config=config, system_prompt=ds.system_prompt)
+    raise ConfigError(f"{where}.generator: unknown generator {name!r} (known: arithmetic, reasoning_gym:<dataset>)")
+
+
+def task_set(ds: DatasetConfig, where: str, *, train: bool) -> RowSet[Task]:
+    """A resumable, seeded task order: cycles for training, one pass for evaluation."""
+    epochs = None if train else 1
+    options = dataset_options(ds, epochs=epochs)
+    if ds.path:
+        tasks = TaskSet(options)
+        return RowSet(tasks.rows[: ds.size], options, epochs=epochs) if ds.size else tasks
+    rows = generated_tasks(ds, where)
+    if not train:
+        options = DatasetOptions(path="", shuffle=False, seed=ds.seed, epochs=1)
+    return RowSet(rows, options, epochs=epochs)
+
+
+def offline_set(ds: DatasetConfig, tokenizer: Any, *, schema: str, max_tokens: int, epochs: int | None) -> RowSet[Any]:
+    """SFT rows or preference pairs of an offline algorithm, tokenized with the chat template."""
+    options = dataset_options(ds, epochs=epochs)
+    if schema == "pair":
+        return PairSet(options, tokenizer, max_tokens=max_tokens)
+    return SftSet(options, tokenizer, max_tokens=max_tokens)
+
+
+def expert_set(ds: DatasetConfig, tokenizer: Any, *, max_tokens: int) -> ExpertSet:
+    return ExpertSet(dataset_options(ds, epochs=None), tokenizer, max_tokens=max_tokens)

@@ -1,0 +1,162 @@
+"""The readable reference loop of online RL: explore, buffer, sample, train, sync, evaluate.
+
+One synchronous loop in one process (the train engine may still be verl's FSDP workers
+on Ray). Per step::
+
+    tasks   = next explorer.batch_size tasks                  (resumable dataset order)
+    rows    = workflow(tasks): group_size samples each, rewarded   [explorer]
+    buffer.put(rows)                                               [SQLite by default]
+    batch   = sample_strategy.sample(buffer, train_batch_size)
+    batch   = drop groups of equal rewards (dynamic sampling)      [DAPO]
+    ref / old logprobs, critic values as the components need them
+    advantages = advantage_fn(rewards, groups, ...)                [trainer]
+    forward_backward(objective); optim_step
+    every sync_interval steps: explorer weights <- trainer weights
+    every checkpoint.interval steps: checkpoint, then buffer.commit(step)
+
+Off-policy: the explorer may run ``synchronizer.offset`` steps ahead of the trainer, so
+with offset k the batch trained at step t was sampled by the weights of step t - k;
+each row records the version that produced it and staleness is logged.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trinity_like.errors import TrinityError
+from trinity_like.pipeline.advantages import compute_advantages, drop_uninformative_groups
+from trinity_like.pipeline.batching import experience_batch
+from trinity_like.pipeline.context import StageContext
+from trinity_like.pipeline.metrics import PhaseTimer
+
+
+def _on_policy(stage: Any) -> bool:
+    cfg = stage.config
+    return cfg.synchronizer.interval == 1 and cfg.synchronizer.offset == 0 and cfg.trainer.update_epochs == 1
+
+
+def _response_stats(batch: dict[str, torch.Tensor]) -> dict[str, float]:
+    lengths = (batch["response_mask"] > 0).sum(-1).float()
+    return {"response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max())}
+
+
+def train_on_batch(ctx: StageContext, batch: dict[str, torch.Tensor], timer: PhaseTimer) -> dict[str, float]:
+    """One optimiser step of the actor (and the critic) on an experience batch."""
+    stage = ctx.stage
+    metrics: dict[str, float] = {}
+    needs = ctx.batch_needs
+    if "ref_logprob" in needs:
+        with timer("reference"):
+            batch["ref_logprob"] = ctx.reference.compute_logprobs(batch)["logprob"]
+    if "old_logprob" in needs and not ctx.objective.on_policy:
+        with timer("old_logprob"):
+            batch["old_logprob"] = ctx.actor.compute_logprobs(batch)["logprob"]
+    if ctx.critic is not None:
+        with timer("values"):
+            batch["values"] = ctx.critic.compute_logprobs(batch)["values"]
+            batch["old_values"] = batch["values"]
+    with timer("advantage"):
+        metrics.update(compute_advantages(stage, batch))
+    with timer("update"):
+        for _ in range(stage.config.trainer.update_epochs):
+            out = ctx.actor.forward_backward(batch, ctx.objective, need_entropy=ctx.objective.need_entropy)
+            if not math.isfinite(out.get("loss", 0.0)):
+                ctx.actor.zero_grad()
+                raise FloatingPointError(f"non-finite loss {out.get('loss')}")
+            metrics.update(out)
+            metrics.update({f"actor/{k}": v for k, v in ctx.actor.optim_step().items()})
+        if ctx.critic is not None:
+            out = ctx.critic.forward_backward(batch, ctx.value_objective)
+            metrics.update({f"critic/{k}": v for k, v in out.items()})
+            metrics.update({f"critic/{k}": v for k, v in ctx.critic.optim_step().items()})
+    return metrics
+
+
+def run_online(ctx: StageContext) -> dict[str, float]:
+    """Train ``ctx.stage`` from ``ctx.start_step`` to ``trainer.total_steps``; returns the last metrics."""
+    cfg = ctx.stage.config
+    total = cfg.trainer.total_steps
+    offset = cfg.synchronizer.offset
+    last: dict[str, float] = {}
+    if cfg.monitor.eval_at_start and ctx.eval_tasks is not None and ctx.start_step == 0:
+        ctx.log(0, ctx.evaluate())
+    pending: list[list[Any]] = []  # explored batches waiting for the trainer (off-policy window)
+    nan_streak = 0
+    for step in range(ctx.start_step + 1, total + 1):
+        timer = PhaseTimer()
+        t0 = time.perf_counter()
+        metrics: dict[str, float] = {}
+        # -- explore: keep `offset` batches ahead of the trainer --------------------------
+        while len(pending) <= offset and step + len(pending) <= total:
+            with timer("rollout"):
+                rows, explore_metrics = ctx.explore(step + len(pending))
+            metrics.update(explore_metrics)
+            with timer("buffer_write"):
+                ctx.storage.put(rows)
+            pending.append(rows)
+        pending.pop(0)
+        # -- sample a training batch from the buffer ------------------------------------------
+        with timer("sample"):
+            rows = ctx.strategy.sample(
+                experiences=ctx.storage, batch_size=ctx.train_batch_size, model_version=ctx.model_version,
+                expert=ctx.expert,
+            )
+        if not rows:
+            raise TrinityError(f"step {step}: the buffer gave no experiences (explorer produced none?)")
+        batch = experience_batch(rows, ctx.pad_id)
+        staleness = (ctx.model_version - batch["model_version"]).float()
+        metrics.update({"staleness/mean": float(staleness.mean()), "staleness/max": float(staleness.max())})
+        metrics.update({"reward/mean": float(batch["rewards"].mean()), "reward/std": float(batch["rewards"].std(unbiased=False))})
+        metrics.update(_response_stats(batch))
+        if ctx.stage.algorithm.dynamic_sampling:
+            batch, dropped = drop_uninformative_groups(batch)
+            metrics["dynamic_sampling/dropped_rows"] = float(dropped)
+        # -- train ----------------------------------------------------------------------
+        if batch is None:
+            metrics["skipped/no_signal"] = 1.0
+        else:
+            try:
+                metrics.update(train_on_batch(ctx, batch, timer))
+                nan_streak = 0
+            except FloatingPointError as exc:
+                nan_streak += 1
+                metrics["skipped/nan_loss"] = 1.0
+                ctx.logger.write(f"step {step}: {exc}; step skipped ({nan_streak} in a row)")
+                if nan_streak > cfg.trainer.max_nan_steps:
+                    raise TrinityError(
+                        f"step {step}: {nan_streak} non-finite losses in a row (trainer.max_nan_steps="
+                        f"{cfg.trainer.max_nan_steps}); stopping with the weights of the last good step"
+                    ) from None
+        ctx.model_version = step
+        # -- sync weights to the explorer -------------------------------------------------------
+        if step % cfg.synchronizer.interval == 0:
+            with timer("sync"):
+                ctx.sync_weights(step)
+        # -- evaluate, checkpoint, log ----------------------------------------------------------
+        if cfg.monitor.eval_interval and step % cfg.monitor.eval_interval == 0 and step != total:
+            with timer("eval"):
+                metrics.update(ctx.evaluate())
+        if step % cfg.checkpoint.interval == 0 or step == total:
+            with timer("checkpoint"):
+                ctx.checkpoint(step)
+        metrics.update(timer.metrics())
+        metrics["time/step"] = time.perf_counter() - t0
+        tokens = float((batch["attention_mask"].sum()) if batch is not None else 0.0)
+        metrics["throughput/tokens_per_s"] = tokens / max(metrics["time/step"], 1e-9)
+        ctx.log(step, metrics)
+        ctx.logger.advance()
+        last = metrics
+    if ctx.eval_tasks is not None:
+        final = ctx.evaluate()
+        ctx.log(total, final)
+        last.update(final)
+    return last
+
+
+def run_dir_of(stage: Any) -> Path:
+    return Path(stage.config.run_dir())

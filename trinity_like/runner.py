@@ -1,0 +1,81 @@
+"""Run a resolved plan: its stages one after another, each in its mode.
+
+A later stage starts from the final weights of the stage before it (SFT warm-up, then
+GRPO): unless a stage names its own ``model.path``, it is pointed at the previous stage's
+last checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from trinity_like.config import ResolvedStage, RunPlan
+from trinity_like.errors import TrinityError
+
+
+def _chain(stage: ResolvedStage, previous: Path | None, user_set_model: bool) -> ResolvedStage:
+    if previous is None or user_set_model:
+        return stage
+    model = stage.config.model.model_copy(update={"path": str(previous)})
+    return dataclasses.replace(stage, config=stage.config.model_copy(update={"model": model}))
+
+
+def _final_model(stage: ResolvedStage) -> Path | None:
+    from trinity_like.pipeline.checkpoint import CheckpointManager
+
+    latest = CheckpointManager(Path(stage.config.run_dir())).latest()
+    return latest / "model" if latest is not None else None
+
+
+def run_stage(stage: ResolvedStage) -> dict[str, float]:
+    cfg = stage.config
+    if cfg.mode == "bench":
+        from trinity_like.pipeline.bench import run_bench
+
+        return run_bench(stage)
+    if not stage.algorithm.use_rollout:
+        from trinity_like.pipeline.offline import run_offline
+
+        return run_offline(stage)
+    if cfg.mode != "both":
+        raise TrinityError(
+            f"mode {cfg.mode!r} for online algorithm {cfg.algorithm.type!r}: only 'both' and 'bench' run in this version"
+        )
+    from trinity_like.pipeline.context import build_online_context
+    from trinity_like.pipeline.online import run_online
+
+    ctx = build_online_context(stage)
+    try:
+        return run_online(ctx)
+    finally:
+        ctx.close()
+
+
+def _quiet_libraries() -> None:
+    """Our progress bar is the one a user reads; library bars for loading weights are noise."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def run_plan(plan: RunPlan) -> int:
+    """Run every stage; returns the process exit status."""
+    _quiet_libraries()
+    previous: Path | None = None
+    for stage in plan.stages:
+        stage = _chain(stage, previous, stage.own_model)
+        metrics = run_stage(stage)
+        summary = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith(("eval/", "reward/")))
+        print(f"{stage.config.name}: done{': ' + summary if summary else ''}", flush=True)
+        previous = _final_model(stage)
+    return 0
+
+
+def describe_result(metrics: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in metrics.items())
