@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,10 +50,26 @@ class VerlParams:
     seed: int = 42  # verl's engine seed
 
 
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast on an unreachable ``host:port`` (``ray.init`` would retry GCS for minutes)."""
+    if address == "auto":
+        return  # Ray finds the local cluster itself and fails at once when there is none
+    hostport = address.removeprefix("ray://").rsplit("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise TrinityError(f"Ray address {address!r} is not of the form host:port or ray://host:port")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise TrinityError(f"cannot reach the Ray cluster at {address!r}: {exc}") from exc
+
+
 def start_ray(params: VerlParams) -> bool:
     """Connect to ``ray_address`` or start Ray here; True when this call started it."""
     if ray.is_initialized():
         return False
+    if params.ray_address is not None:
+        check_reachable(params.ray_address)
     env = ray_runtime_env({"env_vars": {} if ON_GPU else verl_cpu.worker_env()})
     try:
         if params.ray_address is None:
