@@ -6,12 +6,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from trainer_batches import ClippedPPOLoss, make_batch, naive_outputs, nll_loss, value_mse_loss
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
 from trinity_like.errors import TrinityError
 from trinity_like.models.tiny import build_tiny_model
 from trinity_like.trainer.base import TrainEngine, with_normalisers
-from trinity_like.trainer.local_engine import HEAD_FILE, LocalEngine
+from trinity_like.trainer.local_engine import LocalEngine
 from trinity_like.trainer.params import ModelParams, OptimParams
 
 B, P, R = 8, 6, 5
@@ -137,7 +137,8 @@ def test_value_and_reward_heads_read_the_right_positions(tiny_path, batch, tmp_p
     values = critic.compute_logprobs(batch)["values"]
     scores = rm.compute_logprobs(batch)["scores"]
     assert values.shape == (B, R) and scores.shape == (B,)
-    model, head = reference_model(tiny_path), critic.head
+    model, head = reference_model(tiny_path), critic.model.score
+    assert torch.equal(head.weight, rm.model.score.weight)  # the same seed, the same fresh head
     for row in range(B):
         hidden, plen = unpadded_hidden(model, batch, row)
         rlen = hidden.shape[0] - plen
@@ -150,7 +151,8 @@ def test_value_and_reward_heads_read_the_right_positions(tiny_path, batch, tmp_p
     critic.forward_backward(batch, value_mse_loss)
     critic.optim_step()
     critic.save(str(tmp_path / "critic"))
-    assert (tmp_path / "critic" / HEAD_FILE).is_file()
+    loaded = AutoModelForTokenClassification.from_pretrained(tmp_path / "critic")
     reloaded = LocalEngine(ModelParams(path=str(tmp_path / "critic"), kind="value", head_seed=99))
     a, b = critic.state_dict(), reloaded.state_dict()
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert a.keys() == loaded.state_dict().keys()
+    assert all(torch.equal(a[k], b[k]) and torch.equal(a[k], loaded.state_dict()[k]) for k in a)

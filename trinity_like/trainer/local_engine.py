@@ -11,12 +11,15 @@ head only over the R positions that predict response tokens, and takes logprobs 
 Model kinds (:class:`~trinity_like.trainer.params.ModelParams` ``kind``):
 
 - ``lm``: outputs ``logprob [B, R]`` (and ``entropy [B, R]``);
-- ``value``: a critic, backbone + ``Linear(hidden, 1)``: ``values [B, R]`` where the value of
-  response token j is read at the position before it (verl's convention);
-- ``reward``: a reward model, the same head read at the last non-pad token: ``scores [B]``.
+- ``value``: a critic, ``values [B, R]``, where the value of response token j is read at
+  the position before it (verl's convention);
+- ``reward``: a reward model, ``scores [B]``, read at each row's last non-pad token.
 
-The scalar head lives beside the backbone in the Hugging Face folder as
-``value_head.safetensors``; the folder still loads in ``transformers`` as a causal LM.
+A value or reward model is a backbone plus ``Linear(hidden, 1)``: transformers'
+``*ForTokenClassification`` with one label, the same architecture verl's critic engine
+builds, so a critic folder moves between the engines and loads in ``transformers``
+(``AutoModelForTokenClassification``). Started from a causal-LM folder, the head is new,
+initialised from ``head_seed``.
 
 Example::
 
@@ -32,9 +35,8 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
 from trinity_like.errors import TrinityError
 from trinity_like.trainer.base import (
@@ -46,32 +48,32 @@ from trinity_like.trainer.base import (
 )
 from trinity_like.trainer.params import ModelParams, OptimParams, lr_factor
 
-HEAD_FILE = "value_head.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "trainer_state.json"
 
 
-def load_causal_lm(path: str, params: ModelParams) -> nn.Module:
-    """Load a Hugging Face causal LM folder; a missing folder is one clear error line."""
+def load_model(path: str, params: ModelParams) -> nn.Module:
+    """Load the folder as a causal LM, or as a one-label token classifier for value/reward kinds.
+
+    A missing folder is one clear error line. The classifier's dropout is off (as in verl's
+    critic); a head missing from the folder is initialised under ``head_seed``.
+    """
     if not (Path(path) / "config.json").is_file():
         raise TrinityError(f"model folder {path!r} not found (no config.json there)")
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=getattr(torch, params.dtype), attn_implementation=params.attn_implementation
-    )
+    dtype = getattr(torch, params.dtype)
+    if params.kind == "lm":
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=params.attn_implementation)
+    else:
+        config = AutoConfig.from_pretrained(path, num_labels=1)
+        config.classifier_dropout = 0.0
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(params.head_seed)
+            model = AutoModelForTokenClassification.from_pretrained(
+                path, config=config, dtype=dtype, attn_implementation=params.attn_implementation
+            )
     if params.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
-
-
-def build_head(path: str, hidden_size: int, params: ModelParams) -> nn.Linear:
-    """The scalar head of a value/reward model: from ``value_head.safetensors`` or freshly seeded."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(params.head_seed)
-        head = nn.Linear(hidden_size, 1).to(getattr(torch, params.dtype))
-    file = Path(path) / HEAD_FILE
-    if file.is_file():
-        head.load_state_dict(load_file(str(file)))
-    return head
 
 
 def response_outputs(
@@ -103,8 +105,7 @@ class LocalEngine:
     def __init__(self, model: ModelParams, optim: OptimParams = OptimParams()) -> None:
         self.params = model
         self.optim_params = optim
-        self.model = load_causal_lm(model.path, model)
-        self.head = build_head(model.path, self.model.config.hidden_size, model) if model.kind != "lm" else None
+        self.model = load_model(model.path, model)
         self.tokenizer_path = model.path
         self.step = 0  # optimiser steps taken; drives the lr schedule
         self.optimizer = None if model.forward_only else self._build_optimizer()
@@ -112,8 +113,7 @@ class LocalEngine:
 
     # -- construction --------------------------------------------------------------
     def _parameters(self) -> list[nn.Parameter]:
-        params = list(self.model.parameters())
-        return params + (list(self.head.parameters()) if self.head is not None else [])
+        return list(self.model.parameters())
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         o = self.optim_params
@@ -133,10 +133,10 @@ class LocalEngine:
         if self.params.kind == "lm":
             return response_outputs(hidden, self.model.get_output_embeddings(), input_ids, response_len, need_entropy)
         if self.params.kind == "value":
-            return {"values": self.head(hidden[:, -response_len - 1 : -1, :]).squeeze(-1).float()}
+            return {"values": self.model.score(hidden[:, -response_len - 1 : -1, :]).squeeze(-1).float()}
         rows = torch.arange(hidden.shape[0], device=hidden.device)
         last = hidden[rows, last_token_index(batch["attention_mask"])]
-        return {"scores": self.head(last).squeeze(-1).float()}
+        return {"scores": self.model.score(last).squeeze(-1).float()}
 
     # -- the contract --------------------------------------------------------------
     def forward_backward(self, batch: Batch, loss_fn: LossCallable, *, need_entropy: bool = False) -> dict[str, float]:
@@ -177,30 +177,23 @@ class LocalEngine:
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Full weights on CPU under Hugging Face names (the head as ``value_head.*``)."""
-        sd = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-        if self.head is not None:
-            sd.update({f"value_head.{k}": v.detach().cpu().clone() for k, v in self.head.state_dict().items()})
-        return sd
+        """Full weights on CPU under Hugging Face names."""
+        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
 
     def save(self, path: str) -> None:
-        """A Hugging Face folder (+ ``value_head.safetensors``) plus optimiser and step count."""
+        """A Hugging Face folder (safetensors, config, tokenizer) plus optimiser and step count."""
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(out, safe_serialization=True)
         if (Path(self.tokenizer_path) / "tokenizer_config.json").is_file():
             AutoTokenizer.from_pretrained(self.tokenizer_path).save_pretrained(out)
-        if self.head is not None:
-            save_file({k: v.contiguous() for k, v in self.head.state_dict().items()}, str(out / HEAD_FILE))
         if self.optimizer is not None:
             torch.save(self.optimizer.state_dict(), out / OPTIMIZER_FILE)
         (out / STATE_FILE).write_text(json.dumps({"step": self.step}))
 
     def load(self, path: str) -> None:
-        """Restore what :meth:`save` wrote: weights, head, optimiser state and step count."""
-        self.model = load_causal_lm(path, self.params)
-        if self.head is not None:
-            self.head = build_head(path, self.model.config.hidden_size, self.params)
+        """Restore what :meth:`save` wrote: weights, optimiser state and step count."""
+        self.model = load_model(path, self.params)
         self.tokenizer_path = path
         state_file = Path(path) / STATE_FILE
         self.step = json.loads(state_file.read_text())["step"] if state_file.is_file() else 0
@@ -214,5 +207,4 @@ class LocalEngine:
     def close(self) -> None:
         """Drop the model and optimiser so their memory can be freed."""
         self.model = None
-        self.head = None
         self.optimizer = None
