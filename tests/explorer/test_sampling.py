@@ -67,3 +67,26 @@ def test_greedy_reports_model_logprob():
     token, logprob = greedy_tokens(logits)
     assert int(token) == 1
     assert math.isclose(float(logprob), float(torch.log_softmax(logits, -1)[0, 1]), abs_tol=1e-6)
+
+
+def _splitmix64(seed: int, i: int) -> float:
+    """Reference SplitMix64 in plain Python integers (Steele et al. 2014)."""
+    mask = 2**64 - 1
+    z = (seed + (i + 1) * 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    z ^= z >> 31
+    return (z >> 11) * 2.0**-53
+
+
+def test_uniforms_are_splitmix64_and_uniform():
+    import numpy as np
+
+    from trinity_like.explorer.sampling import uniforms
+
+    seeds = [0, 1, 12345, 2**63 + 7, 2**64 - 1]
+    draws = [0, 5, 1, 99, 3]
+    got = uniforms(np.array(seeds, dtype=np.uint64), np.array(draws, dtype=np.uint64)).tolist()
+    assert got == [_splitmix64(s, i) for s, i in zip(seeds, draws)]
+    many = uniforms(np.arange(50_000, dtype=np.uint64), np.zeros(50_000, dtype=np.uint64))
+    assert abs(float(many.mean()) - 0.5) < 0.01 and 0.0 <= float(many.min()) and float(many.max()) < 1.0

@@ -31,6 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -110,7 +111,7 @@ class _Slot:
 
     request: int
     sample: int
-    generator: torch.Generator | None
+    seed: int  # the sample's random stream; draw i is uniforms(seed, i)
     cached: int  # positions 0..cached-1 are in the KV cache; the last token goes at `cached`
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -274,7 +275,9 @@ class _Run:
         if sp.greedy:
             token_B, logprob_B = greedy_tokens(logits_BV)
         else:
-            u_B = uniforms([s.generator for s in slots])  # type: ignore[misc]
+            seeds_B = np.fromiter((s.seed for s in slots), dtype=np.uint64, count=len(slots))
+            draws_B = np.fromiter((len(s.tokens) for s in slots), dtype=np.uint64, count=len(slots))
+            u_B = uniforms(seeds_B, draws_B)
             token_B, logprob_B = sample_tokens(
                 logits_BV, u_B, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p
             )
@@ -321,8 +324,7 @@ class _Run:
         entry = self.prefilled_of(request)
         t0 = time.perf_counter()
         seed = self.requests[request].seeds[sample]
-        generator = None if self.sampling.greedy else torch.Generator().manual_seed(seed)
-        slot = _Slot(request, sample, generator, cached=entry.length)
+        slot = _Slot(request, sample, seed % 2**64, cached=entry.length)
         index = self.slots.index(None) if None in self.slots else len(self.slots)
         if self.cache is None:
             self.cache = self._allocate(entry.cache)

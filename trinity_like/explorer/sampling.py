@@ -14,12 +14,26 @@ Letters: B rows, V vocabulary, K kept candidates (top-k / top-p).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
 
-def uniforms(generators: list[torch.Generator]) -> torch.Tensor:
-    """One U[0, 1) float64 draw from each row's own generator: [B]."""
-    return torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in generators])
+
+def uniforms(seeds_B: np.ndarray, draws_B: np.ndarray) -> torch.Tensor:
+    """U[0, 1) float64 numbers: the ``draws_B``-th output of SplitMix64 seeded with ``seeds_B``.
+
+    Counter-based: a row's number depends on its seed and draw index only, so it needs no
+    generator state and the whole batch is drawn in a few vectorised uint64 operations
+    (SplitMix64, Steele et al. 2014; numpy's uint64 arithmetic wraps modulo 2**64).
+    """
+    z = seeds_B.astype(np.uint64) + (draws_B.astype(np.uint64) + np.uint64(1)) * _GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    z = z ^ (z >> np.uint64(31))
+    return torch.from_numpy((z >> np.uint64(11)).astype(np.float64) * 2.0**-53)
 
 
 def _inverse_cdf(scores_BK: torch.Tensor, u_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,182 @@
+"""Rollout throughput: our engine vs ``transformers`` ``generate``, interleaved in one run.
+
+A GRPO-shaped workload -- P prompts x G samples, up to N new tokens, temperature 1.0 --
+on the same model, prompts and sampling distribution (``generate`` with ``top_k=0,
+top_p=1.0``, which otherwise defaults to top-k 50). Three contenders per repetition, in
+rotating order so load drifts on a shared machine hit all of them alike:
+
+- ``ours``: :class:`RolloutEngine` (prefill once per group, slot KV cache, continuous
+  batching, per-token logprobs always returned);
+- ``generate``: ``model.generate(num_return_sequences=G)`` with the KV cache on;
+- ``generate+logprobs``: the same with ``output_scores`` and per-token logprob extraction,
+  which is what an RL trainer needs from it.
+
+Generated tokens are counted the same way for all: response tokens up to and including
+the first stop token. Reported: medians over repetitions of tokens/s, and the median of
+the per-repetition ratios ours / generate (ratios are fair under load; absolute times
+are not). Run (about 10 minutes on one core)::
+
+    python benchmarks/rollout.py --reps 3
+    python benchmarks/rollout.py --reps 1 --models tiny-random   # seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from trinity_like.explorer.engine import RolloutEngine, SamplingParams
+from trinity_like.models import load_model, render_prompt
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def build_prompts(tokenizer, count: int) -> list[list[int]]:
+    """'What is a + b?' prompts under the model's default chat template (as in baselines.md)."""
+    out = []
+    for i in range(count):
+        a, b = 10 + (37 * i) % 90, 1 + (5 * i) % 9
+        msg = [{"role": "user", "content": f"What is {a} + {b}? Answer with just the number."}]
+        out.append(render_prompt(tokenizer, msg))
+    return out
+
+
+def count_response_tokens(rows: list[list[int]], stop_ids: set[int]) -> int:
+    """Tokens up to and including the first stop token of each row (the rest is padding)."""
+    total = 0
+    for row in rows:
+        n = len(row)
+        for i, token in enumerate(row):
+            if token in stop_ids:
+                n = i + 1
+                break
+        total += n
+    return total
+
+
+def run_ours(engine: RolloutEngine, prompts, group: int, max_new: int, seed: int) -> dict:
+    engine.reset_timings()
+    t0 = time.perf_counter()
+    groups = engine.generate(prompts, SamplingParams(n=group, max_new_tokens=max_new, temperature=1.0, seed=seed))
+    wall = time.perf_counter() - t0
+    tokens = sum(len(s.token_ids) for g in groups for s in g)
+    return {"wall_s": wall, "tokens": tokens, "split_s": dict(engine.timings)}
+
+
+def run_generate(model, tokenizer, prompts, group: int, max_new: int, seed: int, logprobs: bool) -> dict:
+    stop_ids = {tokenizer.eos_token_id}
+    width = max(len(p) for p in prompts)
+    pad = tokenizer.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    torch.manual_seed(seed)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+            max_new_tokens=max_new, num_return_sequences=group, pad_token_id=pad, eos_token_id=sorted(stop_ids),
+            return_dict_in_generate=logprobs, output_scores=logprobs,
+        )
+        if logprobs:
+            seqs = out.sequences
+            scores = model.compute_transition_scores(seqs, out.scores, normalize_logits=True)
+            assert scores.shape[1] == seqs.shape[1] - width
+        else:
+            seqs = out
+    wall = time.perf_counter() - t0
+    return {"wall_s": wall, "tokens": count_response_tokens(seqs[:, width:].tolist(), stop_ids)}
+
+
+def bench_model(ref: str, args) -> dict:
+    model, tokenizer = load_model(ref)
+    prompts = build_prompts(tokenizer, args.prompts)
+    engine = RolloutEngine(model, tokenizer)
+    # Warm-up: first calls allocate and pick kernels.
+    run_ours(engine, prompts[:2], 2, 4, 0)
+    run_generate(model, tokenizer, prompts[:2], 2, 4, 0, False)
+    contenders = {
+        "ours": lambda s: run_ours(engine, prompts, args.group, args.max_new_tokens, s),
+        "generate": lambda s: run_generate(model, tokenizer, prompts, args.group, args.max_new_tokens, s, False),
+        "generate+logprobs": lambda s: run_generate(model, tokenizer, prompts, args.group, args.max_new_tokens, s, True),
+    }
+    names = list(contenders)
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for rep in range(args.reps):
+        order = names[rep % len(names) :] + names[: rep % len(names)]
+        for name in order:
+            result = contenders[name](1000 + rep)
+            result["tokens_per_s"] = result["tokens"] / result["wall_s"]
+            runs[name].append(result)
+            print(f"{ref} rep {rep} {name}: {result['tokens']} tokens in {result['wall_s']:.2f} s "
+                  f"= {result['tokens_per_s']:.1f} tok/s", file=sys.stderr, flush=True)
+    summary = {n: {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs[n]),
+                   "wall_s": statistics.median(r["wall_s"] for r in runs[n]),
+                   "tokens": statistics.median(r["tokens"] for r in runs[n])} for n in names}
+    for base in ("generate", "generate+logprobs"):
+        ratios = [o["tokens_per_s"] / g["tokens_per_s"] for o, g in zip(runs["ours"], runs[base])]
+        summary["ours"][f"ratio_vs_{base}"] = statistics.median(ratios)
+    split = {k: statistics.median(r["split_s"][k] for r in runs["ours"]) for k in runs["ours"][0]["split_s"]}
+    summary["ours"]["split_s"] = split
+    return {"model": ref, "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+            "prompt_tokens": [len(p) for p in prompts], "summary": summary, "runs": runs}
+
+
+def markdown(results: list[dict], args, command: str) -> str:
+    lines = [
+        "# Rollout throughput: our engine vs `transformers` `generate`",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Workload: {args.prompts} prompts x group {args.group}, up to {args.max_new_tokens} new tokens, "
+        f"temperature 1.0, top_k=0, top_p=1.0; torch threads {args.threads}; {args.reps} interleaved repetitions "
+        f"(medians). Machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, shared "
+        "with other jobs -- compare ratios, not absolute times.",
+        "",
+        "| model | contender | tokens/s | wall s | tokens | ours / this |",
+        "|---|---|---|---|---|---|",
+    ]
+    for res in results:
+        s = res["summary"]
+        for name in ("ours", "generate", "generate+logprobs"):
+            ratio = "1.00" if name == "ours" else f"{s['ours'][f'ratio_vs_{name}']:.2f}x"
+            lines.append(f"| {res['model']} | {name} | {s[name]['tokens_per_s']:.1f} | {s[name]['wall_s']:.2f} "
+                         f"| {s[name]['tokens']:.0f} | {ratio} |")
+    lines += ["", "Our time split (median seconds per run):", "",
+              "| model | prefill | decode forward | sampling | cache management | bookkeeping |", "|---|---|---|---|---|---|"]
+    for res in results:
+        sp = res["summary"]["ours"]["split_s"]
+        lines.append(f"| {res['model']} | {sp['prefill']:.2f} | {sp['decode_forward']:.2f} | {sp['sampling']:.2f} "
+                     f"| {sp['cache']:.2f} | {sp['bookkeeping']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "tiny-random"])
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions (medians)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: as in notes/baselines.md)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "rollout", help="writes OUT.md and OUT.json")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    command = "python benchmarks/rollout.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    results = [bench_model(ref, args) for ref in args.models]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    text = markdown(results, args, command.strip())
+    args.out.with_suffix(".md").write_text(text)
+    args.out.with_suffix(".json").write_text(json.dumps({"command": command, "args": vars(args) | {"out": str(args.out)},
+                                                         "results": results}, indent=1))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
