@@ -17,7 +17,7 @@ import ray
 import ray.cloudpickle
 import torch
 import trainer_batches
-from trainer_batches import ClippedPPOLoss, make_batch, nll_loss
+from trainer_batches import ClippedPPOLoss, make_batch, nll_loss, value_mse_loss
 
 from trinity_like.errors import TrinityError
 from trinity_like.models.tiny import build_tiny_model
@@ -48,7 +48,8 @@ def batch() -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def engine(tiny_path):
     eng = VerlEngine(
-        ModelParams(path=tiny_path, micro_batch_size=2), OPTIM, VerlParams(num_workers=2, num_cpus=2)
+        # 4 logical CPUs: the actor's 2 workers and, later, the critic's 2 (on 2 real cores)
+        ModelParams(path=tiny_path, micro_batch_size=2), OPTIM, VerlParams(num_workers=2, num_cpus=4)
     )
     yield eng
     eng.close()
@@ -112,3 +113,26 @@ def test_save_is_a_transformers_folder_and_load_resumes_exactly(engine, batch, t
     after_second = engine.state_dict()
     for name in saved:
         torch.testing.assert_close(after_second[name], after_first[name], rtol=0, atol=1e-7)
+
+
+def test_critic_values_and_step_match_the_local_engine(engine, tiny_path, batch, tmp_path):
+    """A critic (verl's value-model engine) from a folder the local engine wrote: same values, same step."""
+    LocalEngine(ModelParams(path=tiny_path, kind="value", head_seed=5)).save(str(tmp_path / "critic"))
+    critic_params = ModelParams(path=str(tmp_path / "critic"), kind="value", micro_batch_size=2)
+    critic = VerlEngine(critic_params, OPTIM, VerlParams(num_workers=2))  # joins the running Ray
+    try:
+        local = LocalEngine(ModelParams(path=str(tmp_path / "critic"), kind="value", micro_batch_size=3), OPTIM)
+        attended = batch["attention_mask"][:, P:].bool()
+        ours, theirs = critic.compute_logprobs(batch)["values"], local.compute_logprobs(batch)["values"]
+        torch.testing.assert_close(ours[attended], theirs[attended], rtol=1e-5, atol=1e-5)
+        for _ in range(2):
+            assert critic.forward_backward(batch, value_mse_loss)["loss"] == pytest.approx(
+                local.forward_backward(batch, value_mse_loss)["loss"], rel=1e-5
+            )
+            assert critic.optim_step()["grad_norm"] == pytest.approx(local.optim_step()["grad_norm"], rel=1e-5)
+        ours, theirs = critic.state_dict(), local.state_dict()
+        assert ours.keys() == theirs.keys()
+        for name in theirs:
+            torch.testing.assert_close(ours[name], theirs[name], rtol=0, atol=1e-5)
+    finally:
+        critic.close()

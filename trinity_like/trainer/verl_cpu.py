@@ -8,9 +8,11 @@ this module uses only those (see ``notes/verl-on-cpu.md`` for the failures they 
    ``gloo``, Ray resource ``CPU``, current device the string ``"cpu"``, memory statistics
    answered with zeros), selected in workers by ``VERL_PLATFORM=cpu``;
 2. verl's own ``FSDPEngineWithLMHead`` / ``FSDPEngineWithValueHead`` registered with
-   ``EngineRegistry`` for ``device="cpu"`` (verl registers them for cuda and npu only).
+   ``EngineRegistry`` for ``device="cpu"`` (verl registers them for cuda and npu only);
+3. critics: verl's value-model loader insists on flash-attention; it is replaced by the
+   same load with the configured attention kernel (the one patch of verl code).
 
-The third piece, starting a gloo process group before verl's worker ``__init__`` would
+The last piece, starting a gloo process group before verl's worker ``__init__`` would
 start ``cpu:gloo,cpu:gloo``, lives in the worker class (``verl_worker.py``).
 
 It is imported only when ``torch.cuda.is_available()`` is false, first thing in every Ray
@@ -210,6 +212,7 @@ def install() -> None:
     from verl.workers.engine.base import EngineRegistry
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
 
+    _use_configured_attention_for_value_models()
     EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device="cpu")(
         FSDPEngineWithLMHead
     )
@@ -217,6 +220,27 @@ def install() -> None:
         FSDPEngineWithValueHead
     )
     _installed = True
+
+
+def _use_configured_attention_for_value_models() -> None:
+    """Replace ``verl.utils.model.load_valuehead_model``, the one patch of verl code here.
+
+    verl 0.9.1's loader for critics hard-codes ``attn_implementation="flash_attention_2"``,
+    which cannot load without CUDA, and then falls back to ``trl`` (not a dependency). The
+    replacement is the same ``AutoModelForTokenClassification.from_pretrained`` call with
+    the attention kernel of the model config (``sdpa`` or ``eager``, from our params).
+    ``FSDPEngine._build_module`` imports the function at call time, so the module attribute
+    is what it gets.
+    """
+    import verl.utils.model as verl_model
+    from transformers import AutoModelForTokenClassification
+
+    def load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_code):
+        return AutoModelForTokenClassification.from_pretrained(
+            local_path, torch_dtype=torch_dtype, config=model_config, trust_remote_code=trust_remote_code
+        )
+
+    verl_model.load_valuehead_model = load_valuehead_model
 
 
 def worker_env() -> dict[str, str]:

@@ -4,8 +4,9 @@ Workers are verl's engine-based ``TrainingWorker`` (see ``verl_worker.py``), cre
 verl's own single-controller classes (``RayResourcePool``, ``RayClassWithInitArgs``,
 ``RayWorkerGroup``); the model is sharded with FSDP2 over ``num_workers`` data-parallel
 ranks -- nccl on GPUs, gloo on CPU through ``verl_cpu``. The same class serves the actor
-(``kind="lm"``), the reference policy (``forward_only=True``: no optimiser is built) and
-a critic (``kind="value"``: verl's value-model engine, a token-classification head).
+(``kind="lm"``), the reference policy (``forward_only=True``: no optimiser is built), a
+critic (``kind="value"``: verl's value-model engine, a one-label token classifier) and a
+reward model (``kind="reward"``: the same engine, read at each sequence's last token).
 
 Our loss callable runs inside verl's training step: ``set_loss_fn`` ships it (wrapped in
 ``VerlLossAdapter``) to every worker, and verl's ``forward_backward_batch`` calls it per
@@ -88,8 +89,6 @@ def worker_config(model: ModelParams, optim: OptimParams, verl: VerlParams):
 
     if not (Path(model.path) / "config.json").is_file():
         raise TrinityError(f"model folder {model.path!r} not found (no config.json there)")
-    if model.kind == "reward":
-        raise TrinityError("the verl engine has no reward-model kind yet; use engine 'local' for reward models")
     dtype = "fp32" if model.dtype == "float32" else "bf16"
     model_config = HFModelConfig(
         path=model.path,
@@ -99,7 +98,10 @@ def worker_config(model: ModelParams, optim: OptimParams, verl: VerlParams):
     )
     engine_config = FSDPEngineConfig(
         strategy=verl.strategy,
-        forward_only=model.forward_only,
+        # verl's forward-only engines keep their weights in pinned CPU memory (an offload
+        # policy for GPUs) and pinning needs an accelerator; on CPU a frozen model is a normal
+        # engine that is never stepped (AdamW allocates no state before its first step).
+        forward_only=model.forward_only and ON_GPU,
         model_dtype=dtype,
         mixed_precision={"param_dtype": dtype, "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
         use_dynamic_bsz=False,
@@ -148,7 +150,7 @@ class VerlEngine:
             worker_env.update(verl_cpu.worker_env())
         self.group = RayWorkerGroup(
             resource_pool=pool,
-            ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(TrinityVerlWorker), config=config),
+            ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(TrinityVerlWorker), config=config, kind=model.kind),
             worker_env=worker_env,
             device_name="cuda" if ON_GPU else "cpu",
         )
@@ -188,7 +190,7 @@ class VerlEngine:
         return self.group.trinity_optim_step()[0]
 
     def compute_logprobs(self, batch: Batch, *, need_entropy: bool = False) -> dict[str, torch.Tensor]:
-        """``logprob [B, R]`` (and ``entropy``), or ``values`` for a value model, without grad."""
+        """``logprob [B, R]`` (and ``entropy``), or ``values``/``scores`` for value/reward models, no grad."""
         parts = self.group.trinity_infer(self._split(batch), [need_entropy] * len(self.group.workers))
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 

@@ -13,6 +13,7 @@ verl module resolves its platform, so it is the first thing this module does.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,8 @@ from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_pad
 from trinity_like.trainer.base import LossCallable  # noqa: E402
 
 OPTIMIZER_FILE = "optimizer.pt"
-SCALARS_KEY = "trinity_scalar_keys"  # names of the batch's 0-dim fields, carried as non-tensor data
+SCALARS_KEY = "trinity_scalars"  # the batch's 0-dim fields (JSON), carried as non-tensor data
+KIND_KEY = "trinity_kind"  # ModelParams.kind: "lm", "value" or "reward"
 
 
 def largest_divisor_at_most(n: int, cap: int) -> int:
@@ -50,7 +52,7 @@ def largest_divisor_at_most(n: int, cap: int) -> int:
     return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
 
 
-def to_verl(batch: Mapping[str, torch.Tensor], micro_batch_size: int, need_entropy: bool) -> TensorDict:
+def to_verl(batch: Mapping[str, torch.Tensor], micro_batch_size: int, need_entropy: bool, kind: str) -> TensorDict:
     """Our padded batch -> verl's padding-free TensorDict (``left_right_2_no_padding``, as its trainer does).
 
     ``prompts``/``responses`` are added because verl's ``no_padding_2_padding`` reads the
@@ -72,7 +74,7 @@ def to_verl(batch: Mapping[str, torch.Tensor], micro_batch_size: int, need_entro
         use_dynamic_bsz=False,
         use_remove_padding=False,
         micro_batch_size_per_gpu=largest_divisor_at_most(rows, micro_batch_size),
-        **{SCALARS_KEY: json.dumps(scalars)},
+        **{SCALARS_KEY: json.dumps(scalars), KIND_KEY: kind},
     )
     return td
 
@@ -85,8 +87,15 @@ def from_verl(data: TensorDict) -> dict[str, torch.Tensor]:
     return batch
 
 
+def last_token_values(values: torch.Tensor) -> torch.Tensor:
+    """``scores [B]``: each sequence's value at its last token (padding-free nested layout)."""
+    return values.values()[values.offsets()[1:] - 1]
+
+
 def model_outputs_to_padded(model_output: Mapping[str, torch.Tensor], data: TensorDict) -> dict[str, torch.Tensor]:
-    """verl's padding-free ``log_probs``/``entropy``/``values`` -> our ``[B, R]`` names."""
+    """verl's padding-free ``log_probs``/``entropy``/``values`` -> our ``[B, R]`` (or ``scores [B]``)."""
+    if tu.get_non_tensor_data(data, KIND_KEY, "lm") == "reward":
+        return {"scores": last_token_values(model_output["values"])}
     names = {"log_probs": "logprob", "entropy": "entropy", "values": "values"}
     return {ours: no_padding_2_padding(model_output[theirs], data) for theirs, ours in names.items() if theirs in model_output}
 
@@ -112,14 +121,13 @@ class VerlLossAdapter:
 class TrinityVerlWorker(TinkerTrainingWorker):
     """verl's FSDP training worker, started on gloo when there is no GPU, with our entry points."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, kind: str) -> None:
         from trinity_like.plugins import load_plugins
 
+        self.kind = kind
         load_plugins()  # loss callables resolve registered components by name in this process
         if not torch.cuda.is_available() and not dist.is_initialized():
             # verl would start "cpu:gloo,cpu:gloo"; a plain gloo group is what FSDP2 needs here.
-            import os
-
             dist.init_process_group(backend="gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
         super().__init__(config)
 
@@ -127,7 +135,7 @@ class TrinityVerlWorker(TinkerTrainingWorker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def trinity_forward_backward(self, batch: dict[str, torch.Tensor], need_entropy: bool) -> dict[str, Any]:
         """Forward/backward over this rank's rows; grads accumulate until ``trinity_optim_step``."""
-        td = to_verl(batch, self.engine_config.micro_batch_size_per_gpu, need_entropy)
+        td = to_verl(batch, self.engine_config.micro_batch_size_per_gpu, need_entropy, self.kind)
         with self.engine.train_mode(zero_grad_on_exit=False):
             out = self.engine.forward_backward_batch(td, loss_function=self.loss_fn, forward_only=False)
         return {"losses": list(out["loss"]), "metrics": dict(out["metrics"])}
@@ -145,7 +153,7 @@ class TrinityVerlWorker(TinkerTrainingWorker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def trinity_infer(self, batch: dict[str, torch.Tensor], need_entropy: bool) -> dict[str, torch.Tensor]:
         """Forward only: our ``[B, R]`` outputs for this rank's rows."""
-        td = to_verl(batch, self.engine_config.infer_micro_batch_size_per_gpu, need_entropy)
+        td = to_verl(batch, self.engine_config.infer_micro_batch_size_per_gpu, need_entropy, self.kind)
         with self.engine.eval_mode():
             out = self.engine.infer_batch(td, loss_function=None)
         return {k: v.float().cpu() for k, v in model_outputs_to_padded(out["model_output"], td).items()}
