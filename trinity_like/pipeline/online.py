@@ -65,9 +65,9 @@ def train_on_batch(ctx: StageContext, batch: dict[str, torch.Tensor], timer: Pha
     with timer("update"):
         for _ in range(stage.config.trainer.update_epochs):
             out = ctx.actor.forward_backward(batch, ctx.objective, need_entropy=ctx.objective.need_entropy)
-            if not math.isfinite(out.get("loss", 0.0)):
-                ctx.actor.zero_grad()
-                raise FloatingPointError(f"non-finite loss {out.get('loss')}")
+            if out.get("nonfinite_loss", 0.0) > 0 or not math.isfinite(out.get("loss", 0.0)):
+                ctx.actor.zero_grad()  # drop what the finite micro-batches accumulated
+                raise FloatingPointError("non-finite loss")
             metrics.update(out)
             metrics.update({f"actor/{k}": v for k, v in ctx.actor.optim_step().items()})
         if ctx.critic is not None:

@@ -110,6 +110,11 @@ class Objective:
             ent, ent_metrics = call_component(self._fn(self.entropy_loss), inputs, self.entropy_loss.params)
             loss = loss + ent
             metrics.update(ent_metrics)
+        if not torch.isfinite(loss.detach()):
+            # A NaN/inf loss must not reach the weights: hand back a zero that backpropagates
+            # into nothing, and let the trainer skip the step (it counts and limits these).
+            metrics["nonfinite_loss"] = 1.0
+            return torch.zeros((), dtype=loss.dtype, requires_grad=True), metrics
         return loss, metrics
 
 
