@@ -82,6 +82,16 @@ def start_ray(params: VerlParams) -> bool:
     return True
 
 
+def split_over_workers(batch: Batch, workers: int) -> list[Batch]:
+    """Equal row blocks, one per worker: every rank must run the same number of micro-batches
+    (FSDP's collectives pair them up), so a batch that does not divide evenly is refused."""
+    rows = batch_rows(batch)
+    if rows % workers:
+        raise TrinityError(f"a batch of {rows} rows does not split evenly over {workers} verl workers")
+    step = rows // workers
+    return [slice_rows(batch, i * step, (i + 1) * step) for i in range(workers)]
+
+
 def worker_config(model: ModelParams, optim: OptimParams, verl: VerlParams):
     """verl's ``TrainingWorkerConfig`` for our params: fp32 unless asked, no remove-padding, no compile."""
     from verl.trainer.config import CheckpointConfig
@@ -134,7 +144,9 @@ def worker_config(model: ModelParams, optim: OptimParams, verl: VerlParams):
 class VerlEngine:
     """A :class:`~trinity_like.trainer.base.TrainEngine` over a group of verl FSDP workers."""
 
-    def __init__(self, model: ModelParams, optim: OptimParams = OptimParams(), verl: VerlParams = VerlParams()) -> None:
+    def __init__(
+        self, model: ModelParams, optim: OptimParams = OptimParams(), verl: VerlParams = VerlParams()
+    ) -> None:
         if not ON_GPU:
             verl_cpu.install()
         from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
@@ -157,15 +169,6 @@ class VerlEngine:
         self.group.reset()  # verl builds the model, FSDP wrapping, optimiser and scheduler here
         self._loss_fn: LossCallable | None = None
 
-    # -- batches -------------------------------------------------------------------
-    def _split(self, batch: Batch) -> list[Batch]:
-        """Equal row blocks, one per worker: every rank must run the same number of micro-batches."""
-        rows, workers = batch_rows(batch), self.verl_params.num_workers
-        if rows % workers:
-            raise TrinityError(f"a batch of {rows} rows does not split evenly over {workers} verl workers")
-        step = rows // workers
-        return [slice_rows(batch, i * step, (i + 1) * step) for i in range(workers)]
-
     # -- the contract --------------------------------------------------------------
     def forward_backward(self, batch: Batch, loss_fn: LossCallable, *, need_entropy: bool = False) -> dict[str, float]:
         """Forward/backward on every worker; returns the full-batch loss and mean metrics."""
@@ -176,8 +179,9 @@ class VerlEngine:
         if loss_fn is not self._loss_fn:
             self.group.set_loss_fn(VerlLossAdapter(loss_fn))
             self._loss_fn = loss_fn
-        parts = self.group.trinity_forward_backward(self._split(with_normalisers(batch)), [need_entropy] * len(self.group.workers))
         workers = self.verl_params.num_workers
+        blocks = split_over_workers(with_normalisers(batch), workers)
+        parts = self.group.trinity_forward_backward(blocks, [need_entropy] * workers)
         total = sum(loss / workers for part in parts for loss in part["losses"])  # undo the adapter's dp scaling
         per_micro = [
             {k: v[i] for k, v in part["metrics"].items()} for part in parts for i in range(len(part["losses"]))
@@ -191,7 +195,8 @@ class VerlEngine:
 
     def compute_logprobs(self, batch: Batch, *, need_entropy: bool = False) -> dict[str, torch.Tensor]:
         """``logprob [B, R]`` (and ``entropy``), or ``values``/``scores`` for value/reward models, no grad."""
-        parts = self.group.trinity_infer(self._split(batch), [need_entropy] * len(self.group.workers))
+        workers = self.verl_params.num_workers
+        parts = self.group.trinity_infer(split_over_workers(batch, workers), [need_entropy] * workers)
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
     def state_dict(self) -> dict[str, torch.Tensor]:

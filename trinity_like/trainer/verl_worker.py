@@ -40,6 +40,7 @@ from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.engine_workers_tinker import TinkerTrainingWorker  # noqa: E402
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding  # noqa: E402
 
+from trinity_like.errors import TrinityError  # noqa: E402
 from trinity_like.trainer.base import LossCallable  # noqa: E402
 
 OPTIMIZER_FILE = "optimizer.pt"
@@ -97,7 +98,7 @@ def model_outputs_to_padded(model_output: Mapping[str, torch.Tensor], data: Tens
     if tu.get_non_tensor_data(data, KIND_KEY, "lm") == "reward":
         return {"scores": last_token_values(model_output["values"])}
     names = {"log_probs": "logprob", "entropy": "entropy", "values": "values"}
-    return {ours: no_padding_2_padding(model_output[theirs], data) for theirs, ours in names.items() if theirs in model_output}
+    return {ours: no_padding_2_padding(model_output[k], data) for k, ours in names.items() if k in model_output}
 
 
 class VerlLossAdapter:
@@ -128,7 +129,8 @@ class TrinityVerlWorker(TinkerTrainingWorker):
         load_plugins()  # loss callables resolve registered components by name in this process
         if not torch.cuda.is_available() and not dist.is_initialized():
             # verl would start "cpu:gloo,cpu:gloo"; a plain gloo group is what FSDP2 needs here.
-            dist.init_process_group(backend="gloo", rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+            rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            dist.init_process_group(backend="gloo", rank=rank, world_size=world_size)
         super().__init__(config)
 
     # -- training ------------------------------------------------------------------
@@ -211,7 +213,8 @@ class TrinityVerlWorker(TinkerTrainingWorker):
         tied = {"lm_head.weight"} if getattr(self.model_config.hf_config, "tie_word_embeddings", False) else set()
         missing = set(result.missing_keys) - tied
         if missing or result.unexpected_keys:
-            raise ValueError(f"{path}: missing weights {sorted(missing)}, unexpected {sorted(result.unexpected_keys)}")
+            unexpected = sorted(result.unexpected_keys)
+            raise TrinityError(f"checkpoint {path}: missing weights {sorted(missing)}, unexpected {unexpected}")
         if self.engine.optimizer is not None and (folder / OPTIMIZER_FILE).is_file():
             optim = torch.load(folder / OPTIMIZER_FILE, weights_only=True)
             set_optimizer_state_dict(
