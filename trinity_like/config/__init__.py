@@ -26,7 +26,8 @@ def describe_plan(plan: RunPlan) -> str:
         c, a = st.config, st.algorithm
         lines.append(f"stage {i}/{len(plan.stages)}: {c.name}  mode={c.mode}  seed={c.seed}  run_dir={c.run_dir()}")
         lines.append(f"  model: {c.model.path} ({c.model.dtype}), prompt <= {c.model.max_prompt_tokens}, response <= {c.model.max_response_tokens} tokens")
-        flags = [f for f in ("use_rollout", "use_reference", "use_critic", "dynamic_sampling") if getattr(a, f)]
+        flags = [f for f in ("use_rollout", "use_reference", "use_critic") if getattr(a, f)]
+        flags += ["dynamic_sampling"] if st.dynamic_sampling else []
         lines.append(f"  algorithm: {c.algorithm.type} - {a.description}  [{', '.join(flags) or 'offline'}; schema={a.schema}]")
         for slot, comp in st.components.items():
             coef = f" coef={comp.coef}" if comp.coef is not None else ""

@@ -66,6 +66,12 @@ class ResolvedStage:
     own_model: bool = True  # the recipe names this stage's model.path (else it continues the previous stage)
 
     @property
+    def dynamic_sampling(self) -> bool:
+        """Drop groups of equal rewards before the update: the recipe's choice, else the algorithm's."""
+        chosen = self.config.algorithm.dynamic_sampling
+        return self.algorithm.dynamic_sampling if chosen is None else chosen
+
+    @property
     def needs_reference(self) -> bool:
         return "ref_logprob" in self.needs
 

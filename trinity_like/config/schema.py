@@ -158,6 +158,7 @@ class AlgorithmConfig(Section):
     entropy_loss: dict[str, Any] = {}  # {name?, params...}
     sample_strategy: dict[str, Any] = {}  # {name?, params...}
     value_loss: dict[str, Any] = {}  # {name?, params...}: the critic's loss (algorithms with a critic)
+    dynamic_sampling: bool | None = None  # drop groups whose rewards are all equal; None: the algorithm's choice
 
 
 MODES = ("both", "explore", "train", "bench")

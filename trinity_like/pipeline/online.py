@@ -113,7 +113,7 @@ def run_online(ctx: StageContext) -> dict[str, float]:
         metrics.update({"staleness/mean": float(staleness.mean()), "staleness/max": float(staleness.max())})
         metrics.update({"reward/mean": float(batch["rewards"].mean()), "reward/std": float(batch["rewards"].std(unbiased=False))})
         metrics.update(_response_stats(batch))
-        if ctx.stage.algorithm.dynamic_sampling:
+        if ctx.stage.dynamic_sampling:
             batch, dropped = drop_uninformative_groups(batch)
             metrics["dynamic_sampling/dropped_rows"] = float(dropped)
         # -- train ----------------------------------------------------------------------
