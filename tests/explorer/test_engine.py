@@ -127,7 +127,7 @@ def test_group_sampling_equals_each_sample_alone(tiny, prompts):
 
 def test_continuous_batching_does_not_change_results(tiny, prompts):
     model, tok = tiny
-    sp = SamplingParams(n=3, max_new_tokens=14, seed=2, stop_token_ids=(prompts[0][1], 300, 301, 302))
+    sp = SamplingParams(n=2, max_new_tokens=10, seed=2, stop_token_ids=(prompts[0][1], 300, 301, 302))
     wide = RolloutEngine(model, tok, EngineParams(max_batch_size=64)).generate(prompts, sp)
     narrow = RolloutEngine(model, tok, EngineParams(max_batch_size=2, prefill_batch_size=1)).generate(prompts, sp)
     lengths = {len(s.token_ids) for g in wide for s in g}

@@ -72,3 +72,10 @@ def test_reasoning_gym_adapter():
     for t in tasks:
         assert fn({"response": t.answer, "task": t}) == 1.0
         assert fn({"response": "not it", "task": t}) < 1.0
+    import json
+
+    exact = build_reward_fn("exact_match")
+    for t in reasoning_gym_tasks("gsm_symbolic", count=3, seed=0):
+        json.dumps(t.to_dict())  # rows must stay JSON-serialisable
+        assert fn({"response": f"\\boxed{{{t.answer}}}", "task": t}) == 1.0
+        assert exact({"response": f"So the answer is {t.answer}.", "answer": t.answer}) == 1.0
