@@ -110,5 +110,18 @@ def mean_metrics(per_micro: list[dict[str, float]]) -> dict[str, float]:
     return {k: sum(m[k] for m in per_micro if k in m) / sum(1 for m in per_micro if k in m) for k in keys}
 
 
+def conform_param_groups(saved: dict, optimizer: torch.optim.Optimizer) -> dict:
+    """A saved full optimiser state whose param-group keys are exactly ``optimizer``'s.
+
+    The engines' optimisers differ only in bookkeeping keys (verl's ``LambdaLR`` adds
+    ``initial_lr``); the hyper-parameters themselves come from the saved state.
+    """
+    groups = []
+    for saved_group, current in zip(saved["param_groups"], optimizer.param_groups, strict=True):
+        groups.append({k: saved_group.get(k, v) for k, v in current.items() if k != "params"})
+        groups[-1]["params"] = saved_group["params"]
+    return {**saved, "param_groups": groups}
+
+
 def describe_engine(engine: Any) -> str:
     return type(engine).__name__

@@ -36,12 +36,14 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
 from trinity_like.errors import TrinityError
 from trinity_like.trainer.base import (
     Batch,
     LossCallable,
+    conform_param_groups,
     mean_metrics,
     micro_batches,
     with_normalisers,
@@ -50,6 +52,9 @@ from trinity_like.trainer.params import ModelParams, OptimParams, lr_factor
 
 OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "trainer_state.json"
+# Optimiser state keyed by parameter name, unsharded: the format both engines write, so a
+# checkpoint saved by one engine resumes on the other.
+FULL = StateDictOptions(full_state_dict=True)
 
 
 def load_model(path: str, params: ModelParams) -> nn.Module:
@@ -181,14 +186,14 @@ class LocalEngine:
         return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
 
     def save(self, path: str) -> None:
-        """A Hugging Face folder (safetensors, config, tokenizer) plus optimiser and step count."""
+        """A Hugging Face folder (safetensors, config, tokenizer) plus optimiser state and step count."""
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(out, safe_serialization=True)
         if (Path(self.tokenizer_path) / "tokenizer_config.json").is_file():
             AutoTokenizer.from_pretrained(self.tokenizer_path).save_pretrained(out)
         if self.optimizer is not None:
-            torch.save(self.optimizer.state_dict(), out / OPTIMIZER_FILE)
+            torch.save(get_optimizer_state_dict(self.model, self.optimizer, options=FULL), out / OPTIMIZER_FILE)
         (out / STATE_FILE).write_text(json.dumps({"step": self.step}))
 
     def load(self, path: str) -> None:
@@ -201,7 +206,8 @@ class LocalEngine:
             self.optimizer = self._build_optimizer()
             opt_file = Path(path) / OPTIMIZER_FILE
             if opt_file.is_file():
-                self.optimizer.load_state_dict(torch.load(opt_file, weights_only=True))
+                state = conform_param_groups(torch.load(opt_file, weights_only=True), self.optimizer)
+                set_optimizer_state_dict(self.model, self.optimizer, state, options=FULL)
         self.model.train(not self.params.forward_only)
 
     def close(self) -> None:

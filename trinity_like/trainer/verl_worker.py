@@ -41,9 +41,10 @@ from verl.workers.engine_workers_tinker import TinkerTrainingWorker  # noqa: E40
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding  # noqa: E402
 
 from trinity_like.errors import TrinityError  # noqa: E402
-from trinity_like.trainer.base import LossCallable  # noqa: E402
+from trinity_like.trainer.base import LossCallable, conform_param_groups  # noqa: E402
 
-OPTIMIZER_FILE = "optimizer.pt"
+OPTIMIZER_FILE = "optimizer.pt"  # full (unsharded) optimiser state keyed by parameter name, as the local engine
+STATE_FILE = "trainer_state.json"  # {"step": optimiser steps taken}, which places the lr schedule
 SCALARS_KEY = "trinity_scalars"  # the batch's 0-dim fields (JSON), carried as non-tensor data
 KIND_KEY = "trinity_kind"  # ModelParams.kind: "lm", "value" or "reward"
 
@@ -176,7 +177,7 @@ class TrinityVerlWorker(TinkerTrainingWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def trinity_save(self, path: str) -> None:
-        """Rank 0 writes a Hugging Face folder plus the full optimiser state and lr-scheduler state."""
+        """Rank 0 writes a Hugging Face folder, the full optimiser state and the step count."""
         full = self._full_state()
         optim = None
         if self.engine.optimizer is not None:
@@ -199,7 +200,16 @@ class TrinityVerlWorker(TinkerTrainingWorker):
         self.model_config.tokenizer.save_pretrained(out)
         if optim is not None:
             torch.save(optim, out / OPTIMIZER_FILE)
-            torch.save(self.engine.lr_scheduler.state_dict(), out / "scheduler.pt")
+        (out / STATE_FILE).write_text(json.dumps({"step": self.engine.lr_scheduler.last_epoch}))
+
+    def _set_schedule_step(self, step: int) -> None:
+        """Put verl's ``LambdaLR`` at optimiser step ``step``, and the lr with it."""
+        scheduler = self.engine.lr_scheduler
+        scheduler.last_epoch, scheduler._step_count = step, step + 1
+        lrs = [base * fn(step) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+        for group, lr in zip(self.engine.optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
+        scheduler._last_lr = lrs
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def trinity_load(self, path: str) -> None:
@@ -216,9 +226,10 @@ class TrinityVerlWorker(TinkerTrainingWorker):
             unexpected = sorted(result.unexpected_keys)
             raise TrinityError(f"checkpoint {path}: missing weights {sorted(missing)}, unexpected {unexpected}")
         if self.engine.optimizer is not None and (folder / OPTIMIZER_FILE).is_file():
-            optim = torch.load(folder / OPTIMIZER_FILE, weights_only=True)
+            optim = conform_param_groups(torch.load(folder / OPTIMIZER_FILE, weights_only=True), self.engine.optimizer)
             set_optimizer_state_dict(
                 self.engine.module, self.engine.optimizer, optim, options=StateDictOptions(full_state_dict=True)
             )
-            self.engine.lr_scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
+        if self.engine.lr_scheduler is not None and (folder / STATE_FILE).is_file():
+            self._set_schedule_step(json.loads((folder / STATE_FILE).read_text())["step"])
         dist.barrier()
