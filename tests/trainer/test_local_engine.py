@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 from trinity_like.errors import TrinityError
 from trinity_like.models.tiny import build_tiny_model
 from trinity_like.trainer.base import TrainEngine, with_normalisers
+from trinity_like.trainer.engines import build_engine
 from trinity_like.trainer.local_engine import LocalEngine
 from trinity_like.trainer.params import ModelParams, OptimParams
 
@@ -34,6 +35,12 @@ def reference_model(path: str) -> torch.nn.Module:
 
 def test_is_a_train_engine(tiny_path):
     assert isinstance(LocalEngine(ModelParams(path=tiny_path)), TrainEngine)
+
+
+def test_engines_are_built_by_name(tiny_path):
+    assert isinstance(build_engine("local", ModelParams(path=tiny_path), OptimParams()), LocalEngine)
+    with pytest.raises(TrinityError, match="train engine 'torch' unknown; expected one of verl, local"):
+        build_engine("torch", ModelParams(path=tiny_path), OptimParams())
 
 
 def test_missing_model_is_one_clear_error(tmp_path):

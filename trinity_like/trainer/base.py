@@ -13,8 +13,10 @@ plus per-row / per-token fields the components asked for (``old_logprob [B, R]``
 Letters: B batch rows, P prompt columns, R response columns, T = P + R.
 
 A *loss callable* maps ``(outputs, batch) -> (loss, metrics)`` where ``outputs`` holds
-what the model produced for the response columns: ``logprob [B, R]`` always,
-``entropy [B, R]`` when asked for, ``values [B, R]`` for a value model. It must be
+what the model produced for the response columns: ``logprob [B, R]`` for a language
+model (``entropy [B, R]`` when asked for), ``values [B, R]`` for a value model (read at the
+position before each response token), ``scores [B]`` for a reward model (read at each
+row's last real token). It must be
 picklable (the ``verl`` engine ships it to Ray workers) and must return, for each
 micro-batch, that micro-batch's share of the whole batch's loss, so that micro-batch
 gradients add up to the full-batch gradient (the batch carries the global normalisers
@@ -46,7 +48,10 @@ class TrainEngine(Protocol):
         """Clip gradients, step the optimizer and scheduler, zero grads; returns ``grad_norm``, ``lr``."""
 
     def compute_logprobs(self, batch: Batch, *, need_entropy: bool = False) -> dict[str, torch.Tensor]:
-        """``logprob [B, R]`` (and ``entropy [B, R]``) of the response tokens, without grad."""
+        """``logprob [B, R]`` (and ``entropy [B, R]``) of the response tokens, without grad.
+
+        A value model returns ``values [B, R]`` and a reward model ``scores [B]`` instead.
+        """
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Full (unsharded) model weights on CPU, Hugging Face names -- for weight sync."""
