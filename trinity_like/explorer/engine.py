@@ -105,7 +105,7 @@ def sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
-@dataclass
+@dataclass(eq=False)  # identity comparison: slots are found in the slot list by `is`
 class _Slot:
     """A sequence being decoded."""
 

@@ -47,11 +47,21 @@ def slot_attention(
 ) -> tuple[torch.Tensor, None]:
     """Softmax attention over a (possibly strided) cache view, grouped-query aware.
 
+    Decoding (Q = 1) multiplies the cache views directly: ``matmul`` reads strided
+    ``[B, H, L, D]`` views without copying them, where SDPA would make them contiguous.
+
     query: [B, H*G, Q, D]; key, value: [B, H, L, D]; attention_mask: [B, 1, Q, L] additive.
     Returns [B, Q, H*G, D], the layout transformers' attention modules expect.
     """
     del module, dropout  # inference only
     b, hq, q, d = query.shape
+    if q > 1:
+        # Prefill: torch's fused kernel never materialises the [B, H, Q, L] scores in full,
+        # which matters for long prompts; keys here are contiguous, fresh from the forward.
+        out_BXQD = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True
+        )
+        return out_BXQD.transpose(1, 2), None
     h = key.shape[1]
     g = hq // h
     # Head j of the query uses kv head j // G (the order `repeat_kv` produces).
