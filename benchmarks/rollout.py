@@ -16,7 +16,7 @@ the first stop token. Reported: medians over repetitions of tokens/s, and the me
 the per-repetition ratios ours / generate (ratios are fair under load; absolute times
 are not). Run (about 10 minutes on one core)::
 
-    python benchmarks/rollout.py --reps 3
+    python benchmarks/rollout.py --reps 3 [--bf16]
     python benchmarks/rollout.py --reps 1 --models tiny-random   # seconds
 """
 
@@ -98,14 +98,24 @@ def bench_model(ref: str, args) -> dict:
     model, tokenizer = load_model(ref)
     prompts = build_prompts(tokenizer, args.prompts)
     engine = RolloutEngine(model, tokenizer)
+    g, n = args.group, args.max_new_tokens
+    contenders = {
+        "ours": lambda s: run_ours(engine, prompts, g, n, s),
+        "generate": lambda s: run_generate(model, tokenizer, prompts, g, n, s, False),
+        "generate+logprobs": lambda s: run_generate(model, tokenizer, prompts, g, n, s, True),
+    }
+    if args.bf16:
+        # Both sides in bfloat16: different numerics from the fp32 policy, reported apart.
+        model16, _ = load_model(ref, dtype=torch.bfloat16)
+        engine16 = RolloutEngine(model16, tokenizer)
+        contenders["ours-bf16"] = lambda s: run_ours(engine16, prompts, g, n, s)
+        contenders["generate-bf16"] = lambda s: run_generate(model16, tokenizer, prompts, g, n, s, False)
     # Warm-up: first calls allocate and pick kernels.
     run_ours(engine, prompts[:2], 2, 4, 0)
     run_generate(model, tokenizer, prompts[:2], 2, 4, 0, False)
-    contenders = {
-        "ours": lambda s: run_ours(engine, prompts, args.group, args.max_new_tokens, s),
-        "generate": lambda s: run_generate(model, tokenizer, prompts, args.group, args.max_new_tokens, s, False),
-        "generate+logprobs": lambda s: run_generate(model, tokenizer, prompts, args.group, args.max_new_tokens, s, True),
-    }
+    if args.bf16:
+        run_ours(engine16, prompts[:2], 2, 4, 0)
+        run_generate(model16, tokenizer, prompts[:2], 2, 4, 0, False)
     names = list(contenders)
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for rep in range(args.reps):
@@ -120,8 +130,12 @@ def bench_model(ref: str, args) -> dict:
                    "wall_s": statistics.median(r["wall_s"] for r in runs[n]),
                    "tokens": statistics.median(r["tokens"] for r in runs[n])} for n in names}
     for base in ("generate", "generate+logprobs"):
-        ratios = [o["tokens_per_s"] / g["tokens_per_s"] for o, g in zip(runs["ours"], runs[base])]
+        ratios = [o["tokens_per_s"] / b["tokens_per_s"] for o, b in zip(runs["ours"], runs[base])]
         summary["ours"][f"ratio_vs_{base}"] = statistics.median(ratios)
+    if args.bf16:
+        for base in ("generate-bf16", "generate"):
+            ratios = [o["tokens_per_s"] / b["tokens_per_s"] for o, b in zip(runs["ours-bf16"], runs[base])]
+            summary["ours-bf16"][f"ratio_vs_{base}"] = statistics.median(ratios)
     split = {k: statistics.median(r["split_s"][k] for r in runs["ours"]) for k in runs["ours"][0]["split_s"]}
     summary["ours"]["split_s"] = split
     return {"model": ref, "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
@@ -145,9 +159,16 @@ def markdown(results: list[dict], args, command: str) -> str:
     for res in results:
         s = res["summary"]
         for name in ("ours", "generate", "generate+logprobs"):
-            ratio = "1.00" if name == "ours" else f"{s['ours'][f'ratio_vs_{name}']:.2f}x"
+            ratio = "-" if name == "ours" else f"{s['ours'][f'ratio_vs_{name}']:.2f}x"
             lines.append(f"| {res['model']} | {name} | {s[name]['tokens_per_s']:.1f} | {s[name]['wall_s']:.2f} "
                          f"| {s[name]['tokens']:.0f} | {ratio} |")
+        if "ours-bf16" in s:
+            r16 = s["ours-bf16"]
+            for name in ("ours-bf16", "generate-bf16"):
+                ratio = "-" if name == "ours-bf16" else (
+                    f"{r16['ratio_vs_generate-bf16']:.2f}x (ours-bf16 vs fp32 generate: {r16['ratio_vs_generate']:.2f}x)")
+                lines.append(f"| {res['model']} | {name} | {s[name]['tokens_per_s']:.1f} | {s[name]['wall_s']:.2f} "
+                             f"| {s[name]['tokens']:.0f} | {ratio} |")
     lines += ["", "Our time split (median seconds per run):", "",
               "| model | prefill | decode forward | sampling | cache management | bookkeeping |", "|---|---|---|---|---|---|"]
     for res in results:
@@ -165,16 +186,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions (medians)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: as in notes/baselines.md)")
+    parser.add_argument("--bf16", action="store_true", help="also time both sides in bfloat16")
     parser.add_argument("--out", type=Path, default=RESULTS / "rollout", help="writes OUT.md and OUT.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     command = "python benchmarks/rollout.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    results = [bench_model(ref, args) for ref in args.models]
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    text = markdown(results, args, command.strip())
-    args.out.with_suffix(".md").write_text(text)
-    args.out.with_suffix(".json").write_text(json.dumps({"command": command, "args": vars(args) | {"out": str(args.out)},
-                                                         "results": results}, indent=1))
+    results = []
+    for ref in args.models:  # files rewritten after each model: a long run leaves partial results
+        results.append(bench_model(ref, args))
+        text = markdown(results, args, command.strip())
+        args.out.with_suffix(".md").write_text(text)
+        meta = {"command": command, "args": vars(args) | {"out": str(args.out)}, "results": results}
+        args.out.with_suffix(".json").write_text(json.dumps(meta, indent=1))
     print(text)
 
 
