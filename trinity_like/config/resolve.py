@@ -286,6 +286,24 @@ def _check_inputs(algo: AlgorithmType, comps: dict[str, ResolvedComponent], loc:
     return frozenset(needs)
 
 
+def _check_model(cfg: Config, loc: _Locator) -> None:
+    """The model must be a built-in id or a folder with a config.json; nothing is downloaded."""
+    from trinity_like.models.resolve import BUILTIN_MODELS
+
+    for key in ("path", "critic_path"):
+        ref = getattr(cfg.model, key)
+        if ref is None or ref in BUILTIN_MODELS:
+            continue
+        folder = Path(ref).expanduser()
+        if not (folder / "config.json").is_file():
+            why = "is a folder without config.json" if folder.is_dir() else "does not exist"
+            raise loc.error(
+                ("model", key),
+                f"model {ref!r} not found: {folder.resolve()} {why}, and it is not a built-in id "
+                f"({', '.join(sorted(BUILTIN_MODELS))}); nothing is downloaded",
+            )
+
+
 def _check_sections(cfg: Config, algo: AlgorithmType, loc: _Locator) -> Any:
     online = algo.use_rollout and cfg.mode in ("both", "explore", "bench")
     if online and cfg.buffer.tasks is None and cfg.mode != "bench":
@@ -338,6 +356,7 @@ def resolve_stage(data: dict, loc: _Locator, base: Path) -> ResolvedStage:
     comps = _resolve_components(cfg, loc)
     needs = _check_inputs(algo, comps, loc)
     reward_params = _check_sections(cfg, algo, loc)
+    _check_model(cfg, loc)
     return ResolvedStage(cfg, algo, comps, needs, reward_params)
 
 

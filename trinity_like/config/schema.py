@@ -85,6 +85,7 @@ class SamplingConfig(Section):
 
 
 class ExplorerConfig(Section):
+    placement: Literal["auto", "driver", "ray"] = "auto"  # where it runs; auto: a Ray actor when the trainer uses Ray
     engine: Literal["hf", "vllm"] = "hf"  # rollout engine: "hf" (our KV-cache engine over any HF model) | "vllm" (GPU)
     batch_size: PosInt = 8  # prompts per explore step
     group_size: PosInt = 8  # samples per prompt (GRPO's G)

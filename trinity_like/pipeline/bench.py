@@ -10,13 +10,12 @@ from trinity_like.errors import TrinityError
 
 def run_bench(stage: Any) -> dict[str, float]:
     """Greedy accuracy of each checkpoint of ``run_dir`` on ``buffer.eval_tasks``; logs one row per checkpoint."""
-    from trinity_like.explorer.engine import EngineParams, RolloutEngine
-    from trinity_like.models.resolve import load_model
+    from trinity_like.models.resolve import load_tokenizer
+    from trinity_like.pipeline.explorer_actor import ExplorerWorker
     from trinity_like.pipeline.checkpoint import CheckpointManager
-    from trinity_like.pipeline.context import StageContext, workflow_params
+    from trinity_like.pipeline.context import StageContext
     from trinity_like.pipeline.data import task_set
     from trinity_like.pipeline.metrics import MetricsLogger
-    from trinity_like.registry import WORKFLOW
 
     cfg = stage.config
     if cfg.buffer.eval_tasks is None:
@@ -27,18 +26,16 @@ def run_bench(stage: Any) -> dict[str, float]:
     if not found:
         raise TrinityError(f"mode bench: no checkpoints in {run_dir / 'checkpoints'}")
     eval_tasks = list(task_set(cfg.buffer.eval_tasks, "buffer.eval_tasks", train=False))
-    wf_cls = WORKFLOW.get(cfg.explorer.workflow)
     logger = MetricsLogger(str(run_dir / "bench"), cfg.monitor.backends, total_steps=len(found), start_step=0,
                            progress=cfg.monitor.progress, desc=f"bench {cfg.name}")
     last: dict[str, float] = {}
     try:
         for path in found:
             CheckpointManager.verify(path)
-            model, tokenizer = load_model(path / "model")
+            tokenizer = load_tokenizer(path / "model")
             ctx = StageContext(stage=stage, run_dir=run_dir, model_path=path / "model", tokenizer=tokenizer,
                                pad_id=int(tokenizer.pad_token_id), logger=logger, checkpoints=checkpoints)
-            ctx.rollout = RolloutEngine(model, tokenizer, EngineParams(max_batch_size=cfg.explorer.max_concurrent))
-            ctx.workflow = wf_cls(params=workflow_params(stage, wf_cls))
+            ctx.explorer = ExplorerWorker(cfg, str(path / "model"))
             ctx.eval_tasks = eval_tasks
             step = int(CheckpointManager.read_state(path)["step"])
             last = ctx.evaluate()

@@ -34,9 +34,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def workflow_params(stage: Any, cls: type) -> Any:
+def workflow_params(config: Any, cls: type) -> Any:
     """The workflow's params: the explorer's reward settings it declares, plus nothing else."""
-    e = stage.config.explorer
+    e = config.explorer
     offered = {
         "reward_fn": e.reward_fn,
         "reward_params": dict(e.reward_args),
@@ -81,8 +81,7 @@ class StageContext:
     actor: Any = None
     reference: Any = None
     critic: Any = None
-    rollout: Any = None
-    workflow: Any = None
+    explorer: Any = None  # ExplorerWorker (in-process) or RemoteExplorer (Ray actor)
     tasks: Any = None
     eval_tasks: list | None = None
     storage: Any = None
@@ -101,10 +100,12 @@ class StageContext:
         tasks = self.tasks.next_batch(self.stage.config.explorer.batch_size)
         if not tasks:
             raise TrinityError("the task set is exhausted")
-        result = self.workflow.run(tasks, engine=self.rollout, sampling=sampling_params(self.stage, step=step))
+        result = self.explorer.run(tasks, sampling_params(self.stage, step=step))
         for sk in result.skipped:
             self.logger.write(f"step {step}: task {sk.task_id} skipped: {sk.reason}")
-        return result.experiences, dict(result.metrics)
+        metrics = dict(result.metrics)
+        metrics["explorer/restarts"] = float(getattr(self.explorer, "restarts", 0))
+        return result.experiences, metrics
 
     def evaluate(self) -> dict[str, float]:
         """Greedy accuracy (mean reward) and answer-format rate on the held-out tasks."""
@@ -112,7 +113,7 @@ class StageContext:
 
         if not self.eval_tasks:
             return {}
-        result = self.workflow.run(self.eval_tasks, engine=self.rollout, sampling=sampling_params(self.stage, step=0, evaluation=True))
+        result = self.explorer.run(self.eval_tasks, sampling_params(self.stage, step=0, evaluation=True))
         rows = result.experiences
         n = len(self.eval_tasks)
         rewards = [float(r.reward or 0.0) for r in rows]
@@ -122,8 +123,23 @@ class StageContext:
         return {"eval/accuracy": acc, "eval/accuracy_stderr": stderr, "eval/format_rate": formatted, "eval/tasks": float(n)}
 
     def sync_weights(self, version: int) -> None:
-        if self.rollout is not None:
-            self.rollout.update_weights(self.actor.state_dict(), version=version)
+        """Explorer weights <- trainer weights: in memory, or through a checkpoint-format folder."""
+        if self.explorer is None:
+            return
+        if self.stage.config.synchronizer.method == "memory":
+            self.explorer.update_weights(self.actor.state_dict(), version)
+            return
+        folder = self.run_dir / "sync" / f"v{version:06d}"
+        if not folder.exists():
+            tmp = folder.with_name(folder.name + ".tmp")
+            self.actor.save(str(tmp))
+            tmp.replace(folder)
+        self.explorer.load_weights(str(folder), version)
+        for old in sorted((self.run_dir / "sync").glob("v*")):
+            if old != folder and not old.name.endswith(".tmp"):
+                import shutil
+
+                shutil.rmtree(old, ignore_errors=True)
 
     # -- checkpoints ---------------------------------------------------------------------
     def checkpoint(self, step: int) -> Path:
@@ -179,6 +195,8 @@ class StageContext:
         for engine in (self.actor, self.reference, self.critic):
             if engine is not None:
                 engine.close()
+        if self.explorer is not None and hasattr(self.explorer, "close"):
+            self.explorer.close()
         if self.storage is not None and hasattr(self.storage, "close"):
             self.storage.close()
         self.logger.close()
@@ -191,8 +209,8 @@ def _train_batch_size(stage: Any) -> int:
 
 def build_online_context(stage: Any) -> StageContext:
     """Validate data, then build engines, buffer and strategy for an online stage, and resume."""
-    from trinity_like.explorer.engine import EngineParams, RolloutEngine
-    from trinity_like.models.resolve import load_model, resolve_model_path
+    from trinity_like.models.resolve import load_tokenizer, resolve_model_path
+    from trinity_like.pipeline.explorer_actor import ExplorerWorker, RemoteExplorer
 
     cfg = stage.config
     seed_everything(cfg.seed)
@@ -200,8 +218,9 @@ def build_online_context(stage: Any) -> StageContext:
     tasks = task_set(cfg.buffer.tasks, "buffer.tasks", train=True)
     eval_tasks = list(task_set(cfg.buffer.eval_tasks, "buffer.eval_tasks", train=False)) if cfg.buffer.eval_tasks else None
     model_path = resolve_model_path(cfg.model.path)
-    model, tokenizer = load_model(model_path)
-    expert = expert_set(cfg.buffer.expert_data, tokenizer, max_tokens=cfg.model.max_prompt_tokens + cfg.model.max_response_tokens) if cfg.buffer.expert_data else None
+    tokenizer = load_tokenizer(model_path)
+    max_tokens = cfg.model.max_prompt_tokens + cfg.model.max_response_tokens
+    expert = expert_set(cfg.buffer.expert_data, tokenizer, max_tokens=max_tokens) if cfg.buffer.expert_data else None
 
     run_dir = Path(cfg.run_dir())
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -212,27 +231,40 @@ def build_online_context(stage: Any) -> StageContext:
         logger=MetricsLogger(str(run_dir), cfg.monitor.backends, total_steps=cfg.trainer.total_steps, start_step=0,
                              progress=cfg.monitor.progress, desc=cfg.name),
     )
-    ctx.tasks, ctx.eval_tasks, ctx.expert = tasks, eval_tasks, expert
-    ctx.rollout = RolloutEngine(model, tokenizer, EngineParams(max_batch_size=cfg.explorer.max_concurrent))
-    wf_cls = WORKFLOW.get(cfg.explorer.workflow)
-    ctx.workflow = wf_cls(params=workflow_params(stage, wf_cls))
-    ctx.storage = open_storage(cfg.buffer.experience.storage, cfg.buffer.experience.args, run_dir=run_dir)
-    strat = stage.components["sample_strategy"]
-    ctx.strategy = SAMPLE_STRATEGY.get(strat.name)(params=strat.params)
-    ctx.objective = objective_from_stage(stage, on_policy=cfg.synchronizer.interval == 1 and cfg.synchronizer.offset == 0 and cfg.trainer.update_epochs == 1)
-    ctx.batch_needs = frozenset(stage.needs | ctx.objective.inputs_needed())
-    ctx.train_batch_size = _train_batch_size(stage)
-    ctx.actor = make_engine(stage, str(model_path))
-    if "ref_logprob" in ctx.batch_needs:
-        ctx.reference = make_engine(stage, str(model_path), forward_only=True)
-    if stage.algorithm.use_critic:
-        critic_path = str(resolve_model_path(cfg.model.critic_path)) if cfg.model.critic_path else str(model_path)
-        ctx.critic = make_engine(stage, critic_path, kind="value", critic=True)
-        vl = stage.components.get("value_loss")
-        if vl is None:
-            raise TrinityError(f"algorithm {cfg.algorithm.type!r} uses a critic but names no value_loss")
-        ctx.value_objective = Objective(policy_loss=ComponentSpec("POLICY_LOSS_FN", vl.name, vl.params))
-    ctx.resume()
+    try:
+        ctx.tasks, ctx.eval_tasks, ctx.expert = tasks, eval_tasks, expert
+        ctx.storage = open_storage(cfg.buffer.experience.storage, cfg.buffer.experience.args, run_dir=run_dir)
+        strat = stage.components["sample_strategy"]
+        ctx.strategy = SAMPLE_STRATEGY.get(strat.name)(params=strat.params)
+        on_policy = cfg.synchronizer.interval == 1 and cfg.synchronizer.offset == 0 and cfg.trainer.update_epochs == 1
+        ctx.objective = objective_from_stage(stage, on_policy=on_policy)
+        ctx.batch_needs = frozenset(stage.needs | ctx.objective.inputs_needed())
+        ctx.train_batch_size = _train_batch_size(stage)
+        ctx.actor = make_engine(stage, str(model_path))
+        if "ref_logprob" in ctx.batch_needs:
+            ctx.reference = make_engine(stage, str(model_path), forward_only=True)
+        if stage.algorithm.use_critic:
+            critic_path = str(resolve_model_path(cfg.model.critic_path)) if cfg.model.critic_path else str(model_path)
+            ctx.critic = make_engine(stage, critic_path, kind="value", critic=True)
+            vl = stage.components.get("value_loss")
+            if vl is None:
+                raise TrinityError(f"algorithm {cfg.algorithm.type!r} uses a critic but names no value_loss")
+            ctx.value_objective = Objective(policy_loss=ComponentSpec("POLICY_LOSS_FN", vl.name, vl.params))
+        remote = cfg.explorer.placement == "ray" or (cfg.explorer.placement == "auto" and cfg.trainer.engine == "verl")
+        if remote:
+            import ray
+
+            if not ray.is_initialized():
+                from trinity_like.trainer.verl_engine import VerlParams, start_ray
+
+                start_ray(VerlParams(ray_address=cfg.cluster.ray_address, num_cpus=cfg.cluster.num_cpus))
+            ctx.explorer = RemoteExplorer(cfg, str(model_path))
+        else:
+            ctx.explorer = ExplorerWorker(cfg, str(model_path))
+        ctx.resume()
+    except BaseException:
+        ctx.close()
+        raise
     if ctx.logger.bar is not None and ctx.start_step:
         ctx.logger.bar.update(ctx.start_step)
     return ctx
