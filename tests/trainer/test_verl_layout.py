@@ -80,3 +80,14 @@ def test_batches_split_evenly_over_workers_or_not_at_all():
     with pytest.raises(TrinityError, match="does not split evenly over 4"):
         split_over_workers(batch, 4)
     assert [largest_divisor_at_most(n, 4) for n in (1, 6, 7, 8, 12)] == [1, 3, 1, 4, 4]
+
+
+def test_missing_model_fails_before_ray_starts(tmp_path):
+    import ray
+
+    from trinity_like.trainer.params import ModelParams
+    from trinity_like.trainer.verl_engine import VerlEngine
+
+    with pytest.raises(TrinityError, match="not found"):
+        VerlEngine(ModelParams(path=str(tmp_path / "nope")))
+    assert not ray.is_initialized()

@@ -15,9 +15,9 @@ this module uses only those (see ``notes/verl-on-cpu.md`` for the failures they 
 The last piece, starting a gloo process group before verl's worker ``__init__`` would
 start ``cpu:gloo,cpu:gloo``, lives in the worker class (``verl_worker.py``).
 
-It is imported only when ``torch.cuda.is_available()`` is false, first thing in every Ray
-worker (before the rest of verl resolves its platform) and in the driver. On a GPU
-machine nothing here runs and verl keeps nccl. verl internals change between minor
+It is installed only for a Ray cluster without GPUs: by the driver, which then starts the
+workers with ``VERL_PLATFORM=cpu``, and first thing in each such worker (before the rest
+of verl resolves its platform). With GPUs nothing here runs and verl keeps nccl. verl internals change between minor
 releases: this is written against verl==0.9.1.
 """
 
@@ -241,6 +241,11 @@ def _use_configured_attention_for_value_models() -> None:
         )
 
     verl_model.load_valuehead_model = load_valuehead_model
+
+
+def requested() -> bool:
+    """Whether this process was told to run verl on CPU (``VERL_PLATFORM=cpu``, set for workers)."""
+    return os.environ.get(ENV_VAR, "").strip().lower() == PLATFORM_NAME
 
 
 def worker_env() -> dict[str, str]:

@@ -37,9 +37,6 @@ from trinity_like.trainer import verl_cpu
 from trinity_like.trainer.base import Batch, LossCallable, batch_rows, mean_metrics, slice_rows, with_normalisers
 from trinity_like.trainer.params import ModelParams, OptimParams
 
-ON_GPU = torch.cuda.is_available()
-
-
 @dataclass(frozen=True)
 class VerlParams:
     """Where and how wide the verl workers run."""
@@ -71,7 +68,7 @@ def start_ray(params: VerlParams) -> bool:
         return False
     if params.ray_address is not None:
         check_reachable(params.ray_address)
-    env = ray_runtime_env({"env_vars": {} if ON_GPU else verl_cpu.worker_env()})
+    env = ray_runtime_env()
     try:
         if params.ray_address is None:
             ray.init(num_cpus=params.num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=False)
@@ -80,6 +77,11 @@ def start_ray(params: VerlParams) -> bool:
     except ConnectionError as exc:
         raise TrinityError(f"cannot reach the Ray cluster at {params.ray_address!r}: {exc}") from exc
     return True
+
+
+def check_model_folder(path: str) -> None:
+    if not (Path(path) / "config.json").is_file():
+        raise TrinityError(f"model folder {path!r} not found (no config.json there)")
 
 
 def split_over_workers(batch: Batch, workers: int) -> list[Batch]:
@@ -92,13 +94,11 @@ def split_over_workers(batch: Batch, workers: int) -> list[Batch]:
     return [slice_rows(batch, i * step, (i + 1) * step) for i in range(workers)]
 
 
-def worker_config(model: ModelParams, optim: OptimParams, verl: VerlParams):
+def worker_config(model: ModelParams, optim: OptimParams, verl: VerlParams, use_gpu: bool):
     """verl's ``TrainingWorkerConfig`` for our params: fp32 unless asked, no remove-padding, no compile."""
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig, TrainingWorkerConfig
 
-    if not (Path(model.path) / "config.json").is_file():
-        raise TrinityError(f"model folder {model.path!r} not found (no config.json there)")
     dtype = "fp32" if model.dtype == "float32" else "bf16"
     model_config = HFModelConfig(
         path=model.path,
@@ -111,7 +111,7 @@ def worker_config(model: ModelParams, optim: OptimParams, verl: VerlParams):
         # verl's forward-only engines keep their weights in pinned CPU memory (an offload
         # policy for GPUs) and pinning needs an accelerator; on CPU a frozen model is a normal
         # engine that is never stepped (AdamW allocates no state before its first step).
-        forward_only=model.forward_only and ON_GPU,
+        forward_only=model.forward_only and use_gpu,
         model_dtype=dtype,
         mixed_precision={"param_dtype": dtype, "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
         use_dynamic_bsz=False,
@@ -147,24 +147,29 @@ class VerlEngine:
     def __init__(
         self, model: ModelParams, optim: OptimParams = OptimParams(), verl: VerlParams = VerlParams()
     ) -> None:
-        if not ON_GPU:
+        check_model_folder(model.path)  # before Ray starts: a typo fails in a second
+        self._started_ray = start_ray(verl)
+        # GPUs or not is the cluster's property, not the driver's: a CPU-only driver may
+        # drive GPU workers. Without GPUs, verl's CPU registration runs here and in workers.
+        self.use_gpu = ray.cluster_resources().get("GPU", 0) >= verl.num_workers
+        if not self.use_gpu:
             verl_cpu.install()
+        config = worker_config(model, optim, verl, self.use_gpu)
         from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
         from trinity_like.trainer.verl_worker import TrinityVerlWorker
 
         self.params, self.verl_params = model, verl
-        config = worker_config(model, optim, verl)
-        self._started_ray = start_ray(verl)
-        pool = RayResourcePool(process_on_nodes=[verl.num_workers], use_gpu=ON_GPU, max_colocate_count=1)
+        self.pool = RayResourcePool(process_on_nodes=[verl.num_workers], use_gpu=self.use_gpu, max_colocate_count=1)
         worker_env = dict(ray_runtime_env()["env_vars"])
-        if not ON_GPU:
+        if not self.use_gpu:
             worker_env.update(verl_cpu.worker_env())
+        worker_cls = RayClassWithInitArgs(cls=ray.remote(TrinityVerlWorker), config=config, kind=model.kind)
         self.group = RayWorkerGroup(
-            resource_pool=pool,
-            ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(TrinityVerlWorker), config=config, kind=model.kind),
+            resource_pool=self.pool,
+            ray_cls_with_init=worker_cls,
             worker_env=worker_env,
-            device_name="cuda" if ON_GPU else "cpu",
+            device_name="cuda" if self.use_gpu else "cpu",
         )
         self.group.reset()  # verl builds the model, FSDP wrapping, optimiser and scheduler here
         self._loss_fn: LossCallable | None = None
@@ -213,5 +218,7 @@ class VerlEngine:
         """Kill the workers, and Ray itself when this engine started it."""
         for worker in self.group.workers:
             ray.kill(worker)
+        for pg in self.pool.pgs or []:
+            ray.util.remove_placement_group(pg)
         if self._started_ray:
             ray.shutdown()

@@ -6,8 +6,9 @@ forward/backward and optimiser steps, exactly our contract) plus a few methods t
 driver needs: forward/backward and inference on our padded batches, the optimiser step
 followed by the lr-scheduler step, gathering full weights, and HF-folder save/load.
 
-Import order matters: on a CPU-only host ``verl_cpu.install()`` must run before any other
-verl module resolves its platform, so it is the first thing this module does.
+Import order matters: in a worker started with ``VERL_PLATFORM=cpu``, ``verl_cpu.install()``
+must run before any other verl module resolves its platform, so it is the first thing
+this module does.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 
 from trinity_like.trainer import verl_cpu
 
-if not torch.cuda.is_available():
+if verl_cpu.requested():
     verl_cpu.install()
 
 import torch.distributed as dist  # noqa: E402
@@ -128,7 +129,7 @@ class TrinityVerlWorker(TinkerTrainingWorker):
 
         self.kind = kind
         load_plugins()  # loss callables resolve registered components by name in this process
-        if not torch.cuda.is_available() and not dist.is_initialized():
+        if verl_cpu.requested() and not dist.is_initialized():
             # verl would start "cpu:gloo,cpu:gloo"; a plain gloo group is what FSDP2 needs here.
             rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
             dist.init_process_group(backend="gloo", rank=rank, world_size=world_size)
