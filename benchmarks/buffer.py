@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import statistics
@@ -67,32 +68,47 @@ def open_storage(kind: str, folder: Path, capacity: int) -> SqliteStorage | Memo
     return MemoryStorage(params=MemoryParams(capacity=capacity))
 
 
-def time_write(kind: str, rows: list[Experience], batch: int, folder: Path) -> float:
+class Clock:
+    """Wall time and this process's CPU time of a block: the machine is shared, so CPU
+    time (what the work costs) is reported beside wall time (what it took under load)."""
+
+    def __enter__(self) -> Clock:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+    def rates(self, n: int) -> tuple[float, float]:
+        return n / self.wall, n / self.cpu
+
+
+def time_write(kind: str, rows: list[Experience], batch: int, folder: Path) -> tuple[float, float]:
     storage = open_storage(kind, folder, capacity=len(rows))
-    start = time.perf_counter()
-    for i in range(0, len(rows), batch):
-        storage.put(rows[i : i + batch])
-    elapsed = time.perf_counter() - start
+    with Clock() as clock:
+        for i in range(0, len(rows), batch):
+            storage.put(rows[i : i + batch])
     storage.close()
-    return len(rows) / elapsed
+    return clock.rates(len(rows))
 
 
-def time_read(kind: str, rows: list[Experience], batch: int, folder: Path) -> float:
+def time_read(kind: str, rows: list[Experience], batch: int, folder: Path) -> tuple[float, float]:
     storage = open_storage(kind, folder, capacity=len(rows))
     storage.put(rows)
-    start = time.perf_counter()
     got, step = 0, 0
-    while got < len(rows):
-        got += len(storage.claim(batch, timeout=0))
-        step += 1
-        storage.commit(step)
-    elapsed = time.perf_counter() - start
+    with Clock() as clock:
+        while got < len(rows):
+            got += len(storage.claim(batch, timeout=0))
+            step += 1
+            storage.commit(step)
     storage.close()
-    return len(rows) / elapsed
+    return clock.rates(len(rows))
 
 
-def median_rate(fn: Callable[[], float], repeats: int) -> float:
-    return statistics.median(fn() for _ in range(repeats))
+def median_rates(fn: Callable[[], tuple[float, float]], repeats: int) -> tuple[float, float]:
+    """Median wall rate and median CPU rate over ``repeats`` runs."""
+    runs = [fn() for _ in range(repeats)]
+    return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
 
 
 def explorer_rate(repeats: int) -> dict[str, float | int | str]:
@@ -108,16 +124,16 @@ def explorer_rate(repeats: int) -> dict[str, float | int | str]:
     sampling = SamplingParams(n=8, max_new_tokens=64, seed=1)
     rates, lengths = [], []
     for r in range(repeats):
-        start = time.perf_counter()
-        groups = engine.generate(ids, SamplingParams(**{**sampling.__dict__, "seed": r}))
-        elapsed = time.perf_counter() - start
+        with Clock() as clock:
+            groups = engine.generate(ids, SamplingParams(**{**sampling.__dict__, "seed": r}))
         samples = [s for g in groups for s in g]
-        rates.append(len(samples) / elapsed)
+        rates.append(clock.rates(len(samples)))
         lengths += [len(s.token_ids) for s in samples]
     return {
         "engine": "trinity_like.explorer.engine.RolloutEngine on trinity_like.models.tiny (Qwen2, hidden 64, 2 layers)",
         "workload": "16 prompts x 8 samples, max 64 new tokens, T=1.0",
-        "experiences_per_s": statistics.median(rates),
+        "experiences_per_s": statistics.median(r[0] for r in rates),
+        "experiences_per_cpu_s": statistics.median(r[1] for r in rates),
         "mean_response_tokens": statistics.fmean(lengths),
     }
 
@@ -135,13 +151,23 @@ def main() -> None:
         for kind in ("sqlite", "memory"):
             for batch in (1, 64):
                 n = rows if batch == 64 else rows[: max(64, len(rows) // 4)]
-                write = median_rate(lambda: time_write(kind, n, batch, folder), args.repeats)
-                read = median_rate(lambda: time_read(kind, n, batch, folder), args.repeats)
-                cells.append({"storage": kind, "batch": batch, "rows": len(n), "write_per_s": write, "read_per_s": read})
-                print(f"{kind:7s} batch {batch:3d}: write {write:9.0f}/s  read {read:9.0f}/s", flush=True)
+                write = median_rates(lambda: time_write(kind, n, batch, folder), args.repeats)
+                read = median_rates(lambda: time_read(kind, n, batch, folder), args.repeats)
+                cells.append({
+                    "storage": kind, "batch": batch, "rows": len(n),
+                    "write_per_s": write[0], "write_per_cpu_s": write[1],
+                    "read_per_s": read[0], "read_per_cpu_s": read[1],
+                })
+                print(f"{kind:7s} batch {batch:3d}: write {write[0]:9.0f}/s ({write[1]:9.0f}/cpu-s)"
+                      f"  read {read[0]:9.0f}/s ({read[1]:9.0f}/cpu-s)", flush=True)
     explorer = explorer_rate(args.repeats)
-    print(f"explorer: {explorer['experiences_per_s']:.1f} experiences/s", flush=True)
-    slowest_sqlite = min(min(c["write_per_s"], c["read_per_s"]) for c in cells if c["storage"] == "sqlite")
+    print(f"explorer: {explorer['experiences_per_s']:.1f} experiences/s "
+          f"({explorer['experiences_per_cpu_s']:.1f}/cpu-s)", flush=True)
+    sqlite = [c for c in cells if c["storage"] == "sqlite"]
+    ratios = {
+        f"batch_{b}_{unit}": min(c[f"write_per_{unit}"], c[f"read_per_{unit}"]) / explorer[f"experiences_per_{unit}"]
+        for b in (1, 64) for unit in ("s", "cpu_s") for c in sqlite if c["batch"] == b
+    }
     report = {
         "command": COMMAND + (f" --repeats {args.repeats}" if args.repeats != 5 else "")
         + (f" --rows {args.rows}" if args.rows != 1024 else ""),
@@ -149,34 +175,44 @@ def main() -> None:
         "machine": f"{platform.machine()}, {platform.processor() or '?'}, python {sys.version.split()[0]}, torch threads 1",
         "cells": cells,
         "explorer": explorer,
-        "sqlite_slowest_over_explorer": slowest_sqlite / explorer["experiences_per_s"],
+        "sqlite_over_explorer": ratios,  # min(write, read) of a batch size / explorer rate
         "target": "sqlite >= 20x explorer",
+        "load_average_1m": os.getloadavg()[0],
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "buffer.json").write_text(json.dumps(report, indent=2) + "\n")
     (RESULTS / "buffer.md").write_text(markdown(report))
-    print(f"sqlite slowest cell / explorer = {report['sqlite_slowest_over_explorer']:.0f}x")
+    print("sqlite min(write, read) / explorer:", {k: round(v, 1) for k, v in ratios.items()})
 
 
 def markdown(report: dict) -> str:
+    e, r = report["explorer"], report["sqlite_over_explorer"]
     lines = [
         "# Buffer throughput (experiences/s, 512 tokens each)",
         "",
-        f"Command: `{report['command']}` (medians; one run, one process; {report['machine']}).",
+        f"Command: `{report['command']}` -- medians, one run, one process; {report['machine']}; "
+        f"1-minute load average {report['load_average_1m']:.1f} on a shared 2-core machine, so each "
+        "rate is given per wall second and per CPU second of this process.",
         "",
-        "| storage | batch | write /s | read (claim + commit) /s |",
-        "|---|---|---|---|",
+        "| storage | batch | write /s | write /CPU-s | read (claim + commit) /s | read /CPU-s |",
+        "|---|---|---|---|---|---|",
     ]
     for c in report["cells"]:
-        lines.append(f"| {c['storage']} | {c['batch']} | {c['write_per_s']:,.0f} | {c['read_per_s']:,.0f} |")
-    e = report["explorer"]
+        lines.append(
+            f"| {c['storage']} | {c['batch']} | {c['write_per_s']:,.0f} | {c['write_per_cpu_s']:,.0f} "
+            f"| {c['read_per_s']:,.0f} | {c['read_per_cpu_s']:,.0f} |"
+        )
     lines += [
         "",
-        f"Explorer: {e['experiences_per_s']:.1f} experiences/s -- {e['engine']}, {e['workload']} "
-        f"(mean response {e['mean_response_tokens']:.0f} tokens).",
+        f"Explorer: {e['experiences_per_s']:.1f} experiences/s ({e['experiences_per_cpu_s']:.1f} per CPU-s) -- "
+        f"{e['engine']}, {e['workload']} (mean response {e['mean_response_tokens']:.0f} tokens).",
         "",
-        f"Slowest SQLite cell / explorer rate: **{report['sqlite_slowest_over_explorer']:.0f}x** "
-        f"(target {report['target']}).",
+        "SQLite min(write, read) over the explorer rate (target: at least 20x):",
+        "",
+        "| batch | wall | CPU |",
+        "|---|---|---|",
+        f"| 1 | {r['batch_1_s']:.0f}x | {r['batch_1_cpu_s']:.0f}x |",
+        f"| 64 | {r['batch_64_s']:.0f}x | {r['batch_64_cpu_s']:.0f}x |",
         "",
     ]
     return "\n".join(lines)

@@ -76,26 +76,30 @@ def _reader(db: Path, ckpt_path: Path, seed: int) -> None:
         step += 1
         pending += [r.eid for r in rows]
         if step % every == 0:
-            model += [[eid, step] for eid in pending]
-            tmp = ckpt_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"step": step, "trained": model}))
-            os.replace(tmp, ckpt_path)  # the checkpoint is saved ...
-            storage.commit(step)  # ... then the step is committed
+            model = _save_and_commit(storage, ckpt_path, step, model, pending)
             pending = []
-    if pending:  # the last partial interval: checkpoint and commit it too
-        model += [[eid, step] for eid in pending]
-        ckpt_path.write_text(json.dumps({"step": step, "trained": model}))
-        storage.commit(step)
+    if pending:  # the last partial interval
+        _save_and_commit(storage, ckpt_path, step, model, pending)
+
+
+def _save_and_commit(storage: SqliteStorage, ckpt_path: Path, step: int, model: list, pending: list) -> list:
+    """Save the checkpoint of ``step`` atomically, then commit the step."""
+    model = model + [[eid, step] for eid in pending]
+    tmp = ckpt_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"step": step, "trained": model}))
+    os.replace(tmp, ckpt_path)  # the checkpoint is saved ...
+    storage.commit(step)  # ... then the step is committed
+    return model
 
 
 def _check(db: Path, ckpt_path: Path, log: Path) -> dict[str, tuple[str, int | None]]:
     """Recover as a restarted trainer would and check the invariant; returns row states."""
     ckpt = _load_ckpt(ckpt_path)
-    storage = _open(db)
+    confirmed = set(log.read_text().split()) if log.exists() else set()  # before the snapshot:
+    storage = _open(db)  # the writer may still be running and confirm more rows meanwhile
     storage.recover(ckpt["step"])
     states = storage.statuses()
     storage.close()
-    confirmed = set(log.read_text().split()) if log.exists() else set()
     assert confirmed <= set(states), f"lost rows: {sorted(confirmed - set(states))[:5]}"
     trained = [eid for eid, _ in ckpt["trained"]]
     assert len(trained) == len(set(trained)), "a row was trained on twice"
