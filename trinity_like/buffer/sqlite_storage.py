@@ -63,7 +63,7 @@ AVAILABLE, CLAIMED, CONSUMED, DROPPED = (_CODE[s] for s in STATUSES)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rows (           -- what was written, never updated
-    seq INTEGER PRIMARY KEY,                -- write order (fifo)
+    seq INTEGER PRIMARY KEY,                -- write order (fifo): rows are never deleted
     eid TEXT NOT NULL UNIQUE,               -- the row's id: a retried put adds nothing
     kind TEXT NOT NULL,                     -- "experience" | "pair"
     header TEXT NOT NULL,                   -- the row's scalar fields as JSON (rows.pack)
@@ -125,7 +125,8 @@ class SqliteStorage:
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     db.execute(statement)
-        self._recovered = False
+        self._recovered = False  # reader side: dead claims not yet returned (see recover)
+        self._writing = False  # writer side: the writer-done flag cleared by this instance
 
     # -- transactions ------------------------------------------------------------
     def _retry(self, fn: Callable[[], T]) -> T:
@@ -165,26 +166,27 @@ class SqliteStorage:
     # -- writer side -------------------------------------------------------------
     def put(self, rows: Sequence[Row]) -> None:
         """Append ``rows`` in one transaction; a row whose ``eid`` is stored already is skipped."""
-        packed = {r.eid: (pack(r), model_version(r)) for r in rows}
-        if not packed:
+        records = [(r.eid, *pack(r), model_version(r)) for r in rows]
+        if not records:
             return
         with self._tx() as db:
-            eids = list(packed)
-            marks = ",".join("?" * len(eids))
-            stored = {e for (e,) in db.execute(f"SELECT eid FROM rows WHERE eid IN ({marks})", eids)}
-            first = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM rows").fetchall()[0][0]
-            new = [(first + i, eid, *packed[eid][0]) for i, eid in enumerate(e for e in eids if e not in stored)]
-            db.executemany("INSERT INTO rows (seq, eid, kind, header, arrays) VALUES (?, ?, ?, ?, ?)", new)
-            db.executemany(
-                "INSERT INTO state (seq, status, model_version) VALUES (?, ?, ?)",
-                [(seq, AVAILABLE, packed[eid][1]) for seq, eid, *_ in new],
-            )
-            db.execute("DELETE FROM meta WHERE key = 'writer_done'")
+            for eid, kind, header, blob, version in records:
+                cur = db.execute(
+                    "INSERT OR IGNORE INTO rows (eid, kind, header, arrays) VALUES (?, ?, ?, ?)",
+                    (eid, kind, header, blob),
+                )
+                if cur.rowcount:  # 0: a retried put of a stored row
+                    db.execute("INSERT INTO state (seq, status, model_version) VALUES (?, ?, ?)",
+                               (cur.lastrowid, AVAILABLE, version))
+            if not self._writing:  # a writer (re)starts: claims wait for its rows again
+                db.execute("DELETE FROM meta WHERE key = 'writer_done'")
+        self._writing = True
 
     def mark_writer_done(self) -> None:
         """No more rows will come: a claim waiting for ``n`` rows returns what there is."""
         with self._tx() as db:
             db.execute("INSERT OR REPLACE INTO meta VALUES ('writer_done', '1')")
+        self._writing = False
 
     def writer_done(self) -> bool:
         return bool(self._read("SELECT 1 FROM meta WHERE key = 'writer_done'"))
