@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import random
@@ -105,6 +106,38 @@ def time_read(kind: str, rows: list[Experience], batch: int, folder: Path) -> tu
     return clock.rates(len(rows))
 
 
+def _write_all(path: str, rows: list[Experience], batch: int) -> None:
+    storage = SqliteStorage(params=SqliteParams(path=path))
+    for i in range(0, len(rows), batch):
+        storage.put(rows[i : i + batch])
+    storage.close()
+
+
+def time_concurrent(rows: list[Experience], batch: int, folder: Path) -> tuple[float, float]:
+    """An explorer process writing while this (trainer) process claims and commits: rows/s end to end.
+
+    The CPU rate counts this process only (the reader), so it is not comparable; the wall
+    rate is the end-to-end throughput of the pair.
+    """
+    path = str(folder / f"c{time.monotonic_ns()}.sqlite")
+    reader = SqliteStorage(params=SqliteParams(path=path))
+    writer = multiprocessing.get_context("fork").Process(target=_write_all, args=(path, rows, batch))
+    got, step = 0, 0
+    with Clock() as clock:
+        writer.start()
+        while got < len(rows):
+            claimed = reader.claim(batch, timeout=1.0)
+            got += len(claimed)
+            if claimed:
+                step += 1
+                reader.commit(step)
+        writer.join()
+    reader.close()
+    if writer.exitcode != 0:
+        raise RuntimeError(f"writer process failed with exit code {writer.exitcode}")
+    return clock.rates(len(rows))
+
+
 def median_rates(fn: Callable[[], tuple[float, float]], repeats: int) -> tuple[float, float]:
     """Median wall rate and median CPU rate over ``repeats`` runs."""
     runs = [fn() for _ in range(repeats)]
@@ -160,6 +193,9 @@ def main() -> None:
                 })
                 print(f"{kind:7s} batch {batch:3d}: write {write[0]:9.0f}/s ({write[1]:9.0f}/cpu-s)"
                       f"  read {read[0]:9.0f}/s ({read[1]:9.0f}/cpu-s)", flush=True)
+        both = median_rates(lambda: time_concurrent(rows, 64, folder), args.repeats)
+        concurrent = {"storage": "sqlite", "batch": 64, "rows": len(rows), "end_to_end_per_s": both[0]}
+        print(f"sqlite  writer process + reader process, batch 64: {both[0]:9.0f}/s end to end", flush=True)
     explorer = explorer_rate(args.repeats)
     print(f"explorer: {explorer['experiences_per_s']:.1f} experiences/s "
           f"({explorer['experiences_per_cpu_s']:.1f}/cpu-s)", flush=True)
@@ -174,6 +210,7 @@ def main() -> None:
         "tokens_per_experience": PROMPT + RESPONSE,
         "machine": f"{platform.machine()}, {platform.processor() or '?'}, python {sys.version.split()[0]}, torch threads 1",
         "cells": cells,
+        "concurrent": concurrent,
         "explorer": explorer,
         "sqlite_over_explorer": ratios,  # min(write, read) of a batch size / explorer rate
         "target": "sqlite >= 20x explorer",
@@ -202,7 +239,11 @@ def markdown(report: dict) -> str:
             f"| {c['storage']} | {c['batch']} | {c['write_per_s']:,.0f} | {c['write_per_cpu_s']:,.0f} "
             f"| {c['read_per_s']:,.0f} | {c['read_per_cpu_s']:,.0f} |"
         )
+    c = report["concurrent"]
     lines += [
+        "",
+        f"Concurrent: an explorer process writing while the trainer process claims and commits "
+        f"(sqlite, batch {c['batch']}, {c['rows']} rows): **{c['end_to_end_per_s']:,.0f} experiences/s** end to end (wall).",
         "",
         f"Explorer: {e['experiences_per_s']:.1f} experiences/s ({e['experiences_per_cpu_s']:.1f} per CPU-s) -- "
         f"{e['engine']}, {e['workload']} (mean response {e['mean_response_tokens']:.0f} tokens).",
