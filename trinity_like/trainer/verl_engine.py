@@ -188,9 +188,7 @@ class VerlEngine:
         blocks = split_over_workers(with_normalisers(batch), workers)
         parts = self.group.trinity_forward_backward(blocks, [need_entropy] * workers)
         total = sum(loss / workers for part in parts for loss in part["losses"])  # undo the adapter's dp scaling
-        per_micro = [
-            {k: v[i] for k, v in part["metrics"].items()} for part in parts for i in range(len(part["losses"]))
-        ]
+        per_micro = [{k: v} for part in parts for k, values in part["metrics"].items() for v in values]
         return {**mean_metrics(per_micro), "loss": total}
 
     def optim_step(self) -> dict[str, float]:

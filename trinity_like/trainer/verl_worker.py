@@ -44,6 +44,31 @@ from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_pad
 from trinity_like.errors import TrinityError  # noqa: E402
 from trinity_like.trainer.base import LossCallable, conform_param_groups  # noqa: E402
 
+def skip_verl_trl_patch_without_value_head() -> None:
+    """Stop verl's model patching from importing a class that recent ``trl`` no longer has.
+
+    verl 0.9.1's ``apply_monkey_patch`` (run on every model it builds) imports
+    ``AutoModelForCausalLMWithValueHead`` whenever ``trl`` is importable, to patch its
+    ``state_dict``; trl 1.x has no such class (neither at top level nor in
+    ``trl.experimental.ppo``), so with trl installed (our ``bench`` extra) every worker
+    failed to build its model. Our critics are ``*ForTokenClassification``, never trl
+    value-head models, so that step is skipped when the class is missing.
+    """
+    import verl.models.transformers.monkey_patch as verl_patch
+
+    if not verl_patch.is_trl_available():
+        return
+    try:
+        from trl import AutoModelForCausalLMWithValueHead  # noqa: F401
+    except ImportError:
+        try:
+            from trl.experimental.ppo import AutoModelForCausalLMWithValueHead  # noqa: F401
+        except ImportError:
+            verl_patch.is_trl_available = lambda: False
+
+
+skip_verl_trl_patch_without_value_head()
+
 OPTIMIZER_FILE = "optimizer.pt"  # full (unsharded) optimiser state keyed by parameter name, as the local engine
 STATE_FILE = "trainer_state.json"  # {"step": optimiser steps taken}, which places the lr schedule
 SCALARS_KEY = "trinity_scalars"  # the batch's 0-dim fields (JSON), carried as non-tensor data
