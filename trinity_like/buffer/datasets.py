@@ -25,7 +25,7 @@ with exactly the rows the interrupted one would have seen next::
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -39,6 +39,7 @@ from trinity_like.errors import DataError
 from trinity_like.experience import Experience, PairExperience, Task
 
 T = TypeVar("T")
+RowCheck = Callable[[Mapping[str, Any], str], None]  # (record, "file:line") -> None or DataError
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
@@ -102,7 +103,7 @@ def _parquet_origins(files: Sequence[Path], root: Path) -> list[str]:
     return [f"{_name(f, root)}:row {i}" for f in files for i in range(pq.ParquetFile(f).metadata.num_rows)]
 
 
-def load_records(options: DatasetOptions, check: Any) -> tuple[datasets.Dataset, list[str]]:
+def load_records(options: DatasetOptions, check: RowCheck) -> tuple[datasets.Dataset, list[str]]:
     """Validate every row with ``check(record, where)``, then load the files with ``datasets``.
 
     Returns the data set and, for each of its rows, where it came from (``file:line``).
