@@ -12,7 +12,11 @@ Our loss callable runs inside verl's training step: ``set_loss_fn`` ships it (wr
 ``VerlLossAdapter``) to every worker, and verl's ``forward_backward_batch`` calls it per
 micro-batch. The batch is split into ``num_workers`` equal row blocks on the driver.
 
-Ray starts locally (``ray.init`` with ``num_cpus``) unless ``ray_address`` names a cluster.
+Ray starts locally (``ray.init`` with ``num_cpus``) unless ``ray_address`` names a cluster
+or Ray is already initialised in this process. The engine that started Ray shuts it down
+in :meth:`VerlEngine.close`, so a process holding several engines (actor, reference,
+critic) should start Ray itself, or close the first-started engine last. GPUs or gloo is
+decided by the cluster: with at least ``num_workers`` GPUs the workers run verl unpatched.
 
 Example::
 
