@@ -138,6 +138,16 @@ def time_concurrent(rows: list[Experience], batch: int, folder: Path) -> tuple[f
     return clock.rates(len(rows))
 
 
+def contention(repeats: int) -> float:
+    """Wall time over CPU time of a pure Python loop: how much other processes slow this one now."""
+    ratios = []
+    for _ in range(repeats):
+        with Clock() as clock:
+            sum(range(2_000_000))
+        ratios.append(clock.wall / clock.cpu)
+    return statistics.median(ratios)
+
+
 def median_rates(fn: Callable[[], tuple[float, float]], repeats: int) -> tuple[float, float]:
     """Median wall rate and median CPU rate over ``repeats`` runs."""
     runs = [fn() for _ in range(repeats)]
@@ -215,6 +225,7 @@ def main() -> None:
         "sqlite_over_explorer": ratios,  # min(write, read) of a batch size / explorer rate
         "target": "sqlite >= 20x explorer",
         "load_average_1m": os.getloadavg()[0],
+        "contention_wall_over_cpu": contention(args.repeats),
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "buffer.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -228,8 +239,9 @@ def markdown(report: dict) -> str:
         "# Buffer throughput (experiences/s, 512 tokens each)",
         "",
         f"Command: `{report['command']}` -- medians, one run, one process; {report['machine']}; "
-        f"1-minute load average {report['load_average_1m']:.1f} on a shared 2-core machine, so each "
-        "rate is given per wall second and per CPU second of this process.",
+        f"1-minute load average {report['load_average_1m']:.1f} on a shared 2-core machine, where a pure "
+        f"Python loop took {report['contention_wall_over_cpu']:.1f}x its CPU time in wall time: each rate is "
+        "given per wall second and per CPU second of this process (what the work costs).",
         "",
         "| storage | batch | write /s | write /CPU-s | read (claim + commit) /s | read /CPU-s |",
         "|---|---|---|---|---|---|",
