@@ -196,3 +196,27 @@ def test_bad_params_are_errors():
         SamplingParams(top_p=0.0)
     with pytest.raises(TrinityError):
         SamplingParams(n=0)
+
+
+def test_finished_rows_leave_the_batch_and_waiting_ones_take_their_place(tiny, prompts):
+    model, tok = tiny
+    rows = []  # batch size of every forward: prefill chunks and decode steps
+    hook = model.model.embed_tokens.register_forward_hook(lambda m, args, out: rows.append(tuple(args[0].shape)))
+    try:
+        sp = SamplingParams(n=3, max_new_tokens=12, seed=4, stop_token_ids=(300, 301, 302, 303, 304, 305))
+        groups = RolloutEngine(model, tok, EngineParams(max_batch_size=4, prefill_batch_size=8)).generate(prompts, sp)
+    finally:
+        hook.remove()
+    samples = [s for g in groups for s in g]
+    assert len({len(s.token_ids) for s in samples}) > 1
+    decode = [b for b, t in rows if t == 1]
+    prefill = [(b, t) for b, t in rows if t > 1]
+    assert prefill == [(len(prompts), max(len(p) for p in prompts))]  # every prompt prefilled once
+    # Each sample's first token comes from the prefill; every later token costs exactly one
+    # decode row: no row is ever computed for a finished sequence.
+    assert sum(decode) == sum(len(s.token_ids) - 1 for s in samples)
+    assert max(decode) == 4
+    # While samples wait, the batch stays full: the steps below 4 rows are the final drain.
+    first_partial = next(i for i, b in enumerate(decode) if b < 4)
+    assert all(b < 4 for b in decode[first_partial:])
+    assert decode[first_partial:] == sorted(decode[first_partial:], reverse=True)
