@@ -86,6 +86,18 @@ def test_micro_batches_add_up_to_the_full_batch_gradient_and_adamw_step(tiny_pat
         torch.testing.assert_close(after[name], p.detach(), rtol=1e-5, atol=1e-5)
 
 
+def test_gradients_accumulate_over_calls_that_share_the_global_normalisers(tiny_path, batch):
+    """Two half batches carrying the full batch's num_tokens == the full batch in one call."""
+    whole = LocalEngine(ModelParams(path=tiny_path, micro_batch_size=8))
+    halves = LocalEngine(ModelParams(path=tiny_path, micro_batch_size=2))
+    whole.forward_backward(batch, nll_loss)
+    full = with_normalisers(batch)
+    for rows in (slice(0, 3), slice(3, B)):
+        halves.forward_backward({k: v if v.dim() == 0 else v[rows] for k, v in full.items()}, nll_loss)
+    for p, q in zip(whole.model.parameters(), halves.model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6)
+
+
 def test_grad_clipping_bounds_the_update_norm(tiny_path, batch):
     engine = LocalEngine(ModelParams(path=tiny_path), OptimParams(lr=1e-3, clip_grad=0.5))
     engine.forward_backward(batch, nll_loss)

@@ -20,6 +20,7 @@ import trainer_batches
 from trainer_batches import ClippedPPOLoss, make_batch, nll_loss, value_mse_loss
 
 from trinity_like.errors import TrinityError
+from trinity_like.trainer.base import with_normalisers
 from trinity_like.models.tiny import build_tiny_model
 from trinity_like.trainer.local_engine import LocalEngine
 from trinity_like.trainer.params import ModelParams, OptimParams
@@ -136,6 +137,21 @@ def test_critic_values_and_step_match_the_local_engine(engine, tiny_path, batch,
             torch.testing.assert_close(ours[name], theirs[name], rtol=0, atol=1e-5)
     finally:
         critic.close()
+
+
+def test_gradients_accumulate_over_forward_backward_calls(engine, batch, tmp_path):
+    """verl: two calls on row blocks carrying the full batch's normalisers, one step == local, one call."""
+    engine.save(str(tmp_path / "now"))
+    local = LocalEngine(ModelParams(path=str(tmp_path / "now"), micro_batch_size=8), OPTIM)
+    local.load(str(tmp_path / "now"))
+    local.forward_backward(batch, nll_loss)
+    full = with_normalisers(batch)
+    for rows in (slice(0, 2), slice(2, B)):
+        engine.forward_backward({k: v if v.dim() == 0 else v[rows] for k, v in full.items()}, nll_loss)
+    assert engine.optim_step()["grad_norm"] == pytest.approx(local.optim_step()["grad_norm"], rel=1e-5)
+    ours, theirs = engine.state_dict(), local.state_dict()
+    for name in theirs:
+        torch.testing.assert_close(ours[name], theirs[name], rtol=0, atol=1e-5)
 
 
 def test_checkpoints_resume_across_engines(engine, tiny_path, batch, tmp_path):
