@@ -26,7 +26,7 @@ class ModelParams:
     path: str  # Hugging Face folder (config, safetensors, tokenizer) to start from
     kind: str = "lm"  # "lm": logprobs of the response; "value": values [B, R]; "reward": scores [B]
     micro_batch_size: int = 4  # rows per forward/backward pass (per worker for the verl engine)
-    dtype: str = "float32"  # parameter dtype: "float32" or "bfloat16"
+    dtype: str = "float32"  # "float32" or "bfloat16" (local: the parameters; verl: compute over fp32 masters)
     attn_implementation: str = "sdpa"  # transformers attention kernel; "sdpa" or "eager" on CPU
     forward_only: bool = False  # a frozen model (the reference policy): no optimiser, no grads
     gradient_checkpointing: bool = False  # recompute activations in backward to save memory

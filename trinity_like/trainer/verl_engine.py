@@ -51,6 +51,12 @@ class VerlParams:
     strategy: str = "fsdp2"  # verl's FSDP flavour: "fsdp2" (fully_shard) or "fsdp"
     seed: int = 42  # verl's engine seed
 
+    def __post_init__(self) -> None:
+        if self.num_workers < 1:
+            raise TrinityError(f"num_workers must be >= 1, got {self.num_workers}")
+        if self.strategy not in ("fsdp", "fsdp2"):
+            raise TrinityError(f"verl strategy {self.strategy!r} unknown; expected fsdp2 or fsdp (fsdp2 on CPU)")
+
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
     """Fail fast on an unreachable ``host:port`` (``ray.init`` would retry GCS for minutes)."""
@@ -103,7 +109,10 @@ def worker_config(model: ModelParams, optim: OptimParams, verl: VerlParams, use_
     from verl.trainer.config import CheckpointConfig
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig, TrainingWorkerConfig
 
+    # verl keeps fp32 master weights for training and computes in ``dtype`` (mixed precision);
+    # a frozen model is stored in ``dtype`` itself.
     dtype = "fp32" if model.dtype == "float32" else "bf16"
+    master = dtype if model.forward_only else "fp32"
     model_config = HFModelConfig(
         path=model.path,
         override_config={"attn_implementation": model.attn_implementation},
@@ -116,7 +125,7 @@ def worker_config(model: ModelParams, optim: OptimParams, verl: VerlParams, use_
         # policy for GPUs) and pinning needs an accelerator; on CPU a frozen model is a normal
         # engine that is never stepped (AdamW allocates no state before its first step).
         forward_only=model.forward_only and use_gpu,
-        model_dtype=dtype,
+        model_dtype=master,
         mixed_precision={"param_dtype": dtype, "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
         use_dynamic_bsz=False,
         micro_batch_size_per_gpu=model.micro_batch_size,
