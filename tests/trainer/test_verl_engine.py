@@ -63,6 +63,11 @@ def test_unreachable_ray_address_is_one_clear_error():
         start_ray(VerlParams(ray_address="127.0.0.1:1"))
 
 
+def test_too_few_free_cpus_is_a_clear_error_not_a_hang(engine, tiny_path):
+    with pytest.raises(TrinityError, match="free CPU for 3 verl workers"):  # 4 logical CPUs, 2 taken
+        VerlEngine(ModelParams(path=tiny_path), OPTIM, VerlParams(num_workers=3))
+
+
 def test_logprobs_and_entropy_match_the_local_engine(engine, tiny_path, batch):
     ours = engine.compute_logprobs(batch, need_entropy=True)
     local = LocalEngine(ModelParams(path=tiny_path)).compute_logprobs(batch, need_entropy=True)

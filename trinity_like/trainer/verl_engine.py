@@ -94,6 +94,17 @@ def check_model_folder(path: str) -> None:
         raise TrinityError(f"model folder {path!r} not found (no config.json there)")
 
 
+def check_free_resources(workers: int, resource: str) -> None:
+    """Each worker's placement bundle takes one CPU (or GPU); Ray would wait forever for a
+    bundle it cannot place, so too few free ones is an error instead of a hang."""
+    free = ray.available_resources().get(resource, 0.0)
+    if free < workers:
+        raise TrinityError(
+            f"Ray has {free:g} free {resource} for {workers} verl workers (one each; actor, reference and "
+            f"critic groups add up): start Ray with more logical CPUs (num_cpus) or use fewer workers"
+        )
+
+
 def split_over_workers(batch: Batch, workers: int) -> list[Batch]:
     """Equal row blocks, one per worker: every rank must run the same number of micro-batches
     (FSDP's collectives pair them up), so a batch that does not divide evenly is refused."""
@@ -165,6 +176,7 @@ class VerlEngine:
         # GPUs or not is the cluster's property, not the driver's: a CPU-only driver may
         # drive GPU workers. Without GPUs, verl's CPU registration runs here and in workers.
         self.use_gpu = ray.cluster_resources().get("GPU", 0) >= verl.num_workers
+        check_free_resources(verl.num_workers, "GPU" if self.use_gpu else "CPU")
         if not self.use_gpu:
             verl_cpu.install()
         config = worker_config(model, optim, verl, self.use_gpu)
