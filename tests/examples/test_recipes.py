@@ -54,3 +54,18 @@ def test_recipe_runs_two_steps_on_the_tiny_model(recipe, tmp_path):
         # a step either trained, or had no learning signal at all (DAPO drops equal-reward groups)
         assert all("loss" in r or r.get("skipped/no_signal") == 1.0 for r in steps), recipe
         assert (run_dir / "checkpoints" / "step_000002" / "model" / "config.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["grpo_arith.yaml", "sft.yaml", "dpo.yaml"])
+def test_recipe_on_the_verl_engine_with_two_cpu_workers(recipe, tmp_path):
+    """The real default path: verl's FSDP workers through Ray, 2 workers over gloo."""
+    import ray
+
+    try:
+        (run_dir,) = run_recipe(recipe, tmp_path, ["trainer.engine=verl", "cluster.trainer_workers=2"])
+    finally:
+        ray.shutdown()
+    steps = [r for r in metrics_of(run_dir) if "time/step" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all("loss" in r or r.get("skipped/no_signal") == 1.0 for r in steps)

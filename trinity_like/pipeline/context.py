@@ -93,6 +93,7 @@ class StageContext:
     batch_needs: frozenset[str] = frozenset()
     model_version: int = 0
     start_step: int = 0
+    owns_ray: bool = False  # this stage started Ray and shuts it down when it closes
     extra_state: dict[str, Any] = field(default_factory=dict)
 
     # -- explorer side -----------------------------------------------------------------
@@ -197,9 +198,42 @@ class StageContext:
                 engine.close()
         if self.explorer is not None and hasattr(self.explorer, "close"):
             self.explorer.close()
+        if self.owns_ray:
+            import ray
+
+            ray.shutdown()
         if self.storage is not None and hasattr(self.storage, "close"):
             self.storage.close()
         self.logger.close()
+
+
+def uses_ray(stage: Any) -> bool:
+    cfg = stage.config
+    remote_explorer = stage.algorithm.use_rollout and (
+        cfg.explorer.placement == "ray" or (cfg.explorer.placement == "auto" and cfg.trainer.engine == "verl")
+    )
+    return cfg.trainer.engine == "verl" or remote_explorer
+
+
+def start_ray_for(stage: Any, engines: int) -> bool:
+    """Start (or join) Ray before any engine, so the stage owns its lifetime; True if started here.
+
+    Every verl worker holds one logical Ray CPU, so a locally started Ray gets at least as
+    many logical CPUs as the stage's worker groups need (actor, reference, critic), whatever
+    the machine's core count: they take turns, they do not all compute at once.
+    """
+    import os
+
+    import ray
+
+    from trinity_like.trainer.verl_engine import VerlParams, start_ray
+
+    if not uses_ray(stage) or ray.is_initialized():
+        return False
+    cfg = stage.config
+    needed = cfg.cluster.trainer_workers * engines if cfg.trainer.engine == "verl" else 0
+    num_cpus = cfg.cluster.num_cpus or max(os.cpu_count() or 1, needed)
+    return start_ray(VerlParams(ray_address=cfg.cluster.ray_address, num_cpus=num_cpus))
 
 
 def _train_batch_size(stage: Any) -> int:
@@ -240,6 +274,8 @@ def build_online_context(stage: Any) -> StageContext:
         ctx.objective = objective_from_stage(stage, on_policy=on_policy)
         ctx.batch_needs = frozenset(stage.needs | ctx.objective.inputs_needed())
         ctx.train_batch_size = _train_batch_size(stage)
+        engines = 1 + ("ref_logprob" in ctx.batch_needs) + bool(stage.algorithm.use_critic)
+        ctx.owns_ray = start_ray_for(stage, engines)
         ctx.actor = make_engine(stage, str(model_path))
         if "ref_logprob" in ctx.batch_needs:
             ctx.reference = make_engine(stage, str(model_path), forward_only=True)
@@ -252,12 +288,6 @@ def build_online_context(stage: Any) -> StageContext:
             ctx.value_objective = Objective(policy_loss=ComponentSpec("POLICY_LOSS_FN", vl.name, vl.params))
         remote = cfg.explorer.placement == "ray" or (cfg.explorer.placement == "auto" and cfg.trainer.engine == "verl")
         if remote:
-            import ray
-
-            if not ray.is_initialized():
-                from trinity_like.trainer.verl_engine import VerlParams, start_ray
-
-                start_ray(VerlParams(ray_address=cfg.cluster.ray_address, num_cpus=cfg.cluster.num_cpus))
             ctx.explorer = RemoteExplorer(cfg, str(model_path))
         else:
             ctx.explorer = ExplorerWorker(cfg, str(model_path))

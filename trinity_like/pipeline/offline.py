@@ -21,7 +21,7 @@ import torch
 from trinity_like.errors import TrinityError
 from trinity_like.pipeline.batching import experience_batch, pair_batch
 from trinity_like.pipeline.checkpoint import CheckpointManager
-from trinity_like.pipeline.context import StageContext, seed_everything
+from trinity_like.pipeline.context import StageContext, seed_everything, start_ray_for
 from trinity_like.pipeline.data import offline_set
 from trinity_like.pipeline.engines import make_engine
 from trinity_like.pipeline.metrics import MetricsLogger, PhaseTimer
@@ -130,6 +130,7 @@ def run_offline(stage: Any) -> dict[str, float]:
         ctx.batch_needs = frozenset(stage.needs | ctx.objective.inputs_needed())
         ctx.train_batch_size = cfg.buffer.train_batch_size or 8
         kind = "reward" if schema == "pair" and "scores" in ctx.batch_needs else "lm"
+        ctx.owns_ray = start_ray_for(stage, 1 + ("ref_logprob" in ctx.batch_needs))
         ctx.actor = make_engine(stage, str(model_path), kind=kind)
         ctx.resume()
         cache = RefCache(run_dir / "ref_cache.safetensors") if "ref_logprob" in ctx.batch_needs else None

@@ -47,6 +47,9 @@ class TrainEngine(Protocol):
     def optim_step(self) -> dict[str, float]:
         """Clip gradients, step the optimizer and scheduler, zero grads; returns ``grad_norm``, ``lr``."""
 
+    def zero_grad(self) -> None:
+        """Drop accumulated gradients without stepping (a skipped step)."""
+
     def compute_logprobs(self, batch: Batch, *, need_entropy: bool = False) -> dict[str, torch.Tensor]:
         """``logprob [B, R]`` (and ``entropy [B, R]``) of the response tokens, without grad.
 

@@ -173,6 +173,11 @@ class LocalEngine:
         return {"grad_norm": float(grad_norm), "lr": lr}
 
     @torch.no_grad()
+    def zero_grad(self) -> None:
+        """Drop accumulated gradients without an optimiser step (a skipped, non-finite step)."""
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+
     def compute_logprobs(self, batch: Batch, *, need_entropy: bool = False) -> dict[str, torch.Tensor]:
         """The model's outputs for the response columns (``logprob``, or ``values``/``scores``)."""
         was_training = self.model.training

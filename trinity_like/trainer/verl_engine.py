@@ -105,12 +105,32 @@ def check_free_resources(workers: int, resource: str) -> None:
         )
 
 
+def pad_rows(batch: Batch, multiple: int) -> Batch:
+    """Pad a batch to a multiple of ``multiple`` rows with copies of its last row whose
+    ``response_mask`` is zero: they add nothing to any masked loss (the whole-batch
+    normalisers were fixed before) and let every rank run the same micro-batches."""
+    rows = batch_rows(batch)
+    extra = -rows % multiple
+    if extra == 0:
+        return batch
+    out: Batch = {}
+    for key, value in batch.items():
+        if value.dim() == 0:
+            out[key] = value
+            continue
+        pad = value[-1:].expand(extra, *value.shape[1:]).clone()
+        if key == "response_mask":
+            pad.zero_()
+        out[key] = torch.cat([value, pad])
+    return out
+
+
 def split_over_workers(batch: Batch, workers: int) -> list[Batch]:
     """Equal row blocks, one per worker: every rank must run the same number of micro-batches
-    (FSDP's collectives pair them up), so a batch that does not divide evenly is refused."""
+    (FSDP's collectives pair them up). A batch that does not divide evenly is padded with
+    masked rows (:func:`pad_rows`); outputs of padded rows are dropped by the caller."""
+    batch = pad_rows(batch, workers)
     rows = batch_rows(batch)
-    if rows % workers:
-        raise TrinityError(f"a batch of {rows} rows does not split evenly over {workers} verl workers")
     step = rows // workers
     return [slice_rows(batch, i * step, (i + 1) * step) for i in range(workers)]
 
@@ -221,11 +241,16 @@ class VerlEngine:
             raise TrinityError("optim_step on a forward-only engine (the reference model is frozen)")
         return self.group.trinity_optim_step()[0]
 
+    def zero_grad(self) -> None:
+        """Drop accumulated gradients without an optimiser step."""
+        self.group.trinity_zero_grad()
+
     def compute_logprobs(self, batch: Batch, *, need_entropy: bool = False) -> dict[str, torch.Tensor]:
         """``logprob [B, R]`` (and ``entropy``), or ``values``/``scores`` for value/reward models, no grad."""
         workers = self.verl_params.num_workers
         parts = self.group.trinity_infer(split_over_workers(batch, workers), [need_entropy] * workers)
-        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        rows = batch_rows(batch)  # padded rows (see pad_rows) come last: drop them
+        return {k: torch.cat([p[k] for p in parts])[:rows] for k in parts[0]}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Full weights gathered from the shards, on the driver's CPU."""

@@ -178,6 +178,11 @@ class TrinityVerlWorker(TinkerTrainingWorker):
             self.engine.lr_scheduler_step()
         return {"grad_norm": float(grad_norm), "lr": float(lr)}
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def trinity_zero_grad(self) -> None:
+        """Drop accumulated gradients without stepping (a skipped, non-finite step)."""
+        self.engine.optimizer.zero_grad(set_to_none=True)
+
     # -- inference -----------------------------------------------------------------
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def trinity_infer(self, batch: dict[str, torch.Tensor], need_entropy: bool) -> dict[str, torch.Tensor]:
