@@ -26,6 +26,7 @@ import argparse
 import json
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -132,6 +133,7 @@ def bench_model(ref: str, args) -> dict:
     for base in ("generate", "generate+logprobs"):
         ratios = [o["tokens_per_s"] / b["tokens_per_s"] for o, b in zip(runs["ours"], runs[base])]
         summary["ours"][f"ratio_vs_{base}"] = statistics.median(ratios)
+        summary["ours"][f"ratios_vs_{base}"] = ratios
     if args.bf16:
         for base in ("generate-bf16", "generate"):
             ratios = [o["tokens_per_s"] / b["tokens_per_s"] for o, b in zip(runs["ours-bf16"], runs[base])]
@@ -142,7 +144,17 @@ def bench_model(ref: str, args) -> dict:
             "prompt_tokens": [len(p) for p in prompts], "summary": summary, "runs": runs}
 
 
-def markdown(results: list[dict], args, command: str) -> str:
+def git_commit() -> str:
+    """The checked-out commit (the code measured), or "unknown" outside a git checkout."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+                             cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out.stdout.strip()
+
+
+def markdown(results: list[dict], args, command: str, commit: str) -> str:
     lines = [
         "# Rollout throughput: our engine vs `transformers` `generate`",
         "",
@@ -151,7 +163,10 @@ def markdown(results: list[dict], args, command: str) -> str:
         f"Workload: {args.prompts} prompts x group {args.group}, up to {args.max_new_tokens} new tokens, "
         f"temperature 1.0, top_k=0, top_p=1.0; torch threads {args.threads}; {args.reps} interleaved repetitions "
         f"(medians). Machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, shared "
-        "with other jobs -- compare ratios, not absolute times.",
+        f"with other jobs -- compare ratios, not absolute times. Code measured: commit {commit}.",
+        "",
+        "tokens/s, wall and tokens: medians per contender; `ours / this`: median of the per-repetition ratios "
+        "of tokens/s. Tokens counted alike: response tokens up to and including the first stop token.",
         "",
         "| model | contender | tokens/s | wall s | tokens | ours / this |",
         "|---|---|---|---|---|---|",
@@ -169,6 +184,12 @@ def markdown(results: list[dict], args, command: str) -> str:
                     f"{r16['ratio_vs_generate-bf16']:.2f}x (ours-bf16 vs fp32 generate: {r16['ratio_vs_generate']:.2f}x)")
                 lines.append(f"| {res['model']} | {name} | {s[name]['tokens_per_s']:.1f} | {s[name]['wall_s']:.2f} "
                              f"| {s[name]['tokens']:.0f} | {ratio} |")
+    lines += ["", "Per-repetition ratios ours / generate (spread under load):", ""]
+    for res in results:
+        o = res["summary"]["ours"]
+        for base in ("generate", "generate+logprobs"):
+            if f"ratios_vs_{base}" in o:
+                lines.append(f"- {res['model']} vs {base}: " + ", ".join(f"{r:.2f}x" for r in o[f"ratios_vs_{base}"]))
     lines += ["", "Our time split (median seconds per run):", "",
               "| model | prefill | decode forward | sampling | cache management | bookkeeping |", "|---|---|---|---|---|---|"]
     for res in results:
@@ -187,17 +208,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions (medians)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: as in notes/baselines.md)")
     parser.add_argument("--bf16", action="store_true", help="also time both sides in bfloat16")
+    parser.add_argument("--render", type=Path, help="only re-render the markdown of a saved JSON result")
     parser.add_argument("--out", type=Path, default=RESULTS / "rollout", help="writes OUT.md and OUT.json")
     args = parser.parse_args(argv)
+    if args.render:
+        saved = json.loads(args.render.read_text())
+        for res in saved["results"]:  # older files lack the per-repetition ratio lists
+            runs, o = res["runs"], res["summary"]["ours"]
+            for base in ("generate", "generate+logprobs"):
+                o.setdefault(f"ratios_vs_{base}", [a["tokens_per_s"] / b["tokens_per_s"]
+                                                   for a, b in zip(runs["ours"], runs[base])])
+        text = markdown(saved["results"], argparse.Namespace(**saved["args"]), saved["command"].strip(),
+                        saved.get("commit", "unknown"))
+        args.render.with_suffix(".md").write_text(text)
+        print(text)
+        return
     torch.set_num_threads(args.threads)
+    commit = git_commit()
     command = "python benchmarks/rollout.py " + " ".join(sys.argv[1:] if argv is None else argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     results = []
     for ref in args.models:  # files rewritten after each model: a long run leaves partial results
         results.append(bench_model(ref, args))
-        text = markdown(results, args, command.strip())
+        text = markdown(results, args, command.strip(), commit)
         args.out.with_suffix(".md").write_text(text)
-        meta = {"command": command, "args": vars(args) | {"out": str(args.out)}, "results": results}
+        meta = {"command": command, "commit": commit, "args": vars(args) | {"out": str(args.out), "render": None},
+                "results": results}
         args.out.with_suffix(".json").write_text(json.dumps(meta, indent=1))
     print(text)
 
