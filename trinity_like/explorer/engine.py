@@ -277,7 +277,7 @@ class _Run:
         else:
             seeds_B = np.fromiter((s.seed for s in slots), dtype=np.uint64, count=len(slots))
             draws_B = np.fromiter((len(s.tokens) for s in slots), dtype=np.uint64, count=len(slots))
-            u_B = uniforms(seeds_B, draws_B)
+            u_B = uniforms(seeds_B, draws_B).to(logits_BV.device)
             token_B, logprob_B = sample_tokens(
                 logits_BV, u_B, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p
             )
