@@ -98,6 +98,12 @@ class Objective:
         loss, metrics = call_component(self._fn(self.policy_loss), inputs, self.policy_loss.params)
         metrics = dict(metrics)
         metrics["policy_loss"] = float(loss.detach())
+        if "rollout_logprob" in inputs and "logprob" in outputs:
+            # The sampler's logprobs of its own tokens vs the trainer's: ~0 when the layouts,
+            # weights and temperature agree; a drift here means off-policy data or a bug.
+            diff = (outputs["logprob"].detach() - inputs["rollout_logprob"]).abs()
+            mask = inputs["action_mask"]
+            metrics["rollout_logprob_diff"] = float((diff * mask).sum() / mask.sum().clamp(min=1))
         if self.kl_loss is not None:
             kl_BR = call_component(self._fn(self.kl_loss), {"logprob": inputs["logprob"], "ref_logprob": inputs["ref_logprob"]})
             term, kl_metrics = kl_loss_term(
