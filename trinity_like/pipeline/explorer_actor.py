@@ -40,7 +40,7 @@ class ExplorerWorker:
         if num_threads:
             torch.set_num_threads(num_threads)
         cfg = config
-        model, tokenizer = load_model(model_path)
+        model, tokenizer = load_model(model_path, dtype=getattr(torch, cfg.explorer.dtype))
         self.engine = RolloutEngine(model, tokenizer, EngineParams(max_batch_size=cfg.explorer.max_concurrent))
         wf_cls = WORKFLOW.get(cfg.explorer.workflow)
         self.workflow = wf_cls(params=workflow_params(cfg, wf_cls))
