@@ -72,13 +72,15 @@ def test_loss_adapter_sees_our_batch_and_scales_by_the_data_parallel_size():
     torch.testing.assert_close(loss, 3 * expected)
 
 
-def test_batches_split_evenly_over_workers_or_not_at_all():
+def test_batches_split_evenly_over_workers_padding_with_masked_rows():
     batch = with_normalisers(make_batch(50, B, P, R, seed=5))
     blocks = split_over_workers(batch, 3)
     assert [b["input_ids"].shape[0] for b in blocks] == [2, 2, 2]
     assert all(b["num_tokens"] is batch["num_tokens"] for b in blocks)  # global normalisers shared
-    with pytest.raises(TrinityError, match="does not split evenly over 4"):
-        split_over_workers(batch, 4)
+    padded = split_over_workers(batch, 4)  # 6 rows over 4 workers: 2 masked rows appended
+    assert [b["input_ids"].shape[0] for b in padded] == [2, 2, 2, 2]
+    assert padded[-1]["response_mask"].sum() == 0 and padded[-1]["num_tokens"] is batch["num_tokens"]
+    assert torch.equal(torch.cat([b["input_ids"] for b in padded])[:6], batch["input_ids"])
     assert [largest_divisor_at_most(n, 4) for n in (1, 6, 7, 8, 12)] == [1, 3, 1, 4, 4]
 
 
