@@ -175,3 +175,29 @@ def test_ray_workers_load_the_same_plugins(tmp_path):
         env={"RAY_AUTH_MODE": "disabled"},
     )
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_example_plugin_loss_is_truncated_importance_weighted_reinforce():
+    src = EXAMPLE / "src" / "example_plugin"
+    r = run_py(
+        f"""
+        import torch
+        from trinity_like.plugins import load_plugins
+        from trinity_like.registry import POLICY_LOSS_FN
+        from trinity_like.components import build_params, call_component
+        load_plugins([{str(src)!r}])
+        fn = POLICY_LOSS_FN.get("tis_reinforce")
+        lp = torch.tensor([[-1.0, -2.0], [-0.5, -3.0]], dtype=torch.float64, requires_grad=True)
+        old = torch.tensor([[-1.0, -4.0], [-0.5, -3.0]], dtype=torch.float64)  # token (0,1): ratio e^2 > C=2
+        adv = torch.tensor([[1.0, 1.0], [-2.0, -2.0]], dtype=torch.float64)
+        mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
+        loss, m = call_component(fn, dict(logprob=lp, old_logprob=old, advantages=adv, action_mask=mask),
+                                 build_params(fn, {{"truncation": 2.0}}))
+        loss.backward()
+        # by hand: d loss / d logprob_t = -min(ratio_t, C) * A_t * mask_t / 3 tokens
+        expected = -torch.tensor([[1.0, 2.0], [1.0, 0.0]], dtype=torch.float64) * adv * mask / 3
+        assert torch.allclose(lp.grad, expected), lp.grad
+        assert abs(m["tis/truncated_frac"] - 1 / 3) < 1e-12
+        """
+    )
+    assert r.returncode == 0, r.stderr
