@@ -69,3 +69,10 @@ def test_recipe_on_the_verl_engine_with_two_cpu_workers(recipe, tmp_path):
     steps = [r for r in metrics_of(run_dir) if "time/step" in r]
     assert [r["step"] for r in steps] == [1, 2]
     assert all("loss" in r or r.get("skipped/no_signal") == 1.0 for r in steps)
+def test_grpo_with_a_reward_model_trained_by_the_rm_recipe(tmp_path):
+    (rm_dir,) = run_recipe("rm_tiny.yaml", tmp_path / "rm")
+    (run_dir,) = run_recipe("grpo_with_rm.yaml", tmp_path / "grpo", [f"explorer.reward_args.path={rm_dir}"])
+    rewards = [r["reward/mean"] for r in metrics_of(run_dir) if "reward/mean" in r]
+    assert rewards and all(isinstance(v, float) for v in rewards)
+    # a learned reward is a real-valued score, not the 0/1 of exact match
+    assert any(v not in (0.0, 1.0) for v in rewards)

@@ -108,8 +108,9 @@ def test_reward_model_folder_round_trip_scores_like_a_manual_forward(tmp_path):
     messages = [{"role": "user", "content": "What is 2 + 3?"}]
     for response in ("5", "It is 6, I think"):
         got = fn({"messages": messages, "response": response})
-        # Oracle: the full causal LM's last hidden layer at the last token, times the head.
-        text = tok.apply_chat_template([*messages, {"role": "assistant", "content": response}], tokenize=False)
+        # Oracle: the full causal LM's last hidden layer at the last token, times the head, on
+        # the layout the RM trainer sees: prompt with generation prompt + response + <|im_end|>.
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + response + "<|im_end|>"
         ids = torch.tensor([tok.encode(text, add_special_tokens=False)])
         with torch.no_grad():
             hidden = backbone(ids, output_hidden_states=True).hidden_states[-1][0, -1]

@@ -327,6 +327,12 @@ def _check_sections(cfg: Config, algo: AlgorithmType, loc: _Locator) -> Any:
             reward_params = build_params(reward, cfg.explorer.reward_args, where="explorer.reward_args")
         except ConfigError as exc:
             raise ConfigError(f"{loc(('explorer', 'reward_args'))}: {exc}") from None
+        if cfg.explorer.eval_reward_fn is not None:
+            ev = _resolve_name(REWARD_FN, cfg.explorer.eval_reward_fn, loc, ("explorer", "eval_reward_fn"))
+            try:
+                build_params(ev, cfg.explorer.eval_reward_args, where="explorer.eval_reward_args")
+            except ConfigError as exc:
+                raise ConfigError(f"{loc(('explorer', 'eval_reward_args'))}: {exc}") from None
     return reward_params
 
 

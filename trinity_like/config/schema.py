@@ -94,6 +94,8 @@ class ExplorerConfig(Section):
     workflow: str = "math"  # WORKFLOW name
     reward_fn: str = "exact_match"  # REWARD_FN name
     reward_args: dict[str, Any] = {}  # params of the reward fn
+    eval_reward_fn: str | None = None  # REWARD_FN of held-out evaluation; None: reward_fn (accuracy needs 0/1)
+    eval_reward_args: dict[str, Any] = {}  # params of eval_reward_fn
     reward_timeout_s: PosFloat = 10.0  # a reward call slower than this fails (and is retried)
     reward_retries: NonNegInt = 1  # retries before the task is skipped and counted
     sampling: SamplingConfig = SamplingConfig()  # rollout sampling

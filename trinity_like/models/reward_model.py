@@ -6,9 +6,16 @@ folder is a normal Hugging Face causal-LM folder (config, safetensors, tokenizer
 
     reward_head.safetensors   {"weight": [1, hidden], "bias": [1]}
 
-so the backbone loads with any tool, and the head is one small extra file. The RM trainer
-writes it with :func:`save_reward_model`; the ``reward_model`` reward function reads it
-with :func:`load_reward_model` and scores with :func:`score_conversations`.
+so the backbone loads with any tool, and the head is one small extra file.
+
+The ``rm`` algorithm's train engines save the other common layout: a one-label
+``*ForTokenClassification`` folder (verl's critic architecture), read at the same last
+real token. :func:`load_reward_model` reads both, and also takes a run directory
+(``runs/rm``), where it picks the model of the latest checkpoint.
+
+Scoring renders a (prompt, response) exactly as the RM trainer saw its pairs: the prompt
+through the chat template with the generation prompt, then the response and the
+end-of-turn token (:mod:`trinity_like.buffer.chat`), so train and score sequences match.
 """
 
 from __future__ import annotations
@@ -19,7 +26,14 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from trinity_like.errors import TrinityError
 
@@ -53,32 +67,68 @@ def save_reward_model(model: RewardModel, tokenizer: PreTrainedTokenizerBase, pa
     return path
 
 
-def load_reward_model(path: str | os.PathLike[str]) -> tuple[RewardModel, PreTrainedTokenizerBase]:
-    """Load a folder written by :func:`save_reward_model`, in eval mode."""
-    path = Path(path).expanduser()
-    if not (path / HEAD_FILE).is_file():
-        raise TrinityError(f"reward model {str(path)!r}: no {HEAD_FILE} (not a folder written by save_reward_model)")
-    backbone = AutoModelForCausalLM.from_pretrained(path)
-    tensors = load_file(str(path / HEAD_FILE))
-    head = torch.nn.Linear(tensors["weight"].shape[1], 1)
-    head.load_state_dict(tensors)
+class TokenClassifierRewardModel(torch.nn.Module):
+    """A one-label ``*ForTokenClassification`` model read at the last real token."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor) -> torch.Tensor:
+        logits_BT1 = self.model(input_ids=input_ids_BT, attention_mask=attention_mask_BT).logits
+        positions_T = torch.arange(attention_mask_BT.shape[1], device=attention_mask_BT.device)
+        last_B = (attention_mask_BT.long() * (positions_T + 1)).argmax(dim=1)
+        return logits_BT1[torch.arange(logits_BT1.shape[0]), last_B, 0].float()
+
+
+def _model_folder(path: Path) -> Path:
+    """``path`` itself, or the model of the latest checkpoint when ``path`` is a run directory."""
+    pointer = path / "checkpoints" / "latest"
+    if pointer.is_file():
+        return path / "checkpoints" / pointer.read_text().strip() / "model"
+    return path
+
+
+def load_reward_model(path: str | os.PathLike[str]) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """Load a reward model folder (either layout) or a run directory's latest one, in eval mode."""
+    path = _model_folder(Path(path).expanduser())
+    if not (path / "config.json").is_file():
+        raise TrinityError(f"reward model {str(path)!r}: no config.json (expected a reward-model folder or an rm run directory)")
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return RewardModel(backbone, head).eval(), tokenizer
+    if (path / HEAD_FILE).is_file():
+        backbone = AutoModelForCausalLM.from_pretrained(path)
+        tensors = load_file(str(path / HEAD_FILE))
+        head = torch.nn.Linear(tensors["weight"].shape[1], 1)
+        head.load_state_dict(tensors)
+        return RewardModel(backbone, head).eval(), tokenizer
+    config = AutoConfig.from_pretrained(path)
+    if not any(a.endswith("ForTokenClassification") for a in (config.architectures or [])) or config.num_labels != 1:
+        raise TrinityError(
+            f"reward model {str(path)!r}: neither a {HEAD_FILE} nor a one-label *ForTokenClassification model"
+        )
+    model = AutoModelForTokenClassification.from_pretrained(path)
+    return TokenClassifierRewardModel(model).eval(), tokenizer
 
 
 def score_conversations(
-    model: RewardModel,
+    model: torch.nn.Module,
     tokenizer: PreTrainedTokenizerBase,
     conversations: Sequence[Sequence[dict[str, str]]],
     max_length: int,
 ) -> list[float]:
-    """Scores of whole conversations rendered with the chat template (the last ``max_length`` tokens)."""
+    """Scores of conversations whose last message is the assistant's response (last ``max_length`` tokens kept)."""
+    from trinity_like.buffer.chat import end_of_turn_id, tokenize_prompt, tokenize_response
+
+    end_id = end_of_turn_id(tokenizer)
     rows = []
     for conv in conversations:
-        text = tokenizer.apply_chat_template(list(conv), tokenize=False)
-        rows.append(tokenizer.encode(text, add_special_tokens=False)[-max_length:])
+        *prompt, last = list(conv)
+        if last.get("role") != "assistant":
+            raise TrinityError("score_conversations: the last message must be the assistant's response")
+        tokens = tokenize_prompt(tokenizer, prompt) + tokenize_response(tokenizer, last["content"], end_id)
+        rows.append(tokens[-max_length:])
     width = max(len(r) for r in rows)
     pad = tokenizer.pad_token_id
     ids_BT = torch.tensor([r + [pad] * (width - len(r)) for r in rows])

@@ -34,12 +34,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def workflow_params(config: Any, cls: type) -> Any:
+def workflow_params(config: Any, cls: type, *, evaluation: bool = False) -> Any:
     """The workflow's params: the explorer's reward settings it declares, plus nothing else."""
     e = config.explorer
+    use_eval = evaluation and e.eval_reward_fn is not None
     offered = {
-        "reward_fn": e.reward_fn,
-        "reward_params": dict(e.reward_args),
+        "reward_fn": e.eval_reward_fn if use_eval else e.reward_fn,
+        "reward_params": dict(e.eval_reward_args if use_eval else e.reward_args),
         "reward_timeout_s": e.reward_timeout_s,
         "reward_retries": e.reward_retries,
     }
@@ -114,13 +115,13 @@ class StageContext:
 
         if not self.eval_tasks:
             return {}
-        result = self.explorer.run(self.eval_tasks, sampling_params(self.stage, step=0, evaluation=True))
+        result = self.explorer.run(self.eval_tasks, sampling_params(self.stage, step=0, evaluation=True), True)
         rows = result.experiences
         n = len(self.eval_tasks)
-        rewards = [float(r.reward or 0.0) for r in rows]
+        rewards = [float(r.reward or 0.0) for r in rows] + [0.0] * (n - len(rows))  # skipped tasks score 0
         acc = sum(rewards) / n
         formatted = sum(parse_final_answer(r.info.get("response_text", "")) is not None for r in rows) / n
-        stderr = (acc * (1 - acc) / n) ** 0.5
+        stderr = (sum((x - acc) ** 2 for x in rewards) / n / n) ** 0.5  # sqrt(p(1-p)/n) for 0/1 rewards
         return {"eval/accuracy": acc, "eval/accuracy_stderr": stderr, "eval/format_rate": formatted, "eval/tasks": float(n)}
 
     def sync_weights(self, version: int) -> None:

@@ -44,9 +44,13 @@ class ExplorerWorker:
         self.engine = RolloutEngine(model, tokenizer, EngineParams(max_batch_size=cfg.explorer.max_concurrent))
         wf_cls = WORKFLOW.get(cfg.explorer.workflow)
         self.workflow = wf_cls(params=workflow_params(cfg, wf_cls))
+        self.eval_workflow = (
+            wf_cls(params=workflow_params(cfg, wf_cls, evaluation=True)) if cfg.explorer.eval_reward_fn else self.workflow
+        )
 
-    def run(self, tasks: list, sampling: Any) -> Any:
-        return self.workflow.run(tasks, engine=self.engine, sampling=sampling)
+    def run(self, tasks: list, sampling: Any, evaluation: bool = False) -> Any:
+        workflow = self.eval_workflow if evaluation else self.workflow
+        return workflow.run(tasks, engine=self.engine, sampling=sampling)
 
     def update_weights(self, state_dict: dict, version: int) -> int:
         return self.engine.update_weights(state_dict, version=version)
@@ -103,8 +107,8 @@ class RemoteExplorer:
         method = self.actor.update_weights if kind == "memory" else self.actor.load_weights
         ray.get(method.remote(value, version))
 
-    def run(self, tasks: list, sampling: Any) -> Any:
-        return self._call("run", tasks, sampling)
+    def run(self, tasks: list, sampling: Any, evaluation: bool = False) -> Any:
+        return self._call("run", tasks, sampling, evaluation)
 
     def update_weights(self, state_dict: dict, version: int) -> None:
         ref = ray.put(state_dict)
