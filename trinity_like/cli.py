@@ -3,6 +3,7 @@
     trinity-like run --config recipe.yaml [key.path=value ...] [--plugin P] [--dry-run]
     trinity-like validate recipe.yaml [key.path=value ...]
     trinity-like list [REGISTRY]
+    trinity-like plot RUN_DIR [--out FILE]
     trinity-like version
 
 A user error (bad recipe, bad data, unknown name, failing plugin) prints one line and
@@ -51,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="list registered components (all registries, or one)")
     lst.add_argument("registry", nargs="?", help="e.g. POLICY_LOSS_FN or policy_loss_fn")
     _add_common(lst)
+
+    plot = sub.add_parser("plot", help="draw a run's curves (reward, accuracy, loss, phase times) as a PNG")
+    plot.add_argument("run_dir", help="run directory, e.g. runs/grpo_arith")
+    plot.add_argument("--out", help="PNG path (default: <run_dir>/metrics.png)")
+    plot.add_argument("--debug", action="store_true", help="show tracebacks")
 
     sub.add_parser("version", help="print versions")
     return parser
@@ -101,7 +107,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_plan(plan)
 
 
-COMMANDS = {"run": cmd_run, "validate": cmd_validate, "list": cmd_list, "version": cmd_version}
+def cmd_plot(args: argparse.Namespace) -> int:
+    from trinity_like.monitor.plot import plot_run
+
+    print(plot_run(args.run_dir, args.out))
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "validate": cmd_validate, "list": cmd_list, "plot": cmd_plot, "version": cmd_version}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

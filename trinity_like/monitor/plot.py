@@ -1,0 +1,76 @@
+"""``trinity-like plot RUN_DIR``: the curves a person looks at after a run, as one PNG.
+
+Reads ``metrics.jsonl`` (what every run writes) and draws reward, held-out accuracy (with
+its standard error), the loss terms, response length and the time of each phase per step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trinity_like.errors import TrinityError
+from trinity_like.monitor.sinks import read_jsonl_metrics
+
+PANELS = (
+    ("reward", ("reward/mean",)),
+    ("held-out accuracy", ("eval/accuracy",)),
+    ("loss", ("loss", "policy_loss", "kl", "entropy")),
+    ("response length (tokens)", ("response_length/mean",)),
+)
+PHASES = ("time/rollout", "time/reference", "time/old_logprob", "time/update", "time/sync", "time/eval", "time/checkpoint")
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write ``<run_dir>/metrics.png`` (or ``out``); returns its path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        raise TrinityError(f"{run_dir}: no metrics.jsonl (is it a run directory?)")
+    rows = read_jsonl_metrics(path)
+    if not rows:
+        raise TrinityError(f"{path}: no metrics yet")
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8), constrained_layout=True)
+    for ax, (title, keys) in zip(axes.flat, PANELS):
+        for key in keys:
+            pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+            if not pts:
+                continue
+            xs, ys = zip(*pts)
+            if key == "eval/accuracy":
+                errs = [r.get("eval/accuracy_stderr", 0.0) for r in rows if isinstance(r.get(key), (int, float))]
+                ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, label=key)
+                ax.set_ylim(0, 1)
+            else:
+                ax.plot(xs, ys, marker=".", label=key)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        if ax.lines or ax.containers:
+            ax.legend(fontsize=8)
+    ax = axes.flat[4]
+    steps = [r for r in rows if "time/step" in r]
+    bottom = [0.0] * len(steps)
+    for phase in PHASES:
+        vals = [float(r.get(phase, 0.0)) for r in steps]
+        if any(vals):
+            ax.bar([r["step"] for r in steps], vals, bottom=bottom, label=phase.split("/")[1])
+            bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_title("seconds per step, by phase")
+    ax.set_xlabel("step")
+    if steps:
+        ax.legend(fontsize=8)
+    ax = axes.flat[5]
+    pts = [(r["step"], r["throughput/tokens_per_s"]) for r in rows if "throughput/tokens_per_s" in r]
+    if pts:
+        ax.plot(*zip(*pts), marker=".")
+    ax.set_title("trained tokens / s")
+    ax.set_xlabel("step")
+    fig.suptitle(str(run_dir))
+    target = Path(out) if out else run_dir / "metrics.png"
+    fig.savefig(target, dpi=90)
+    plt.close(fig)
+    return target
