@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-PIP=("$PY" -m pip install --disable-pip-version-check -q)
+PIP=("$PY" -m pip install --disable-pip-version-check --root-user-action=ignore -q)
 
 # 1. torch first, so nothing later pulls a multi-GB CUDA build on a CPU machine.
 #    Any installed torch in our supported range is kept (a GPU machine's CUDA torch).
