@@ -79,13 +79,21 @@ def start_ray(params: VerlParams) -> bool:
     if params.ray_address is not None:
         check_reachable(params.ray_address)
     env = ray_runtime_env()
-    try:
-        if params.ray_address is None:
-            ray.init(num_cpus=params.num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=False)
-        else:
-            ray.init(address=params.ray_address, runtime_env=env, log_to_driver=False)
-    except ConnectionError as exc:
-        raise TrinityError(f"cannot reach the Ray cluster at {params.ray_address!r}: {exc}") from exc
+    for attempt in range(3):
+        try:
+            if params.ray_address is None:
+                ray.init(num_cpus=params.num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=False)
+            else:
+                ray.init(address=params.ray_address, runtime_env=env, log_to_driver=False)
+            return True
+        except ConnectionError as exc:
+            raise TrinityError(f"cannot reach the Ray cluster at {params.ray_address!r}: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 -- only Ray's own start-up timeout is retried
+            # Ray gives a starting raylet a fixed 30 s to register; on a loaded laptop it can
+            # take longer. That one failure is retried; anything else propagates as it is.
+            if "timed out during startup" not in str(exc) or attempt == 2 or params.ray_address is not None:
+                raise
+            ray.shutdown()
     return True
 
 
