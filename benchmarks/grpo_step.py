@@ -183,6 +183,17 @@ def verl_worker_threads() -> list[dict[str, str]]:
     return out
 
 
+def renice_self(nice: int) -> None:
+    """Every thread of this process at niceness ``nice`` (Linux niceness is per thread)."""
+    if not nice:
+        return
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+        except OSError:
+            pass
+
+
 # -- TRL -----------------------------------------------------------------------------------
 def exact_match_reward(completions: list, answer: list, **_: Any) -> list[float]:
     """Our ``exact_match`` reward fn on TRL's conversational completions."""
@@ -427,8 +438,6 @@ def main(argv: list[str] | None = None) -> None:
     if (args.prompts * args.group) % args.micro_batch:
         parser.error("prompts x group must be a multiple of --micro-batch")
     torch.set_num_threads(args.threads)
-    if args.nice > os.nice(0):
-        os.nice(args.nice - os.nice(0))
     command = "python benchmarks/grpo_step.py " + " ".join(sys.argv[1:] if argv is None else argv)
 
     def log(text: str) -> None:
@@ -452,6 +461,7 @@ def main(argv: list[str] | None = None) -> None:
             runs[o.name] = []
             log(f"{o.name} built in {o.setup_s:.1f} s")
         threads = verl_worker_threads()
+        renice_self(args.nice)  # after Ray started: its workers take 15 relative to the raylet's niceness
 
         def after_round() -> None:
             write_results(args, command, runs, load_start, threads, setup, ours)
