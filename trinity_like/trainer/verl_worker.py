@@ -158,6 +158,9 @@ class TrinityVerlWorker(TinkerTrainingWorker):
             # verl would start "cpu:gloo,cpu:gloo"; a plain gloo group is what FSDP2 needs here.
             rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
             dist.init_process_group(backend="gloo", rank=rank, world_size=world_size)
+            # Workers on one CPU node share its cores: torch's default (all cores each)
+            # oversubscribes them, so each worker takes its share.
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
         super().__init__(config)
 
     # -- training ------------------------------------------------------------------
