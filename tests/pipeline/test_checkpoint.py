@@ -31,7 +31,7 @@ def test_save_publishes_latest_and_prunes(tmp_path):
     assert latest.name == "step_000003"
     assert mgr.read_state(latest) == {"step": 3, "model_version": 3}
     manifest = mgr.verify(latest)
-    assert set(manifest["files"]) == {"model/model.safetensors", "state.json", "rng.pt"}
+    assert set(manifest["files"]) == {"model/model.safetensors", "state.json", "rng.json"}
 
 
 def test_a_kill_mid_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):

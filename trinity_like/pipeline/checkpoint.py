@@ -6,7 +6,7 @@ Layout::
         model/            Hugging Face folder (safetensors + config + tokenizer) + optimizer state
         critic/           the value model, for algorithms with a critic
         state.json        step, model version, dataset / sample-strategy / buffer positions
-        rng.pt            Python, NumPy and torch RNG states
+        rng.json          Python, NumPy and torch RNG states
         manifest.json     sha256 of every file above: the content hash of the weights
     <run_dir>/checkpoints/latest     name of the newest complete checkpoint
 
@@ -67,13 +67,22 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def rng_state() -> dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Python, NumPy and torch RNG states as plain JSON (no pickle in checkpoints)."""
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": [version, list(internal), gauss],
+        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "torch": torch.get_rng_state().tolist(),
+    }
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
 
 
 class CheckpointManager:
@@ -106,7 +115,7 @@ class CheckpointManager:
         for sub, write in writers.items():
             write(str(tmp / sub))
         (tmp / STATE).write_text(json.dumps({"step": step, **state}, indent=1, sort_keys=True))
-        torch.save(rng_state(), tmp / "rng.pt")
+        (tmp / "rng.json").write_text(json.dumps(rng_state()))
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
         manifest = {str(p.relative_to(tmp)): _sha256(p) for p in files}
         weights = [v for k, v in manifest.items() if k.endswith(".safetensors")]
@@ -157,4 +166,4 @@ class CheckpointManager:
 
     @staticmethod
     def restore_rng(path: Path) -> None:
-        set_rng_state(torch.load(path / "rng.pt", weights_only=False))
+        set_rng_state(json.loads((path / "rng.json").read_text()))
