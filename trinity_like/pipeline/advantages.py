@@ -58,8 +58,9 @@ def compute_advantages(stage: Any, batch: dict[str, torch.Tensor]) -> dict[str, 
     inputs = dict(batch)
     inputs["action_mask"] = mask
     adv_BR, ret_BR = call_component(comp.fn, inputs, comp.params)
-    batch["advantages"] = adv_BR.detach().float()
-    batch["returns"] = ret_BR.detach().float()
+    adv_BR, ret_BR = adv_BR.detach().float(), ret_BR.detach().float()
+    batch["advantages"] = adv_BR
+    batch["returns"] = ret_BR
     valid = mask > 0
     if valid.any():
         metrics["advantages/mean"] = float(adv_BR[valid].mean())

@@ -24,11 +24,16 @@ releases: this is written against verl==0.9.1.
 from __future__ import annotations
 
 import os
+import warnings
 from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
 import torch
+
+# verl announces each optional engine it cannot import (torchtitan, megatron, ...) on every
+# start; none of them is used here, so the announcements are noise in a user's terminal.
+warnings.filterwarnings("ignore", message=r".* engine is not available", category=UserWarning)
 
 PLATFORM_NAME = "cpu"
 ENV_VAR = "VERL_PLATFORM"
