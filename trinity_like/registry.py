@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 from mmengine.registry import Registry as _MMRegistry
@@ -210,11 +210,3 @@ def find_registry(name: str) -> Registry:
     raise UnknownNameError(
         f"unknown registry {name!r}{hint} (registries: {', '.join(REGISTRIES)})"
     )
-
-
-def component_fn(registry: Registry, name: str) -> Callable[..., Any]:
-    """Shorthand for ``registry.get(name)`` used where a callable is expected."""
-    fn = registry.get(name)
-    if not callable(fn):
-        raise RegistryError(f"{registry.name}: {name!r} is not callable")
-    return fn

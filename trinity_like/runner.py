@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
 
 from trinity_like.config import ResolvedStage, RunPlan
 from trinity_like.errors import TrinityError
@@ -75,7 +74,3 @@ def run_plan(plan: RunPlan) -> int:
         print(f"{stage.config.name}: done{': ' + summary if summary else ''}", flush=True)
         previous = _final_model(stage)
     return 0
-
-
-def describe_result(metrics: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in metrics.items())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from trinity_like.pipeline.checkpoint import CheckpointManager
 from trinity_like.pipeline.data import expert_set, task_set
 from trinity_like.pipeline.engines import make_engine
 from trinity_like.pipeline.metrics import MetricsLogger
-from trinity_like.registry import SAMPLE_STRATEGY, WORKFLOW
+from trinity_like.registry import SAMPLE_STRATEGY
 from trinity_like.trainer.objective import ComponentSpec, Objective, objective_from_stage
 
 
@@ -139,8 +140,6 @@ class StageContext:
         self.explorer.load_weights(str(folder), version)
         for old in sorted((self.run_dir / "sync").glob("v*")):
             if old != folder and not old.name.endswith(".tmp"):
-                import shutil
-
                 shutil.rmtree(old, ignore_errors=True)
 
     # -- checkpoints ---------------------------------------------------------------------
@@ -237,6 +236,12 @@ def start_ray_for(stage: Any, engines: int) -> bool:
     return start_ray(VerlParams(ray_address=cfg.cluster.ray_address, num_cpus=num_cpus))
 
 
+def is_on_policy(stage: Any) -> bool:
+    """Every batch is sampled by the weights it trains and gets one update (see Objective.on_policy)."""
+    cfg = stage.config
+    return cfg.synchronizer.interval == 1 and cfg.synchronizer.offset == 0 and cfg.trainer.update_epochs == 1
+
+
 def _train_batch_size(stage: Any) -> int:
     cfg = stage.config
     return cfg.buffer.train_batch_size or cfg.explorer.batch_size * cfg.explorer.group_size
@@ -271,8 +276,7 @@ def build_online_context(stage: Any) -> StageContext:
         ctx.storage = open_storage(cfg.buffer.experience.storage, cfg.buffer.experience.args, run_dir=run_dir)
         strat = stage.components["sample_strategy"]
         ctx.strategy = SAMPLE_STRATEGY.get(strat.name)(params=strat.params)
-        on_policy = cfg.synchronizer.interval == 1 and cfg.synchronizer.offset == 0 and cfg.trainer.update_epochs == 1
-        ctx.objective = objective_from_stage(stage, on_policy=on_policy)
+        ctx.objective = objective_from_stage(stage, on_policy=is_on_policy(stage))
         ctx.batch_needs = frozenset(stage.needs | ctx.objective.inputs_needed())
         ctx.train_batch_size = _train_batch_size(stage)
         engines = 1 + ("ref_logprob" in ctx.batch_needs) + bool(stage.algorithm.use_critic)

@@ -13,6 +13,7 @@ retries the call, so the run goes on. Each restart is counted in the metrics.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -95,8 +96,6 @@ class RemoteExplorer:
                 ray.get(self.actor.pid.remote(), timeout=60)
                 return
             except RayActorError:
-                import time
-
                 time.sleep(0.5)
         raise TrinityError("the explorer actor did not come back after a crash")
 

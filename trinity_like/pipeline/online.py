@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,11 +32,6 @@ from trinity_like.pipeline.advantages import compute_advantages, drop_uninformat
 from trinity_like.pipeline.batching import experience_batch
 from trinity_like.pipeline.context import StageContext
 from trinity_like.pipeline.metrics import PhaseTimer
-
-
-def _on_policy(stage: Any) -> bool:
-    cfg = stage.config
-    return cfg.synchronizer.interval == 1 and cfg.synchronizer.offset == 0 and cfg.trainer.update_epochs == 1
 
 
 def _response_stats(batch: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -156,7 +150,3 @@ def run_online(ctx: StageContext) -> dict[str, float]:
         ctx.log(total, final)
         last.update(final)
     return last
-
-
-def run_dir_of(stage: Any) -> Path:
-    return Path(stage.config.run_dir())

@@ -26,7 +26,7 @@ gradients add up to the full-batch gradient (the batch carries the global normal
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -129,7 +129,3 @@ def conform_param_groups(saved: dict, optimizer: torch.optim.Optimizer) -> dict:
         groups.append({k: saved_group.get(k, v) for k, v in current.items() if k != "params"})
         groups[-1]["params"] = saved_group["params"]
     return {**saved, "param_groups": groups}
-
-
-def describe_engine(engine: Any) -> str:
-    return type(engine).__name__
