@@ -8,6 +8,10 @@ training set (resumable, seeded order), and:
   seen, and cached on disk in the run directory (``ref_cache.safetensors``) so the
   reference model is loaded only while uncached pairs remain, and never again on resume;
 - RM: a scalar head on the last non-pad token, Bradley-Terry loss on (chosen, rejected).
+
+With ``buffer.eval_tasks`` set, an SFT or DPO stage also reports greedy held-out answer
+accuracy (``eval/accuracy``, as an online stage does) at the start and the end: the
+effect of the offline objective on the task itself, whichever way it goes.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from trinity_like.errors import TrinityError
 from trinity_like.pipeline.batching import experience_batch, pair_batch
 from trinity_like.pipeline.checkpoint import CheckpointManager
 from trinity_like.pipeline.context import StageContext, seed_everything, start_ray_for
-from trinity_like.pipeline.data import offline_set
+from trinity_like.pipeline.data import offline_set, task_set
 from trinity_like.pipeline.engines import make_engine
 from trinity_like.pipeline.metrics import MetricsLogger, PhaseTimer
 from trinity_like.trainer.objective import objective_from_stage
@@ -115,6 +119,7 @@ def run_offline(stage: Any) -> dict[str, float]:
     # Data first: a bad data file fails before the run directory is touched.
     train = offline_set(cfg.buffer.train_data, tokenizer, schema=schema, max_tokens=max_tokens, epochs=None)
     eval_rows = list(offline_set(cfg.buffer.eval_data, tokenizer, schema=schema, max_tokens=max_tokens, epochs=1)) if cfg.buffer.eval_data else []
+    eval_tasks = list(task_set(cfg.buffer.eval_tasks, "buffer.eval_tasks", train=False)) if cfg.buffer.eval_tasks else None
     run_dir = Path(cfg.run_dir())
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(cfg.model_dump_json(indent=1))
@@ -130,13 +135,22 @@ def run_offline(stage: Any) -> dict[str, float]:
         ctx.batch_needs = frozenset(stage.needs | ctx.objective.inputs_needed())
         ctx.train_batch_size = cfg.buffer.train_batch_size or 8
         kind = "reward" if schema == "pair" and "scores" in ctx.batch_needs else "lm"
+        if eval_tasks is not None and kind != "lm":
+            raise TrinityError("buffer.eval_tasks: answer accuracy needs a language model; a reward model reports pairwise accuracy on buffer.eval_data")
         ctx.owns_ray = start_ray_for(stage, 1 + ("ref_logprob" in ctx.batch_needs))
         ctx.actor = make_engine(stage, str(model_path), kind=kind)
         ctx.resume()
         cache = RefCache(run_dir / "ref_cache.safetensors") if "ref_logprob" in ctx.batch_needs else None
         last: dict[str, float] = {}
-        if cfg.monitor.eval_at_start and eval_rows and ctx.start_step == 0:
-            ctx.log(0, evaluate_offline(ctx, eval_rows, cache))
+        if eval_tasks is not None:
+            from trinity_like.pipeline.explorer_actor import ExplorerWorker
+
+            ctx.explorer = ExplorerWorker(cfg, str(model_path))
+            ctx.eval_tasks = eval_tasks
+            if ctx.start_step > 0:
+                ctx.sync_weights(ctx.start_step)
+        if cfg.monitor.eval_at_start and (eval_rows or eval_tasks) and ctx.start_step == 0:
+            ctx.log(0, {**evaluate_offline(ctx, eval_rows, cache), **ctx.evaluate()})
         for step in range(ctx.start_step + 1, cfg.trainer.total_steps + 1):
             timer = PhaseTimer()
             t0 = time.perf_counter()
@@ -167,8 +181,10 @@ def run_offline(stage: Any) -> dict[str, float]:
             ctx.log(step, metrics)
             ctx.logger.advance()
             last = metrics
-        if eval_rows:
-            final = evaluate_offline(ctx, eval_rows, cache)
+        if eval_rows or eval_tasks:
+            if eval_tasks is not None:
+                ctx.sync_weights(cfg.trainer.total_steps)
+            final = {**evaluate_offline(ctx, eval_rows, cache), **ctx.evaluate()}
             ctx.log(cfg.trainer.total_steps, final)
             last.update(final)
         return last
