@@ -18,7 +18,7 @@ TINY = ["model.path=tiny-random", "trainer.engine=local", "trainer.total_steps=2
 
 def tiny_overrides(recipe: str, plan_cfg) -> list[str]:
     """Shrink a recipe to seconds: tiny model, 2 steps, small batches and eval sets."""
-    out = list(TINY)
+    out = list(TINY) + ["trainer.micro_batch_size=3"]  # several micro-batches per step, an uneven last one
     raw = plan_cfg
     if raw.buffer.tasks is not None:
         out += ["explorer.batch_size=2", "explorer.group_size=4"]

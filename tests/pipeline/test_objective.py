@@ -79,3 +79,38 @@ def test_objective_pickles_without_resolved_functions():
     assert clone == obj
     assert torch.allclose(clone(out, batch)[0], obj(out, batch)[0])
     assert clone.inputs_needed() == {"logprob", "advantages", "action_mask"}
+
+
+def test_rollout_logprob_diff_covers_sampled_rows_only():
+    batch, out = batch_and_outputs()
+    obj = Objective(policy_loss=spec(POLICY_LOSS_FN, "ppo"), on_policy=True)
+    _, metrics = obj(out, batch)
+    assert "rollout_logprob_diff" not in metrics  # SFT-style data: nothing was sampled
+    rollout = out["logprob"].detach() + 0.5
+    rollout[0] += 10.0  # an expert row's zeros would look like a huge drift
+    expert = torch.tensor([True, False, False, False])
+    _, metrics = obj(out, {**batch, "rollout_logprob": rollout, "is_expert": expert})
+    assert abs(metrics["rollout_logprob_diff"] - 0.5) < 1e-9
+
+
+def test_engine_reports_whole_batch_policy_loss_over_micro_batches(tmp_path):
+    """policy_loss is each micro-batch's share of the whole-batch loss: the engine sums it."""
+    from trinity_like.models.tiny import build_tiny_model
+    from trinity_like.trainer.local_engine import LocalEngine
+    from trinity_like.trainer.params import ModelParams, OptimParams
+
+    path = str(build_tiny_model(tmp_path / "tiny", seed=1))
+    g = torch.Generator().manual_seed(0)
+    B, P, R = 6, 3, 4
+    batch = {
+        "input_ids": torch.randint(3, 100, (B, P + R), generator=g),
+        "attention_mask": torch.ones(B, P + R, dtype=torch.long),
+        "position_ids": torch.arange(P + R).repeat(B, 1),
+        "response_mask": torch.ones(B, R),
+        "advantages": torch.randn(B, R, generator=g),
+    }
+    obj = Objective(policy_loss=spec(POLICY_LOSS_FN, "ppo"), on_policy=True)
+    split = LocalEngine(ModelParams(path=path, micro_batch_size=2), OptimParams(lr=0.0)).forward_backward(batch, obj)
+    whole = LocalEngine(ModelParams(path=path, micro_batch_size=B), OptimParams(lr=0.0)).forward_backward(batch, obj)
+    assert abs(split["policy_loss"] - whole["policy_loss"]) < 1e-5
+    assert abs(split["policy_loss"] - split["loss"]) < 1e-6

@@ -55,6 +55,7 @@ def test_logprobs_and_entropy_match_a_naive_full_forward(tiny_path, batch):
         expected = naive_outputs(reference_model(tiny_path), batch)
     attended = batch["attention_mask"][:, P:].bool()
     assert out["logprob"].shape == (B, R)
+    assert not out["logprob"].requires_grad  # old logprobs are constants to the loss
     torch.testing.assert_close(out["logprob"][attended], expected["logprob"][attended], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out["entropy"][attended], expected["entropy"][attended], rtol=1e-5, atol=1e-5)
 

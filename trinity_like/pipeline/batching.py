@@ -45,7 +45,7 @@ def experience_batch(rows: Sequence[Experience], pad_id: int) -> Batch:
     """A batch of experiences with every field a component may ask for.
 
     Fields: input_ids, attention_mask, position_ids, response_mask [B, R], rollout_logprob
-    [B, R] (the sampler's logprobs), rewards [B], token_level_rewards [B, R], group_index [B],
+    [B, R] (the sampler's logprobs, when any row was sampled), rewards [B], token_level_rewards [B, R], group_index [B],
     is_expert [B], model_version [B], and the normalisers num_tokens, num_seqs,
     num_expert_tokens, num_expert_seqs (0-d tensors for the whole batch).
     """
@@ -55,7 +55,8 @@ def experience_batch(rows: Sequence[Experience], pad_id: int) -> Batch:
     R = batch["input_ids"].shape[1] - max(r.prompt_length for r in rows)
     mask = _per_token([r.mask() for r in rows], R)
     batch["response_mask"] = mask
-    batch["rollout_logprob"] = _per_token([r.logprobs for r in rows], R)
+    if any(r.logprobs is not None for r in rows):  # SFT data has none; expert rows in MIX neither
+        batch["rollout_logprob"] = _per_token([r.logprobs for r in rows], R)
     rewards = torch.tensor([float(r.reward or 0.0) for r in rows], dtype=torch.float32)
     batch["rewards"] = rewards
     dense = [r.token_level_reward for r in rows]

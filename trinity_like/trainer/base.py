@@ -112,10 +112,20 @@ def micro_batches(batch: Batch, micro_batch_size: int) -> list[Batch]:
     return [slice_rows(batch, i, min(i + micro_batch_size, rows)) for i in range(0, rows, micro_batch_size)]
 
 
+# Metrics that are each micro-batch's share of a whole-batch total (the objective divides by
+# the whole batch's normaliser): summed over micro-batches and workers. Every other metric is
+# a micro-batch mean (clip fraction, KL, margins) and is averaged.
+SUMMED_METRICS = frozenset({"policy_loss", "nonfinite_loss"})
+
+
 def mean_metrics(per_micro: list[dict[str, float]]) -> dict[str, float]:
-    """Average each metric over the micro-batches that reported it."""
+    """Each metric over the micro-batches that reported it: summed (``SUMMED_METRICS``) or averaged."""
     keys = sorted({k for m in per_micro for k in m})
-    return {k: sum(m[k] for m in per_micro if k in m) / sum(1 for m in per_micro if k in m) for k in keys}
+    out = {}
+    for k in keys:
+        values = [m[k] for m in per_micro if k in m]
+        out[k] = sum(values) if k in SUMMED_METRICS else sum(values) / len(values)
+    return out
 
 
 def conform_param_groups(saved: dict, optimizer: torch.optim.Optimizer) -> dict:

@@ -178,8 +178,13 @@ class LocalEngine:
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
 
+    @torch.no_grad()
     def compute_logprobs(self, batch: Batch, *, need_entropy: bool = False) -> dict[str, torch.Tensor]:
-        """The model's outputs for the response columns (``logprob``, or ``values``/``scores``)."""
+        """The model's outputs for the response columns (``logprob``, or ``values``/``scores``), no grad.
+
+        Whatever this returns is a constant to the losses (old logprobs, old values): a graph
+        here would leak their gradient into the update.
+        """
         was_training = self.model.training
         self.model.eval()
         parts = [self._forward(mb, need_entropy) for mb in micro_batches(batch, self.params.micro_batch_size)]

@@ -103,7 +103,10 @@ class Objective:
             # weights and temperature agree; a drift here means off-policy data or a bug.
             diff = (outputs["logprob"].detach() - inputs["rollout_logprob"]).abs()
             mask = inputs["action_mask"]
-            metrics["rollout_logprob_diff"] = float((diff * mask).sum() / mask.sum().clamp(min=1))
+            if "is_expert" in inputs:  # expert rows (MIX) were never sampled
+                mask = mask * (~inputs["is_expert"].bool()).unsqueeze(-1)
+            if mask.sum() > 0:
+                metrics["rollout_logprob_diff"] = float((diff * mask).sum() / mask.sum())
         if self.kl_loss is not None:
             kl_BR = call_component(self._fn(self.kl_loss), {"logprob": inputs["logprob"], "ref_logprob": inputs["ref_logprob"]})
             term, kl_metrics = kl_loss_term(

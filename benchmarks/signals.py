@@ -1,0 +1,202 @@
+"""Does every recipe move its learning signal the right way? Run each one and read its metrics.
+
+Each recipe of ``examples/`` runs for real on ``smollm2-135m-instruct`` through the CLI
+(``trinity-like run``), one after another, and the signal it is meant to move is read back
+from its ``metrics.jsonl``:
+
+- RL recipes: mean train reward of the first three steps vs the last three, and greedy
+  held-out accuracy on the 200 held-out problems at the start and the end;
+- ``sft``: held-out loss on ``data/sft_arith_eval.jsonl`` (and held-out answer accuracy);
+- ``dpo``: held-out reward margin and preference accuracy on ``data/pairs_arith_eval.jsonl``,
+  and held-out answer accuracy, whichever way it goes;
+- ``rm``: held-out pairwise accuracy (chance is 50 %).
+
+The smaller setting that fits this 2-core machine (documented in the table): RL recipes
+run ``--steps`` steps (default 10 instead of the recipes' 20) on the ``local`` engine
+(``--engine``; the ``verl`` engine computes the same update, see the parity test, at a
+slower step here); offline recipes run as written. Everything else is the recipe's own.
+Run::
+
+    python benchmarks/signals.py                      # every recipe, about an hour here
+    python benchmarks/signals.py --only sft dpo rm    # a subset
+
+Results: ``benchmarks/results/signals.md`` and ``.json`` (runs under ``runs/signals/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    kind: str  # "rl" | "sft" | "dpo" | "rm"
+    extra: tuple[str, ...] = ()
+
+
+RECIPES = [
+    Recipe("grpo_arith", "rl"),
+    Recipe("dr_grpo", "rl"),
+    Recipe("dapo", "rl"),
+    Recipe("rloo", "rl"),
+    Recipe("reinforce_plus_plus", "rl"),
+    Recipe("gspo", "rl"),
+    Recipe("cispo", "rl"),
+    Recipe("ppo", "rl"),
+    Recipe("mix", "rl"),
+    Recipe("sft", "sft"),
+    Recipe("dpo", "dpo"),
+    Recipe("rm", "rm"),
+    Recipe("grpo_with_rm", "rl", ("explorer.reward_args.path={run_root}/rm",)),
+    Recipe("sft_then_grpo", "rl"),  # stages set their own step counts (10 + 10)
+]
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def first_last(rows: list[dict], key: str) -> tuple[float, float] | None:
+    """The value of ``key`` at the first and the last row that has it."""
+    found = [r[key] for r in rows if key in r]
+    return (found[0], found[-1]) if found else None
+
+
+def mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def summarize(recipe: Recipe, run_dirs: list[Path]) -> dict:
+    """The recipe's signal (start, end) and held-out answer accuracy, from its metrics."""
+    rows_per_stage = [read_metrics(d) for d in run_dirs]
+    rows = rows_per_stage[-1]
+    out: dict = {"recipe": recipe.name, "kind": recipe.kind}
+    if recipe.kind == "rl":
+        rewards = [r["reward/mean"] for r in rows if "reward/mean" in r and "time/step" in r]
+        k = min(3, len(rewards) // 2)
+        out["signal"] = f"train reward (mean of first {k} steps -> last {k})"
+        out["start"], out["end"] = mean(rewards[:k]), mean(rewards[-k:])
+        out["steps"] = len(rewards)
+    elif recipe.kind == "sft":
+        out["signal"] = "held-out loss (NLL per assistant token)"
+        out["start"], out["end"] = first_last(rows, "eval/nll")
+    elif recipe.kind == "dpo":
+        out["signal"] = "held-out reward margin"
+        out["start"], out["end"] = first_last(rows, "eval/reward_margin")
+        out["preference_accuracy"] = first_last(rows, "eval/reward_accuracy")
+    elif recipe.kind == "rm":
+        out["signal"] = "held-out pairwise accuracy"
+        out["start"], out["end"] = first_last(rows, "eval/accuracy")
+    if recipe.kind != "rm":
+        # held-out answer accuracy from the first stage's start to the last stage's end
+        first = [r for r in rows_per_stage[0] if "eval/accuracy" in r]
+        last = [r for r in rows if "eval/accuracy" in r]
+        if first and last:
+            out["accuracy"] = (first[0]["eval/accuracy"], last[-1]["eval/accuracy"])
+            out["accuracy_stderr"] = (first[0]["eval/accuracy_stderr"], last[-1]["eval/accuracy_stderr"])
+    out["moved_right_way"] = out["end"] < out["start"] if recipe.kind == "sft" else out["end"] > out["start"]
+    return out
+
+
+def run_recipe(recipe: Recipe, args: argparse.Namespace, run_root: Path, log_dir: Path) -> tuple[list[Path], float, list[str]]:
+    overrides = [f"run_root={run_root}", f"trainer.engine={args.engine}", "monitor.progress=false"]
+    if args.model != "smollm2-135m-instruct":
+        overrides.append(f"model.path={args.model}")
+    if recipe.kind == "rl" and recipe.name != "sft_then_grpo":
+        overrides.append(f"trainer.total_steps={args.steps}")
+    overrides += [e.format(run_root=run_root) for e in recipe.extra]
+    cmd = [sys.executable, "-m", "trinity_like.cli", "run", "--config", f"examples/{recipe.name}.yaml", *overrides]
+    t0 = time.perf_counter()
+    with open(log_dir / f"{recipe.name}.log", "w") as log:
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{recipe.name}: exit {proc.returncode}; see {log_dir / (recipe.name + '.log')}")
+    base = run_root / recipe.name
+    run_dirs = sorted(p.parent for p in base.rglob("metrics.jsonl")) if not (base / "metrics.jsonl").exists() else [base]
+    if recipe.name == "sft_then_grpo":
+        run_dirs = [base / "sft", base / "grpo"]
+    return run_dirs, wall, ["trinity-like run --config", f"examples/{recipe.name}.yaml", *overrides]
+
+
+def fmt(x: float) -> str:
+    return f"{x:.3f}"
+
+
+def markdown(results: list[dict], argv: list[str], args: argparse.Namespace) -> str:
+    lines = [
+        f"# Learning signals of every recipe on {args.model}",
+        "",
+        f"Command: `python benchmarks/signals.py {' '.join(argv)}`".replace(" `", " `").rstrip(),
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, torch threads per process as the recipe sets them.",
+        "",
+        "| recipe | signal | start | end | right way | held-out answer accuracy start -> end | wall |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        acc = "-"
+        if "accuracy" in r:
+            (a0, a1), (s0, s1) = r["accuracy"], r["accuracy_stderr"]
+            acc = f"{100 * a0:.1f} % +- {100 * s0:.1f} -> {100 * a1:.1f} % +- {100 * s1:.1f}"
+        signal = r["signal"]
+        if "preference_accuracy" in r and r["preference_accuracy"]:
+            p0, p1 = r["preference_accuracy"]
+            signal += f" (preference accuracy {fmt(p0)} -> {fmt(p1)})"
+        lines.append(
+            f"| {r['recipe']} | {signal} | {fmt(r['start'])} | {fmt(r['end'])} | "
+            f"{'yes' if r['moved_right_way'] else '**no**'} | {acc} | {r['wall_s'] / 60:.1f} min |"
+        )
+    lines += ["", "Each recipe's own command (as run):", ""]
+    lines += [f"- `{' '.join(r['command'])}`" for r in results]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", help="recipe names to run (default: all)")
+    parser.add_argument("--steps", type=int, default=10, help="steps of each RL recipe")
+    parser.add_argument("--engine", default="local", choices=["local", "verl"])
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="tiny-random: a smoke run of this script")
+    parser.add_argument("--run-root", default=str(ROOT / "runs" / "signals"))
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    run_root = Path(args.run_root).resolve()
+    log_dir = run_root / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    chosen = [r for r in RECIPES if not args.only or r.name in args.only]
+    unknown = set(args.only or ()) - {r.name for r in RECIPES}
+    if unknown:
+        raise SystemExit(f"--only: unknown recipe(s) {sorted(unknown)}; known: {[r.name for r in RECIPES]}")
+    results = []
+    stem = "signals" if args.model == "smollm2-135m-instruct" else f"signals_{args.model}"
+    out_json = RESULTS / f"{stem}.json"
+    previous = {r["recipe"]: r for r in json.loads(out_json.read_text())} if out_json.exists() and args.only else {}
+    for recipe in chosen:
+        print(f"{recipe.name}: running", flush=True)
+        run_dirs, wall, command = run_recipe(recipe, args, run_root, log_dir)
+        result = {**summarize(recipe, run_dirs), "wall_s": wall, "command": command}
+        print(f"{recipe.name}: {result['signal']} {fmt(result['start'])} -> {fmt(result['end'])} "
+              f"accuracy {result.get('accuracy')} ({wall / 60:.1f} min)", flush=True)
+        previous[recipe.name] = result
+        results = [previous[r.name] for r in RECIPES if r.name in previous]
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        out_json.write_text(json.dumps(results, indent=1))
+        (RESULTS / f"{stem}.md").write_text(markdown(results, sys.argv[1:], args))
+
+
+if __name__ == "__main__":
+    main()
