@@ -7,9 +7,11 @@ log pi(y) sums the response tokens' logprobs. Rafailov et al. 2023, "Direct Pref
 Optimization", arXiv:2305.18290; eps > 0 is the conservative DPO of Mitchell 2023, "A
 note on DPO with noisy preferences" (label smoothing).
 
-Pair layout: a batch of B pairs is 2B rows, the B chosen rows first (rows 0..B-1), then
-the B rejected rows in the same order (rows B..2B-1). A micro-batch must hold whole pairs
-in that layout; ``num_seqs`` is then the whole batch's row count (2 per pair).
+Pair layout: a batch of B pairs is 2B interleaved rows, pair i's chosen response in row
+2i and its rejected one in row 2i + 1, so any split of the rows at even boundaries (the
+engines' micro-batches and data-parallel shards) holds whole pairs. ``num_seqs`` is the
+whole batch's row count (2 per pair). A pair whose rows are fully masked (padding added
+to even out data-parallel shards) counts for nothing.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ class DPOParams:
 @POLICY_LOSS_FN.register_module("dpo")
 def dpo_loss(
     *,
-    logprob: torch.Tensor,  # [2B, R] policy logprobs, chosen rows then rejected rows
+    logprob: torch.Tensor,  # [2B, R] policy logprobs, rows 2i (chosen) and 2i + 1 (rejected)
     ref_logprob: torch.Tensor,  # [2B, R] reference logprobs, same layout
     action_mask: torch.Tensor,  # [2B, R]
     params: DPOParams,
@@ -45,15 +47,18 @@ def dpo_loss(
     """DPO: sigmoid loss on policy-vs-reference log-ratios of chosen and rejected (Rafailov et al. 2023)."""
     rows = logprob.shape[0]
     if rows % 2:
-        raise ValueError(f"dpo: a pair batch has an even number of rows (chosen, then rejected); got {rows}")
+        raise ValueError(f"dpo: a pair batch has an even number of rows (chosen, rejected per pair); got {rows}")
     log_ratio_2B = masked_sum(logprob - ref_logprob, action_mask, dim=-1)
-    reward_c, reward_r = (params.beta * log_ratio_2B).chunk(2)
+    reward_c, reward_r = params.beta * log_ratio_2B[0::2], params.beta * log_ratio_2B[1::2]
+    valid_B = (action_mask[0::2].sum(-1) + action_mask[1::2].sum(-1)) > 0
     z = reward_c - reward_r
     eps = params.label_smoothing
-    loss_B = -(1 - eps) * F.logsigmoid(z) - eps * F.logsigmoid(-z)
+    loss_B = (-(1 - eps) * F.logsigmoid(z) - eps * F.logsigmoid(-z)) * valid_B
     loss = safe_div(loss_B.sum(), rows // 2 if num_seqs is None else num_seqs / 2)
-    z, reward_c, reward_r = z.detach(), reward_c.detach(), reward_r.detach()
-    n = max(rows // 2, 1)
+    n = int(valid_B.sum())
+    if n == 0:
+        return loss, {}
+    z, reward_c, reward_r = z.detach()[valid_B], reward_c.detach()[valid_B], reward_r.detach()[valid_B]
     return loss, {
         "reward_margin": (z.sum() / n).item(),
         "reward_accuracy": ((z > 0).float().sum() / n).item(),

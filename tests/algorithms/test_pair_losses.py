@@ -1,4 +1,4 @@
-"""DPO and Bradley-Terry against hand-computed golden values (pair layout: chosen rows, then rejected rows)."""
+"""DPO and Bradley-Terry against hand-computed golden values (pair layout: rows 2i chosen, 2i + 1 rejected)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ LN2 = math.log(2.0)
 
 
 def bt(chosen, rejected, **extra):
-    scores = torch.tensor(list(chosen) + list(rejected), dtype=DT)
+    rows = [s for pair in zip(chosen, rejected) for s in pair] + list(rejected[len(chosen):])
+    scores = torch.tensor(rows, dtype=DT)
     return POLICY_LOSS_FN.get("bradley_terry")(scores=scores, **extra)
 
 
@@ -107,26 +108,43 @@ def test_dpo_matches_the_formula_by_hand():
     beta, eps = 0.3, 0.1
     m = b["action_mask"]
     seq = ((b["logprob"] - b["ref_logprob"]) * m).sum(-1).tolist()
-    zs = [beta * ((seq[i] - seq[i + 3])) for i in range(3)]  # chosen i vs rejected i + B
+    zs = [beta * ((seq[2 * i] - seq[2 * i + 1])) for i in range(3)]  # chosen 2i vs rejected 2i + 1
     expected = sum((1 - eps) * softplus(-z) + eps * softplus(z) for z in zs) / 3
     loss, metrics = dpo(b, beta=beta, label_smoothing=eps)
     assert loss.item() == pytest.approx(expected)
     assert metrics["reward_margin"] == pytest.approx(sum(zs) / 3)
     assert metrics["reward_accuracy"] == pytest.approx(sum(z > 0 for z in zs) / 3)
-    assert metrics["reward_chosen"] == pytest.approx(beta * sum(seq[:3]) / 3)
+    assert metrics["reward_chosen"] == pytest.approx(beta * sum(seq[0::2]) / 3)
 
 
 def test_pair_micro_batches_sum_to_the_full_batch():
     b = dpo_batch(B=4, seed=2)
     full, _ = dpo(b)
 
-    def pairs(idx):  # a micro-batch of whole pairs, in the chosen-then-rejected layout
-        rows = idx + [i + 4 for i in idx]
+    def pairs(idx):  # a micro-batch of whole pairs, interleaved
+        rows = [r for i in idx for r in (2 * i, 2 * i + 1)]
         return {k: v[rows] for k, v in b.items()}
 
     parts = [dpo({**pairs(idx), "num_seqs": 8}) for idx in ([0], [1, 2], [3])]
     assert sum(p[0].item() for p in parts) == pytest.approx(full.item())
     scores = torch.randn(8, dtype=DT)
     full, _ = POLICY_LOSS_FN.get("bradley_terry")(scores=scores)
-    parts = [POLICY_LOSS_FN.get("bradley_terry")(scores=scores[[i, i + 4]], num_seqs=8)[0] for i in range(4)]
+    parts = [POLICY_LOSS_FN.get("bradley_terry")(scores=scores[[2 * i, 2 * i + 1]], num_seqs=8)[0] for i in range(4)]
     assert sum(p.item() for p in parts) == pytest.approx(full.item())
+
+
+def test_fully_masked_pairs_count_for_nothing():
+    """Padding pairs (added to even out data-parallel shards) change neither loss nor metrics."""
+    b = dpo_batch(B=2, seed=5)
+    loss, metrics = dpo({**b, "num_seqs": 4})
+    padded = {k: torch.cat([v, v[-2:]]) for k, v in b.items()}
+    padded["action_mask"][-2:] = 0
+    loss_p, metrics_p = dpo({**padded, "num_seqs": 4})
+    assert loss_p.item() == pytest.approx(loss.item()) and metrics_p == pytest.approx(metrics)
+    scores = torch.tensor([1.0, 0.0, -1.0, 2.0, 5.0, 5.0], dtype=DT)
+    mask = torch.ones(6, 3, dtype=DT)
+    mask[4:] = 0
+    bt_fn = POLICY_LOSS_FN.get("bradley_terry")
+    loss_p, metrics_p = bt_fn(scores=scores, action_mask=mask, num_seqs=4)
+    loss, metrics = bt_fn(scores=scores[:4])
+    assert loss_p.item() == pytest.approx(loss.item()) and metrics_p == pytest.approx(metrics)

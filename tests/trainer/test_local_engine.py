@@ -176,3 +176,36 @@ def test_value_and_reward_heads_read_the_right_positions(tiny_path, batch, tmp_p
     a, b = critic.state_dict(), reloaded.state_dict()
     assert a.keys() == loaded.state_dict().keys()
     assert all(torch.equal(a[k], b[k]) and torch.equal(a[k], loaded.state_dict()[k]) for k in a)
+
+
+def test_pair_batches_micro_batch_between_pairs_only(tiny_path):
+    """DPO over micro-batches of 3 rows (rounded to whole pairs) == the whole batch at once."""
+    from trinity_like.components import build_params
+    from trinity_like.experience import PairExperience
+    from trinity_like.pipeline.batching import pair_batch
+    from trinity_like.registry import POLICY_LOSS_FN
+    from trinity_like.trainer.base import micro_batches
+    from trinity_like.trainer.objective import ComponentSpec, Objective
+
+    g = torch.Generator().manual_seed(4)
+
+    def tokens(n):
+        return torch.randint(3, 100, (n,), generator=g).tolist()
+
+    pairs = [PairExperience(prompt_tokens=tokens(4 + i % 2), chosen_tokens=tokens(2 + i % 3), rejected_tokens=tokens(3))
+             for i in range(5)]
+    batch = pair_batch(pairs, pad_id=0)
+    assert [mb["input_ids"].shape[0] for mb in micro_batches(batch, 3)] == [2, 2, 2, 2, 2]
+    batch["ref_logprob"] = torch.zeros_like(batch["response_mask"]) - 2.0
+    fn = POLICY_LOSS_FN.get("dpo")
+    dpo = Objective(policy_loss=ComponentSpec("POLICY_LOSS_FN", "dpo", build_params(fn, {"beta": 0.5})), on_policy=True)
+    results = []
+    for micro in (3, 10):
+        engine = LocalEngine(ModelParams(path=tiny_path, micro_batch_size=micro), OptimParams(lr=0.0))
+        metrics = engine.forward_backward(batch, dpo)
+        grads = torch.cat([p.grad.flatten() for p in engine.model.parameters() if p.grad is not None])
+        results.append((metrics, grads))
+    (split, g_split), (whole, g_whole) = results
+    assert split["loss"] == pytest.approx(whole["loss"], rel=1e-5)
+    assert split["policy_loss"] == pytest.approx(whole["policy_loss"], rel=1e-5)
+    torch.testing.assert_close(g_split, g_whole, rtol=1e-4, atol=1e-6)

@@ -84,6 +84,20 @@ def test_batches_split_evenly_over_workers_padding_with_masked_rows():
     assert [largest_divisor_at_most(n, 4) for n in (1, 6, 7, 8, 12)] == [1, 3, 1, 4, 4]
 
 
+def test_pair_batches_split_only_between_pairs():
+    """Preference pairs (rows 2i, 2i + 1) stay together in every shard and micro-batch."""
+    batch = with_normalisers(make_batch(50, B, P, R, seed=5))  # 3 pairs
+    batch["rows_per_example"] = torch.tensor(2)
+    blocks = split_over_workers(batch, 2)  # 6 rows over 2 workers: 1 masked pair appended
+    assert [b["input_ids"].shape[0] for b in blocks] == [4, 4]
+    assert blocks[1]["response_mask"][2:].sum() == 0
+    assert torch.equal(torch.cat([b["input_ids"] for b in blocks])[:6], batch["input_ids"])
+    # verl's micro-batches inside a worker: a divisor of its rows, in whole pairs
+    assert [largest_divisor_at_most(n, 3, 2) for n in (4, 6, 12, 2)] == [2, 2, 2, 2]
+    assert [largest_divisor_at_most(n, 1, 2) for n in (4, 6)] == [2, 2]
+    assert largest_divisor_at_most(12, 8, 2) == 6
+
+
 def test_missing_model_fails_before_ray_starts(tmp_path):
     import ray
 

@@ -12,6 +12,7 @@ import torch
 
 from trinity_like.experience import Experience, PairExperience
 from trinity_like.ops import normalizers, token_level_rewards
+from trinity_like.trainer.base import ROWS_PER_EXAMPLE
 
 Batch = dict[str, torch.Tensor]
 
@@ -76,18 +77,24 @@ def experience_batch(rows: Sequence[Experience], pad_id: int) -> Batch:
 
 
 def pair_batch(rows: Sequence[PairExperience], pad_id: int) -> Batch:
-    """2B rows: chosen responses first (rows 0..B-1), then rejected (B..2B-1)."""
+    """2B rows, pairs interleaved: pair i's chosen response in row 2i, its rejected one in 2i + 1.
+
+    Any split at even row boundaries holds whole pairs; ``rows_per_example`` (2) tells the
+    engines to split only there.
+    """
     if not rows:
         raise ValueError("pair_batch: no rows")
-    prompts = [r.prompt_tokens for r in rows] * 2
-    responses = [r.chosen_tokens for r in rows] + [r.rejected_tokens for r in rows]
+    prompts = [r.prompt_tokens for r in rows for _ in (0, 1)]
+    responses = [t for r in rows for t in (r.chosen_tokens, r.rejected_tokens)]
     batch = _pad_rows(prompts, responses, pad_id)
     R = batch["input_ids"].shape[1] - max(len(p) for p in prompts)
-    masks = [r.chosen_mask or [1] * len(r.chosen_tokens) for r in rows] + [
-        r.rejected_mask or [1] * len(r.rejected_tokens) for r in rows
+    masks = [
+        m for r in rows
+        for m in (r.chosen_mask or [1] * len(r.chosen_tokens), r.rejected_mask or [1] * len(r.rejected_tokens))
     ]
     batch["response_mask"] = _per_token(masks, R)
     batch.update(normalizers(batch["response_mask"]))
+    batch[ROWS_PER_EXAMPLE] = torch.tensor(2)
     return batch
 
 

@@ -65,18 +65,16 @@ def _pair_ref_logprob(ctx: StageContext, rows: list[Any], batch: dict[str, torch
         if ctx.reference is None:
             ctx.reference = make_engine(ctx.stage, str(ctx.model_path), forward_only=True)
         ref = ctx.reference.compute_logprobs(batch)["logprob"]
-        n = len(rows)
         lengths = (batch["response_mask"] > 0).sum(-1)
-        for i, key in enumerate(keys):
-            cache.values[f"{key}/c"] = ref[i, : lengths[i]].clone()
-            cache.values[f"{key}/r"] = ref[n + i, : lengths[n + i]].clone()
+        for i, key in enumerate(keys):  # pair i: chosen in row 2i, rejected in row 2i + 1
+            cache.values[f"{key}/c"] = ref[2 * i, : lengths[2 * i]].clone()
+            cache.values[f"{key}/r"] = ref[2 * i + 1, : lengths[2 * i + 1]].clone()
         cache.save()
     out = torch.zeros_like(batch["response_mask"])
-    n = len(rows)
     for i, key in enumerate(keys):
         c, r = cache.values[f"{key}/c"], cache.values[f"{key}/r"]
-        out[i, : c.numel()] = c
-        out[n + i, : r.numel()] = r
+        out[2 * i, : c.numel()] = c
+        out[2 * i + 1, : r.numel()] = r
     return out
 
 

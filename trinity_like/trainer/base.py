@@ -106,10 +106,24 @@ def slice_rows(batch: Batch, start: int, stop: int) -> Batch:
     return {k: (v if v.dim() == 0 else v[start:stop]) for k, v in batch.items()}
 
 
+# A 0-dim batch field: how many consecutive rows form one example that a loss reads
+# together (2 for preference pairs: chosen, rejected). Engines split batches only at
+# multiples of it -- into micro-batches and into data-parallel shards.
+ROWS_PER_EXAMPLE = "rows_per_example"
+
+
+def row_unit(batch: Batch) -> int:
+    """The batch's ``rows_per_example`` (1 unless set)."""
+    unit = batch.get(ROWS_PER_EXAMPLE)
+    return 1 if unit is None else int(unit)
+
+
 def micro_batches(batch: Batch, micro_batch_size: int) -> list[Batch]:
-    """Split a batch into consecutive micro-batches of at most ``micro_batch_size`` rows."""
-    rows = batch_rows(batch)
-    return [slice_rows(batch, i, min(i + micro_batch_size, rows)) for i in range(0, rows, micro_batch_size)]
+    """Split a batch into consecutive micro-batches of at most ``micro_batch_size`` rows
+    (rounded down to whole examples, at least one example each)."""
+    rows, unit = batch_rows(batch), row_unit(batch)
+    size = max(unit, micro_batch_size // unit * unit)
+    return [slice_rows(batch, i, min(i + size, rows)) for i in range(0, rows, size)]
 
 
 # Metrics that are each micro-batch's share of a whole-batch total (the objective divides by

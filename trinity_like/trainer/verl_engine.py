@@ -38,7 +38,7 @@ import torch
 from trinity_like.errors import TrinityError
 from trinity_like.plugins import ray_runtime_env
 from trinity_like.trainer import verl_cpu
-from trinity_like.trainer.base import Batch, LossCallable, batch_rows, mean_metrics, slice_rows, with_normalisers
+from trinity_like.trainer.base import Batch, LossCallable, batch_rows, mean_metrics, row_unit, slice_rows, with_normalisers
 from trinity_like.trainer.params import ModelParams, OptimParams
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def split_over_workers(batch: Batch, workers: int) -> list[Batch]:
     """Equal row blocks, one per worker: every rank must run the same number of micro-batches
     (FSDP's collectives pair them up). A batch that does not divide evenly is padded with
     masked rows (:func:`pad_rows`); outputs of padded rows are dropped by the caller."""
-    batch = pad_rows(batch, workers)
+    batch = pad_rows(batch, workers * row_unit(batch))  # whole examples (pairs) per worker
     rows = batch_rows(batch)
     step = rows // workers
     return [slice_rows(batch, i * step, (i + 1) * step) for i in range(workers)]

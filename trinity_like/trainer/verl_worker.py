@@ -42,7 +42,7 @@ from verl.workers.engine_workers_tinker import TinkerTrainingWorker  # noqa: E40
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding  # noqa: E402
 
 from trinity_like.errors import TrinityError  # noqa: E402
-from trinity_like.trainer.base import LossCallable, conform_param_groups  # noqa: E402
+from trinity_like.trainer.base import LossCallable, conform_param_groups, row_unit  # noqa: E402
 
 def skip_verl_trl_patch_without_value_head() -> None:
     """Stop verl's model patching from importing a class that recent ``trl`` no longer has.
@@ -75,9 +75,10 @@ SCALARS_KEY = "trinity_scalars"  # the batch's 0-dim fields (JSON), carried as n
 KIND_KEY = "trinity_kind"  # ModelParams.kind: "lm", "value" or "reward"
 
 
-def largest_divisor_at_most(n: int, cap: int) -> int:
-    """The largest d <= cap dividing n: verl's micro-batches must split a rank's rows exactly."""
-    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
+def largest_divisor_at_most(n: int, cap: int, unit: int = 1) -> int:
+    """The largest multiple d of ``unit`` with d <= cap (or d = unit) dividing n: verl's
+    micro-batches must split a rank's rows exactly, and only between whole examples."""
+    return max(d for d in range(unit, max(min(n, cap), unit) + 1, unit) if n % d == 0)
 
 
 def to_verl(batch: Mapping[str, torch.Tensor], micro_batch_size: int, need_entropy: bool, kind: str) -> TensorDict:
@@ -101,7 +102,7 @@ def to_verl(batch: Mapping[str, torch.Tensor], micro_batch_size: int, need_entro
         calculate_entropy=need_entropy,
         use_dynamic_bsz=False,
         use_remove_padding=False,
-        micro_batch_size_per_gpu=largest_divisor_at_most(rows, micro_batch_size),
+        micro_batch_size_per_gpu=largest_divisor_at_most(rows, micro_batch_size, row_unit(batch)),
         **{SCALARS_KEY: json.dumps(scalars), KIND_KEY: kind},
     )
     return td
