@@ -11,7 +11,6 @@ import dataclasses
 from pathlib import Path
 
 from trinity_like.config import ResolvedStage, RunPlan
-from trinity_like.errors import TrinityError
 
 
 def _chain(stage: ResolvedStage, previous: Path | None, user_set_model: bool) -> ResolvedStage:
@@ -38,16 +37,14 @@ def run_stage(stage: ResolvedStage) -> dict[str, float]:
         from trinity_like.pipeline.offline import run_offline
 
         return run_offline(stage)
-    if cfg.mode != "both":
-        raise TrinityError(
-            f"mode {cfg.mode!r} for online algorithm {cfg.algorithm.type!r}: only 'both' and 'bench' run in this version"
-        )
     from trinity_like.pipeline.context import build_online_context
-    from trinity_like.pipeline.online import run_online
+    from trinity_like.pipeline.online import run_online, run_train
+    from trinity_like.pipeline.split import run_explore
 
-    ctx = build_online_context(stage)
+    loop = {"both": run_online, "explore": run_explore, "train": run_train}[cfg.mode]
+    ctx = build_online_context(stage, role=cfg.mode)
     try:
-        return run_online(ctx)
+        return loop(ctx)
     finally:
         ctx.close()
 

@@ -12,7 +12,7 @@ import pytest
 from safetensors.torch import load_file
 
 from trinity_like.config import load_plan
-from trinity_like.errors import ConfigError, TrinityError
+from trinity_like.errors import TrinityError
 from trinity_like.runner import run_plan
 
 REPO = Path(__file__).resolve().parents[2]

@@ -48,7 +48,7 @@ def describe_plan(plan: RunPlan) -> str:
                 f"reward={e.reward_fn}, T={s.temperature}, top_k={s.top_k}, top_p={s.top_p}, "
                 f"max_new_tokens={s.max_new_tokens or c.model.max_response_tokens}"
             )
-            lines.append(f"  synchronizer: {c.synchronizer.method} every {c.synchronizer.interval} step(s), offset {c.synchronizer.offset}")
+            lines.append(f"  synchronizer: {c.sync_method()} every {c.synchronizer.interval} step(s), offset {c.synchronizer.offset}")
         t, o = c.trainer, c.trainer.optimizer
         lines.append(
             f"  trainer: {t.engine} ({c.cluster.trainer_workers} workers)" if t.engine == "verl" else f"  trainer: {t.engine}"

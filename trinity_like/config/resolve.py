@@ -310,6 +310,14 @@ def _check_sections(cfg: Config, algo: AlgorithmType, loc: _Locator) -> Any:
         raise loc.error(("buffer", "tasks"), f"algorithm {cfg.algorithm.type!r} explores: set buffer.tasks")
     if not algo.use_rollout and cfg.mode == "train" and cfg.buffer.train_data is None:
         raise loc.error(("buffer", "train_data"), f"offline algorithm {cfg.algorithm.type!r}: set buffer.train_data")
+    if algo.use_rollout and cfg.mode in ("explore", "train"):
+        # explorer and trainer run as two processes: they share the buffer file and the weights folder
+        if cfg.synchronizer.method == "memory":
+            raise loc.error(("synchronizer", "method"), f"mode {cfg.mode!r} runs explorer and trainer as separate "
+                            "processes: weights cannot travel in memory; use 'checkpoint' (or 'auto')")
+        if cfg.buffer.experience.storage != "sqlite":
+            raise loc.error(("buffer", "experience", "storage"), f"mode {cfg.mode!r}: the explorer and trainer "
+                            f"processes share the buffer; {cfg.buffer.experience.storage!r} cannot, use 'sqlite'")
     if cfg.algorithm.sample_strategy.get("name") == "mix" and cfg.buffer.expert_data is None:
         raise loc.error(("buffer", "expert_data"), "the mix sample strategy needs buffer.expert_data")
     storage = _resolve_name(BUFFER_STORAGE, cfg.buffer.experience.storage, loc, ("buffer", "experience", "storage"))

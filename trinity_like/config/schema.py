@@ -124,7 +124,7 @@ class TrainerConfig(Section):
 
 
 class SynchronizerConfig(Section):
-    method: Literal["memory", "checkpoint"] = "memory"  # weights via Ray's object store, or via checkpoint files
+    method: Literal["auto", "memory", "checkpoint"] = "auto"  # weights in memory (one process) or through files (<run_dir>/sync); auto: files in modes explore/train
     interval: PosInt = 1  # sync weights to the explorer every `interval` train steps
     offset: NonNegInt = 0  # explorer may run this many steps ahead of the trainer (off-policy)
 
@@ -201,6 +201,12 @@ class Config(Section):
     cluster: ClusterConfig = ClusterConfig()
     plugins: list[str] = []  # plugin modules, .py files or package folders to load
     stages: list[StageConfig] = []  # run one after another; each overrides the sections above
+
+    def sync_method(self) -> str:
+        """``synchronizer.method`` with ``auto`` resolved: files between processes, memory within one."""
+        if self.synchronizer.method == "auto":
+            return "checkpoint" if self.mode in ("explore", "train") else "memory"
+        return self.synchronizer.method
 
     def run_dir(self) -> str:
         import os

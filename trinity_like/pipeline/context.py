@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from trinity_like.pipeline.checkpoint import CheckpointManager
 from trinity_like.pipeline.data import expert_set, task_set
 from trinity_like.pipeline.engines import make_engine
 from trinity_like.pipeline.metrics import MetricsLogger
+from trinity_like.pipeline.sync import WeightChannel
 from trinity_like.registry import SAMPLE_STRATEGY
 from trinity_like.trainer.objective import ComponentSpec, Objective, objective_from_stage
 
@@ -96,6 +96,7 @@ class StageContext:
     model_version: int = 0
     start_step: int = 0
     owns_ray: bool = False  # this stage started Ray and shuts it down when it closes
+    nan_streak: int = 0  # consecutive steps skipped for a non-finite loss
     extra_state: dict[str, Any] = field(default_factory=dict)
 
     # -- explorer side -----------------------------------------------------------------
@@ -126,21 +127,25 @@ class StageContext:
         return {"eval/accuracy": acc, "eval/accuracy_stderr": stderr, "eval/format_rate": formatted, "eval/tasks": float(n)}
 
     def sync_weights(self, version: int) -> None:
-        """Explorer weights <- trainer weights: in memory, or through a checkpoint-format folder."""
-        if self.explorer is None:
+        """Explorer weights <- trainer weights: in memory, or through the file channel (:mod:`.sync`).
+
+        In ``train`` mode there is no explorer here: the weights are published for the
+        explorer process to pick up.
+        """
+        if self.stage.config.sync_method() == "memory":
+            if self.explorer is not None:
+                self.explorer.update_weights(self.actor.state_dict(), version)
             return
-        if self.stage.config.synchronizer.method == "memory":
-            self.explorer.update_weights(self.actor.state_dict(), version)
-            return
-        folder = self.run_dir / "sync" / f"v{version:06d}"
-        if not folder.exists():
-            tmp = folder.with_name(folder.name + ".tmp")
-            self.actor.save(str(tmp))
-            tmp.replace(folder)
-        self.explorer.load_weights(str(folder), version)
-        for old in sorted((self.run_dir / "sync").glob("v*")):
-            if old != folder and not old.name.endswith(".tmp"):
-                shutil.rmtree(old, ignore_errors=True)
+        folder = WeightChannel(self.run_dir).publish(version, self._save_weights)
+        if self.explorer is not None:
+            self.explorer.load_weights(str(folder), version)
+
+    def _save_weights(self, folder: str) -> None:
+        """The actor's weights alone (no optimiser state): what an explorer loads."""
+        from safetensors.torch import save_file
+
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self.actor.state_dict().items()}, str(Path(folder) / "model.safetensors"))
 
     # -- checkpoints ---------------------------------------------------------------------
     def checkpoint(self, step: int) -> Path:
@@ -207,12 +212,16 @@ class StageContext:
         self.logger.close()
 
 
+def remote_explorer(stage: Any) -> bool:
+    """The explorer runs as a Ray actor: asked for, or beside verl's workers in one process."""
+    cfg = stage.config
+    auto = cfg.explorer.placement == "auto" and cfg.trainer.engine == "verl" and cfg.mode == "both"
+    return stage.algorithm.use_rollout and cfg.mode != "train" and (cfg.explorer.placement == "ray" or auto)
+
+
 def uses_ray(stage: Any) -> bool:
     cfg = stage.config
-    remote_explorer = stage.algorithm.use_rollout and (
-        cfg.explorer.placement == "ray" or (cfg.explorer.placement == "auto" and cfg.trainer.engine == "verl")
-    )
-    return cfg.trainer.engine == "verl" or remote_explorer
+    return (cfg.mode != "explore" and cfg.trainer.engine == "verl") or remote_explorer(stage)
 
 
 def start_ray_for(stage: Any, engines: int) -> bool:
@@ -247,20 +256,26 @@ def _train_batch_size(stage: Any) -> int:
     return cfg.buffer.train_batch_size or cfg.explorer.batch_size * cfg.explorer.group_size
 
 
-def build_online_context(stage: Any) -> StageContext:
-    """Validate data, then build engines, buffer and strategy for an online stage, and resume."""
+def build_online_context(stage: Any, role: str = "both") -> StageContext:
+    """Validate data, then build engines, buffer and strategy for an online stage, and resume.
+
+    ``role``: "both" (one process), "explore" (the explorer alone: no train engines) or
+    "train" (the trainer alone: no explorer, no task data). An explorer process logs to
+    ``<run_dir>/explorer`` and keeps its own position there (:mod:`.split`).
+    """
     from trinity_like.models.resolve import load_tokenizer, resolve_model_path
     from trinity_like.pipeline.explorer_actor import ExplorerWorker, RemoteExplorer
 
+    explores, trains = role in ("both", "explore"), role in ("both", "train")
     cfg = stage.config
     seed_everything(cfg.seed)
     # Data first: a bad data file fails before the run directory is touched.
-    tasks = task_set(cfg.buffer.tasks, "buffer.tasks", train=True)
-    eval_tasks = list(task_set(cfg.buffer.eval_tasks, "buffer.eval_tasks", train=False)) if cfg.buffer.eval_tasks else None
+    tasks = task_set(cfg.buffer.tasks, "buffer.tasks", train=True) if explores else None
+    eval_tasks = list(task_set(cfg.buffer.eval_tasks, "buffer.eval_tasks", train=False)) if cfg.buffer.eval_tasks and explores else None
     model_path = resolve_model_path(cfg.model.path)
     tokenizer = load_tokenizer(model_path)
     max_tokens = cfg.model.max_prompt_tokens + cfg.model.max_response_tokens
-    expert = expert_set(cfg.buffer.expert_data, tokenizer, max_tokens=max_tokens) if cfg.buffer.expert_data else None
+    expert = expert_set(cfg.buffer.expert_data, tokenizer, max_tokens=max_tokens) if cfg.buffer.expert_data and trains else None
 
     run_dir = Path(cfg.run_dir())
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -268,35 +283,36 @@ def build_online_context(stage: Any) -> StageContext:
     ctx = StageContext(
         stage=stage, run_dir=run_dir, model_path=model_path, tokenizer=tokenizer,
         pad_id=int(tokenizer.pad_token_id), checkpoints=CheckpointManager(run_dir, cfg.checkpoint.keep_last),
-        logger=MetricsLogger(str(run_dir), cfg.monitor.backends, total_steps=cfg.trainer.total_steps, start_step=0,
-                             progress=cfg.monitor.progress, desc=cfg.name),
+        logger=MetricsLogger(str(run_dir if trains else run_dir / "explorer"), cfg.monitor.backends,
+                             total_steps=cfg.trainer.total_steps, start_step=0, progress=cfg.monitor.progress,
+                             desc=cfg.name if trains else f"{cfg.name} explorer"),
     )
     try:
         ctx.tasks, ctx.eval_tasks, ctx.expert = tasks, eval_tasks, expert
         ctx.storage = open_storage(cfg.buffer.experience.storage, cfg.buffer.experience.args, run_dir=run_dir)
-        strat = stage.components["sample_strategy"]
-        ctx.strategy = SAMPLE_STRATEGY.get(strat.name)(params=strat.params)
-        ctx.objective = objective_from_stage(stage, on_policy=is_on_policy(stage))
-        ctx.batch_needs = frozenset(stage.needs | ctx.objective.inputs_needed())
-        ctx.train_batch_size = _train_batch_size(stage)
-        engines = 1 + ("ref_logprob" in ctx.batch_needs) + bool(stage.algorithm.use_critic)
+        if trains:
+            strat = stage.components["sample_strategy"]
+            ctx.strategy = SAMPLE_STRATEGY.get(strat.name)(params=strat.params)
+            ctx.objective = objective_from_stage(stage, on_policy=is_on_policy(stage))
+            ctx.batch_needs = frozenset(stage.needs | ctx.objective.inputs_needed())
+            ctx.train_batch_size = _train_batch_size(stage)
+        engines = (1 + ("ref_logprob" in ctx.batch_needs) + bool(stage.algorithm.use_critic)) if trains else 0
         ctx.owns_ray = start_ray_for(stage, engines)
-        ctx.actor = make_engine(stage, str(model_path))
-        if "ref_logprob" in ctx.batch_needs:
-            ctx.reference = make_engine(stage, str(model_path), forward_only=True)
-        if stage.algorithm.use_critic:
-            critic_path = str(resolve_model_path(cfg.model.critic_path)) if cfg.model.critic_path else str(model_path)
-            ctx.critic = make_engine(stage, critic_path, kind="value", critic=True)
-            vl = stage.components.get("value_loss")
-            if vl is None:
-                raise TrinityError(f"algorithm {cfg.algorithm.type!r} uses a critic but names no value_loss")
-            ctx.value_objective = Objective(policy_loss=ComponentSpec("POLICY_LOSS_FN", vl.name, vl.params))
-        remote = cfg.explorer.placement == "ray" or (cfg.explorer.placement == "auto" and cfg.trainer.engine == "verl")
-        if remote:
-            ctx.explorer = RemoteExplorer(cfg, str(model_path))
-        else:
-            ctx.explorer = ExplorerWorker(cfg, str(model_path))
-        ctx.resume()
+        if trains:
+            ctx.actor = make_engine(stage, str(model_path))
+            if "ref_logprob" in ctx.batch_needs:
+                ctx.reference = make_engine(stage, str(model_path), forward_only=True)
+            if stage.algorithm.use_critic:
+                critic_path = str(resolve_model_path(cfg.model.critic_path)) if cfg.model.critic_path else str(model_path)
+                ctx.critic = make_engine(stage, critic_path, kind="value", critic=True)
+                vl = stage.components.get("value_loss")
+                if vl is None:
+                    raise TrinityError(f"algorithm {cfg.algorithm.type!r} uses a critic but names no value_loss")
+                ctx.value_objective = Objective(policy_loss=ComponentSpec("POLICY_LOSS_FN", vl.name, vl.params))
+        if explores:
+            ctx.explorer = RemoteExplorer(cfg, str(model_path)) if remote_explorer(stage) else ExplorerWorker(cfg, str(model_path))
+        if trains:
+            ctx.resume()
     except BaseException:
         ctx.close()
         raise

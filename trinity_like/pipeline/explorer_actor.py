@@ -3,7 +3,7 @@
 The driver keeps the task order (its position is checkpointed) and sends each step's
 tasks; the actor samples, scores and returns experiences. Weights arrive through Ray's
 object store (``ray.put`` once per sync, shared by reference) or, with
-``synchronizer.method: checkpoint``, as the folder of the latest checkpoint.
+``synchronizer.method: checkpoint``, as a folder of the weight channel (:mod:`.sync`).
 
 A crashed actor (OOM, a reward function that kills its process, a lost node) is restarted
 by Ray (``max_restarts``); :class:`RemoteExplorer` then re-sends the latest weights and

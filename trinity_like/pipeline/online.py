@@ -71,6 +71,73 @@ def train_on_batch(ctx: StageContext, batch: dict[str, torch.Tensor], timer: Pha
     return metrics
 
 
+def learn(ctx: StageContext, step: int, timer: PhaseTimer) -> tuple[dict[str, float], dict[str, torch.Tensor] | None]:
+    """The trainer's half of a step: sample a batch from the buffer and take one optimiser step on it.
+
+    Returns the metrics and the batch trained on (None when dynamic sampling left nothing).
+    """
+    cfg = ctx.stage.config
+    metrics: dict[str, float] = {}
+    with timer("sample"):
+        rows = ctx.strategy.sample(
+            experiences=ctx.storage, batch_size=ctx.train_batch_size, model_version=ctx.model_version,
+            expert=ctx.expert,
+        )
+    if not rows:
+        raise TrinityError(f"step {step}: the buffer gave no experiences (explorer produced none?)")
+    batch = experience_batch(rows, ctx.pad_id)
+    staleness = (ctx.model_version - batch["model_version"]).float()
+    metrics.update({"staleness/mean": float(staleness.mean()), "staleness/max": float(staleness.max())})
+    metrics.update({"reward/mean": float(batch["rewards"].mean()), "reward/std": float(batch["rewards"].std(unbiased=False))})
+    metrics.update(_response_stats(batch))
+    if ctx.stage.dynamic_sampling:
+        batch, dropped = drop_uninformative_groups(batch)
+        metrics["dynamic_sampling/dropped_rows"] = float(dropped)
+    if batch is None:
+        metrics["skipped/no_signal"] = 1.0
+    else:
+        try:
+            metrics.update(train_on_batch(ctx, batch, timer))
+            ctx.nan_streak = 0
+        except FloatingPointError as exc:
+            ctx.nan_streak += 1
+            metrics["skipped/nan_loss"] = 1.0
+            ctx.logger.write(f"step {step}: {exc}; step skipped ({ctx.nan_streak} in a row)")
+            if ctx.nan_streak > cfg.trainer.max_nan_steps:
+                raise TrinityError(
+                    f"step {step}: {ctx.nan_streak} non-finite losses in a row (trainer.max_nan_steps="
+                    f"{cfg.trainer.max_nan_steps}); stopping with the weights of the last good step"
+                ) from None
+    ctx.model_version = step
+    return metrics, batch
+
+
+def end_step(ctx: StageContext, step: int, timer: PhaseTimer, t0: float, metrics: dict[str, float],
+             batch: dict[str, torch.Tensor] | None) -> None:
+    """Sync weights, evaluate, checkpoint and log the end of ``step``.
+
+    Weights go out every ``synchronizer.interval`` steps, and at the last step when an
+    explorer process waits for them (``train`` mode) to evaluate the final model.
+    """
+    cfg = ctx.stage.config
+    total = cfg.trainer.total_steps
+    if step % cfg.synchronizer.interval == 0 or (step == total and cfg.mode == "train"):
+        with timer("sync"):
+            ctx.sync_weights(step)
+    if cfg.monitor.eval_interval and step % cfg.monitor.eval_interval == 0 and step != total and ctx.eval_tasks:
+        with timer("eval"):
+            metrics.update(ctx.evaluate())
+    if step % cfg.checkpoint.interval == 0 or step == total:
+        with timer("checkpoint"):
+            ctx.checkpoint(step)
+    metrics.update(timer.metrics())
+    metrics["time/step"] = time.perf_counter() - t0
+    tokens = float((batch["attention_mask"].sum()) if batch is not None else 0.0)
+    metrics["throughput/tokens_per_s"] = tokens / max(metrics["time/step"], 1e-9)
+    ctx.log(step, metrics)
+    ctx.logger.advance()
+
+
 def run_online(ctx: StageContext) -> dict[str, float]:
     """Train ``ctx.stage`` from ``ctx.start_step`` to ``trainer.total_steps``; returns the last metrics."""
     cfg = ctx.stage.config
@@ -80,7 +147,6 @@ def run_online(ctx: StageContext) -> dict[str, float]:
     if cfg.monitor.eval_at_start and ctx.eval_tasks is not None and ctx.start_step == 0:
         ctx.log(0, ctx.evaluate())
     pending: list[list[Any]] = []  # explored batches waiting for the trainer (off-policy window)
-    nan_streak = 0
     for step in range(ctx.start_step + 1, total + 1):
         timer = PhaseTimer()
         t0 = time.perf_counter()
@@ -94,59 +160,30 @@ def run_online(ctx: StageContext) -> dict[str, float]:
                 ctx.storage.put(rows)
             pending.append(rows)
         pending.pop(0)
-        # -- sample a training batch from the buffer ------------------------------------------
-        with timer("sample"):
-            rows = ctx.strategy.sample(
-                experiences=ctx.storage, batch_size=ctx.train_batch_size, model_version=ctx.model_version,
-                expert=ctx.expert,
-            )
-        if not rows:
-            raise TrinityError(f"step {step}: the buffer gave no experiences (explorer produced none?)")
-        batch = experience_batch(rows, ctx.pad_id)
-        staleness = (ctx.model_version - batch["model_version"]).float()
-        metrics.update({"staleness/mean": float(staleness.mean()), "staleness/max": float(staleness.max())})
-        metrics.update({"reward/mean": float(batch["rewards"].mean()), "reward/std": float(batch["rewards"].std(unbiased=False))})
-        metrics.update(_response_stats(batch))
-        if ctx.stage.dynamic_sampling:
-            batch, dropped = drop_uninformative_groups(batch)
-            metrics["dynamic_sampling/dropped_rows"] = float(dropped)
-        # -- train ----------------------------------------------------------------------
-        if batch is None:
-            metrics["skipped/no_signal"] = 1.0
-        else:
-            try:
-                metrics.update(train_on_batch(ctx, batch, timer))
-                nan_streak = 0
-            except FloatingPointError as exc:
-                nan_streak += 1
-                metrics["skipped/nan_loss"] = 1.0
-                ctx.logger.write(f"step {step}: {exc}; step skipped ({nan_streak} in a row)")
-                if nan_streak > cfg.trainer.max_nan_steps:
-                    raise TrinityError(
-                        f"step {step}: {nan_streak} non-finite losses in a row (trainer.max_nan_steps="
-                        f"{cfg.trainer.max_nan_steps}); stopping with the weights of the last good step"
-                    ) from None
-        ctx.model_version = step
-        # -- sync weights to the explorer -------------------------------------------------------
-        if step % cfg.synchronizer.interval == 0:
-            with timer("sync"):
-                ctx.sync_weights(step)
-        # -- evaluate, checkpoint, log ----------------------------------------------------------
-        if cfg.monitor.eval_interval and step % cfg.monitor.eval_interval == 0 and step != total:
-            with timer("eval"):
-                metrics.update(ctx.evaluate())
-        if step % cfg.checkpoint.interval == 0 or step == total:
-            with timer("checkpoint"):
-                ctx.checkpoint(step)
-        metrics.update(timer.metrics())
-        metrics["time/step"] = time.perf_counter() - t0
-        tokens = float((batch["attention_mask"].sum()) if batch is not None else 0.0)
-        metrics["throughput/tokens_per_s"] = tokens / max(metrics["time/step"], 1e-9)
-        ctx.log(step, metrics)
-        ctx.logger.advance()
+        # -- sample a batch, train, sync, checkpoint, log -------------------------------------
+        learned, batch = learn(ctx, step, timer)
+        metrics.update(learned)
+        end_step(ctx, step, timer, t0, metrics, batch)
         last = metrics
     if ctx.eval_tasks is not None:
         final = ctx.evaluate()
         ctx.log(total, final)
         last.update(final)
+    return last
+
+
+def run_train(ctx: StageContext) -> dict[str, float]:
+    """``train`` mode: the trainer alone, fed by an explorer process through the shared buffer.
+
+    Weights are published to ``<run_dir>/sync`` for the explorer (:mod:`.sync`); a claim
+    waits until the explorer has written a full batch.
+    """
+    total = ctx.stage.config.trainer.total_steps
+    last: dict[str, float] = {}
+    for step in range(ctx.start_step + 1, total + 1):
+        timer = PhaseTimer()
+        t0 = time.perf_counter()
+        metrics, batch = learn(ctx, step, timer)
+        end_step(ctx, step, timer, t0, metrics, batch)
+        last = metrics
     return last
