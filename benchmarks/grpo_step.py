@@ -16,7 +16,9 @@ Contenders:
   single-step entry point). The step time is the loop's own ``time/step`` and the phases
   its ``time/*`` metrics (rollout, buffer_write, sample, advantage, update, sync), with
   ``update`` split into forward_backward / optim_step and ``sync`` into gather
-  (``state_dict``) / transfer by timing wrappers on the engine object.
+  (``state_dict``, or for verl ``state_dict_ref``: gathered and put in Ray's object store by
+  rank 0) / transfer (the explorer fetching and loading them) by timing wrappers on the
+  engine object.
 - ``trl``: ``trl.GRPOTrainer`` (``use_cpu=True``), timed from ``on_step_begin`` to
   ``on_step_end``; ``model.generate`` and ``_generate_and_score_completions`` are wrapped
   to split generation / scoring from the training pass.
@@ -129,6 +131,8 @@ class Ours:
         actor.forward_backward = timed(actor.forward_backward, self.extra, "time/update.forward_backward")
         actor.optim_step = timed(actor.optim_step, self.extra, "time/update.optim_step")
         actor.state_dict = timed(actor.state_dict, self.extra, "time/sync.gather")
+        if hasattr(actor, "state_dict_ref"):  # verl: rank 0 puts the weights in the object store
+            actor.state_dict_ref = timed(actor.state_dict_ref, self.extra, "time/sync.gather")
         self.step_no = 0
         self.overrides = overrides
 

@@ -185,8 +185,22 @@ def test_update_weights_bumps_version_and_changes_outputs(tiny, prompts):
     assert after.model_version == 1
     assert after.token_ids == naive_greedy(other, prompts[0], 8, set())
     assert engine.update_weights(other.state_dict(), version=7) == 7
-    with pytest.raises(RuntimeError):
-        engine.update_weights({"nope": torch.zeros(1)})
+    with pytest.raises(TrinityError, match="unexpected"):
+        engine.update_weights({**other.state_dict(), "nope": torch.zeros(1)})
+    partial = {k: v for k, v in other.state_dict().items() if k != "model.norm.weight"}
+    with pytest.raises(TrinityError, match="model.norm.weight"):
+        engine.update_weights(partial)
+
+
+def test_update_weights_without_the_tied_output_embedding(tiny, prompts):
+    """The trainer may leave out lm_head.weight when it is the input embedding: it follows."""
+    _, tok = tiny
+    other, _ = build_tiny_model(seed=1)
+    assert other.config.tie_word_embeddings
+    engine = RolloutEngine(build_tiny_model(seed=0)[0], tok)
+    engine.update_weights({k: v.clone() for k, v in other.state_dict().items() if k != "lm_head.weight"})
+    sp = SamplingParams(greedy=True, max_new_tokens=8, stop_token_ids=())
+    assert engine.generate(prompts[:1], sp)[0][0].token_ids == naive_greedy(other, prompts[0], 8, set())
 
 
 def test_bad_params_are_errors():

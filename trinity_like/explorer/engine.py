@@ -178,11 +178,23 @@ class RolloutEngine:
         by one. ``strict=False`` accepts a partial update (e.g. only the trained layers).
         """
         with torch.no_grad():
-            result = self.model.load_state_dict(dict(state_dict), strict=strict)
-        if strict and (result.missing_keys or result.unexpected_keys):
-            raise TrinityError(f"update_weights: missing {result.missing_keys}, unexpected {result.unexpected_keys}")
+            result = self.model.load_state_dict(dict(state_dict), strict=False)
+        missing = set(result.missing_keys) - self._tied_keys()  # a tied copy follows its source
+        if strict and (missing or result.unexpected_keys):
+            raise TrinityError(f"update_weights: missing {sorted(missing)}, unexpected {result.unexpected_keys}")
         self.model_version = self.model_version + 1 if version is None else int(version)
         return self.model_version
+
+    def _tied_keys(self) -> set[str]:
+        """State-dict names that share their storage with an earlier name (tied embeddings)."""
+        seen: set[int] = set()
+        tied = set()
+        for name, tensor in self.model.state_dict(keep_vars=True).items():
+            ptr = tensor.data_ptr()
+            if ptr in seen:
+                tied.add(name)
+            seen.add(ptr)
+        return tied
 
     # -- public entry points ------------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Sample]]:

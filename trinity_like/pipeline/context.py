@@ -133,7 +133,14 @@ class StageContext:
         explorer process to pick up.
         """
         if self.stage.config.sync_method() == "memory":
-            if self.explorer is not None:
+            if self.explorer is None:
+                return
+            from trinity_like.pipeline.explorer_actor import RemoteExplorer
+
+            if hasattr(self.actor, "state_dict_ref") and isinstance(self.explorer, RemoteExplorer):
+                # verl workers -> explorer actor through the object store, skipping the driver
+                self.explorer.update_weights(self.actor.state_dict_ref(), version)
+            else:
                 self.explorer.update_weights(self.actor.state_dict(), version)
             return
         folder = WeightChannel(self.run_dir).publish(version, self._save_weights)

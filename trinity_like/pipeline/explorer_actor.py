@@ -109,8 +109,9 @@ class RemoteExplorer:
     def run(self, tasks: list, sampling: Any, evaluation: bool = False) -> Any:
         return self._call("run", tasks, sampling, evaluation)
 
-    def update_weights(self, state_dict: dict, version: int) -> None:
-        ref = ray.put(state_dict)
+    def update_weights(self, state_dict: dict | ray.ObjectRef, version: int) -> None:
+        """New weights: a state dict, or a reference to one already in the object store."""
+        ref = state_dict if isinstance(state_dict, ray.ObjectRef) else ray.put(state_dict)
         self._weights = ("memory", ref, version)
         self._call("update_weights", ref, version)
 

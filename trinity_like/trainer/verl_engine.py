@@ -31,6 +31,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import ray
 import torch
@@ -263,6 +264,12 @@ class VerlEngine:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Full weights gathered from the shards, on the driver's CPU."""
         return self.group.trinity_state_dict()[0]
+
+    def state_dict_ref(self) -> Any:
+        """A Ray reference to the full weights, put in the object store by rank 0: for a
+        reader in another Ray process (the explorer actor), without a trip through the
+        driver. A tied output embedding is left out (the reader's model ties it)."""
+        return self.group.trinity_state_ref()[0][0]
 
     def save(self, path: str) -> None:
         self.group.trinity_save(str(Path(path).resolve()))

@@ -197,18 +197,36 @@ class TrinityVerlWorker(TinkerTrainingWorker):
         return {k: v.float().cpu() for k, v in model_outputs_to_padded(out["model_output"], td).items()}
 
     # -- weights and checkpoints ---------------------------------------------------
-    def _full_state(self) -> dict[str, torch.Tensor]:
-        """Unsharded weights (a collective: every rank must call it)."""
+    def _full_state(self, keep: bool = True, skip_tied: bool = False) -> dict[str, torch.Tensor]:
+        """Unsharded weights (a collective: every rank must call it); ``keep=False`` on the
+        ranks that only take part in the gathers. ``skip_tied`` leaves out the output
+        embedding when it is the input embedding (a reader re-ties it)."""
+        tied = skip_tied and getattr(self.model_config.hf_config, "tie_word_embeddings", False)
         full = {}
         for name, param in self.engine.module.state_dict().items():
-            full[name] = (param.full_tensor() if isinstance(param, DTensor) else param).detach().cpu().clone()
+            if isinstance(param, DTensor):
+                value = param.full_tensor().detach()  # a fresh tensor: no copy needed
+            else:
+                value = param.detach().cpu().clone() if keep else None
+            if keep and not (tied and name == "lm_head.weight"):
+                full[name] = value.cpu()
         return full
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def trinity_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Full weights, returned by rank 0 only (the others return None to spare the transfer)."""
-        full = self._full_state()
+        full = self._full_state(keep=self.rank == 0)
         return full if self.rank == 0 else None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def trinity_state_ref(self) -> list | None:
+        """Rank 0 puts the full weights (tied output embedding left out) in Ray's object
+        store and returns ``[ref]``: a reader fetches them straight from there, never
+        through the driver. (Wrapped in a list so Ray hands back the reference itself.)"""
+        import ray
+
+        full = self._full_state(keep=self.rank == 0, skip_tied=True)
+        return [ray.put(full)] if self.rank == 0 else None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def trinity_save(self, path: str) -> None:
