@@ -7,6 +7,14 @@
 - :mod:`.tasks` -- the seeded arithmetic generator and the reasoning-gym adapter.
 """
 
-from trinity_like.explorer.engine import EngineParams, Request, RolloutEngine, Sample, SamplingParams
-
 __all__ = ["EngineParams", "Request", "RolloutEngine", "Sample", "SamplingParams"]
+
+
+def __getattr__(name: str) -> object:
+    # The engine imports transformers (seconds): loaded when first used, not when a
+    # registry only needs the workflow and reward names (`trinity-like list`, validate).
+    if name in __all__:
+        from trinity_like.explorer import engine
+
+        return getattr(engine, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

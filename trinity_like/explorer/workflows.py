@@ -22,14 +22,16 @@ import statistics
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Experience, Task
-from trinity_like.explorer.engine import RolloutEngine, SamplingParams
 from trinity_like.explorer.rewards import build_reward_fn, score_with_retries
 from trinity_like.models.resolve import render_prompt
 from trinity_like.registry import WORKFLOW
+
+if TYPE_CHECKING:  # the engine imports transformers: only when a workflow runs
+    from trinity_like.explorer.engine import RolloutEngine, SamplingParams
 
 
 @dataclass(frozen=True)
