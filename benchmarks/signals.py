@@ -171,6 +171,7 @@ def main() -> None:
     parser.add_argument("--engine", default="local", choices=["local", "verl"])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="tiny-random: a smoke run of this script")
     parser.add_argument("--run-root", default=str(ROOT / "runs" / "signals"))
+    parser.add_argument("--out", help="results file stem in benchmarks/results (default: signals)")
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -182,7 +183,7 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--only: unknown recipe(s) {sorted(unknown)}; known: {[r.name for r in RECIPES]}")
     results = []
-    stem = "signals" if args.model == "smollm2-135m-instruct" else f"signals_{args.model}"
+    stem = args.out or ("signals" if args.model == "smollm2-135m-instruct" else f"signals_{args.model}")
     out_json = RESULTS / f"{stem}.json"
     previous = {r["recipe"]: r for r in json.loads(out_json.read_text())} if out_json.exists() and args.only else {}
     for recipe in chosen:
