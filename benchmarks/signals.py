@@ -125,9 +125,7 @@ def run_recipe(recipe: Recipe, args: argparse.Namespace, run_root: Path, log_dir
     if proc.returncode != 0:
         raise SystemExit(f"{recipe.name}: exit {proc.returncode}; see {log_dir / (recipe.name + '.log')}")
     base = run_root / recipe.name
-    run_dirs = sorted(p.parent for p in base.rglob("metrics.jsonl")) if not (base / "metrics.jsonl").exists() else [base]
-    if recipe.name == "sft_then_grpo":
-        run_dirs = [base / "sft", base / "grpo"]
+    run_dirs = [base / "sft", base / "grpo"] if recipe.name == "sft_then_grpo" else [base]  # its two stages
     return run_dirs, wall, ["trinity-like run --config", f"examples/{recipe.name}.yaml", *overrides]
 
 

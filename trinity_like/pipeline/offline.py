@@ -146,7 +146,7 @@ def run_offline(stage: Any) -> dict[str, float]:
             ctx.explorer = ExplorerWorker(cfg, str(model_path))
             ctx.eval_tasks = eval_tasks
             if ctx.start_step > 0:
-                ctx.sync_weights(ctx.start_step)
+                ctx.explorer.update_weights(ctx.actor.state_dict(), ctx.start_step)  # in-process: no file channel
         if cfg.monitor.eval_at_start and (eval_rows or eval_tasks) and ctx.start_step == 0:
             ctx.log(0, {**evaluate_offline(ctx, eval_rows, cache), **ctx.evaluate()})
         for step in range(ctx.start_step + 1, cfg.trainer.total_steps + 1):
@@ -181,7 +181,7 @@ def run_offline(stage: Any) -> dict[str, float]:
             last = metrics
         if eval_rows or eval_tasks:
             if eval_tasks is not None:
-                ctx.sync_weights(cfg.trainer.total_steps)
+                ctx.explorer.update_weights(ctx.actor.state_dict(), cfg.trainer.total_steps)  # in-process: no file channel
             final = {**evaluate_offline(ctx, eval_rows, cache), **ctx.evaluate()}
             ctx.log(cfg.trainer.total_steps, final)
             last.update(final)
