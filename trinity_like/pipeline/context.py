@@ -315,7 +315,9 @@ def build_online_context(stage: Any, role: str = "both") -> StageContext:
                 vl = stage.components.get("value_loss")
                 if vl is None:
                     raise TrinityError(f"algorithm {cfg.algorithm.type!r} uses a critic but names no value_loss")
-                ctx.value_objective = Objective(policy_loss=ComponentSpec("POLICY_LOSS_FN", vl.name, vl.params))
+                ctx.value_objective = Objective(
+                    policy_loss=ComponentSpec("POLICY_LOSS_FN", vl.name, vl.params), loss_metric="value_loss"
+                )
         if explores:
             ctx.explorer = RemoteExplorer(cfg, str(model_path)) if remote_explorer(stage) else ExplorerWorker(cfg, str(model_path))
         if trains:

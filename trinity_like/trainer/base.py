@@ -129,7 +129,7 @@ def micro_batches(batch: Batch, micro_batch_size: int) -> list[Batch]:
 # Metrics that are each micro-batch's share of a whole-batch total (the objective divides by
 # the whole batch's normaliser): summed over micro-batches and workers. Every other metric is
 # a micro-batch mean (clip fraction, KL, margins) and is averaged.
-SUMMED_METRICS = frozenset({"policy_loss", "nonfinite_loss"})
+SUMMED_METRICS = frozenset({"policy_loss", "value_loss", "nonfinite_loss"})
 
 
 def mean_metrics(per_micro: list[dict[str, float]]) -> dict[str, float]:

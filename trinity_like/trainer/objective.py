@@ -51,6 +51,7 @@ class Objective:
     kl_loss: ComponentSpec | None = None
     entropy_loss: ComponentSpec | None = None
     on_policy: bool = False
+    loss_metric: str = "policy_loss"  # the name its main term is reported under ("value_loss" for a critic)
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
     def _fn(self, spec: ComponentSpec) -> Any:
@@ -97,7 +98,7 @@ class Objective:
             inputs["old_logprob"] = outputs["logprob"].detach()
         loss, metrics = call_component(self._fn(self.policy_loss), inputs, self.policy_loss.params)
         metrics = dict(metrics)
-        metrics["policy_loss"] = float(loss.detach())
+        metrics[self.loss_metric] = float(loss.detach())
         if "rollout_logprob" in inputs and "logprob" in outputs:
             # The sampler's logprobs of its own tokens vs the trainer's: ~0 when the layouts,
             # weights and temperature agree; a drift here means off-policy data or a bug.
