@@ -133,16 +133,16 @@ def fmt(x: float) -> str:
     return f"{x:.3f}"
 
 
-def markdown(results: list[dict], argv: list[str], args: argparse.Namespace) -> str:
+def markdown(results: list[dict], args: argparse.Namespace) -> str:
     lines = [
         f"# Learning signals of every recipe on {args.model}",
         "",
-        f"Command: `python benchmarks/signals.py {' '.join(argv)}`".replace(" `", " `").rstrip(),
+        "Command: `python benchmarks/signals.py` (a row re-measured on its own names its command in the last column).",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, torch threads per process as the recipe sets them.",
         "",
-        "| recipe | signal | start | end | right way | held-out answer accuracy start -> end | wall |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| recipe | signal | start | end | right way | held-out answer accuracy start -> end | wall | measured |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         acc = "-"
@@ -155,7 +155,8 @@ def markdown(results: list[dict], argv: list[str], args: argparse.Namespace) -> 
             signal += f" (preference accuracy {fmt(p0)} -> {fmt(p1)})"
         lines.append(
             f"| {r['recipe']} | {signal} | {fmt(r['start'])} | {fmt(r['end'])} | "
-            f"{'yes' if r['moved_right_way'] else '**no**'} | {acc} | {r['wall_s'] / 60:.1f} min |"
+            f"{'yes' if r['moved_right_way'] else '**no**'} | {acc} | {r['wall_s'] / 60:.1f} min | "
+            f"{r.get('date', '')} {'`' + r['by'] + '`' if r.get('by') else ''} |"
         )
     lines += ["", "Each recipe's own command (as run):", ""]
     lines += [f"- `{' '.join(r['command'])}`" for r in results]
@@ -187,14 +188,15 @@ def main() -> None:
     for recipe in chosen:
         print(f"{recipe.name}: running", flush=True)
         run_dirs, wall, command = run_recipe(recipe, args, run_root, log_dir)
-        result = {**summarize(recipe, run_dirs), "wall_s": wall, "command": command}
+        result = {**summarize(recipe, run_dirs), "wall_s": wall, "command": command,
+                  "date": time.strftime("%Y-%m-%d"), "by": " ".join(["python benchmarks/signals.py", *sys.argv[1:]])}
         print(f"{recipe.name}: {result['signal']} {fmt(result['start'])} -> {fmt(result['end'])} "
               f"accuracy {result.get('accuracy')} ({wall / 60:.1f} min)", flush=True)
         previous[recipe.name] = result
         results = [previous[r.name] for r in RECIPES if r.name in previous]
         RESULTS.mkdir(parents=True, exist_ok=True)
         out_json.write_text(json.dumps(results, indent=1))
-        (RESULTS / f"{stem}.md").write_text(markdown(results, sys.argv[1:], args))
+        (RESULTS / f"{stem}.md").write_text(markdown(results, args))
 
 
 if __name__ == "__main__":

@@ -114,3 +114,16 @@ def test_engine_reports_whole_batch_policy_loss_over_micro_batches(tmp_path):
     whole = LocalEngine(ModelParams(path=path, micro_batch_size=B), OptimParams(lr=0.0)).forward_backward(batch, obj)
     assert abs(split["policy_loss"] - whole["policy_loss"]) < 1e-5
     assert abs(split["policy_loss"] - split["loss"]) < 1e-6
+
+
+def test_rollout_stats_leave_the_expert_rows_of_a_mix_batch_out():
+    from trinity_like.pipeline.online import rollout_stats
+
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 1]])
+    batch = {"rewards": torch.tensor([1.0, 0.0, 0.0, 0.0]), "response_mask": mask,
+             "is_expert": torch.tensor([False, False, True, True])}
+    got = rollout_stats(batch)
+    assert got == {"expert_rows": 2.0, "reward/mean": 0.5, "reward/std": 0.5,
+                   "response_length/mean": 1.5, "response_length/max": 2.0}
+    batch["is_expert"][:] = False
+    assert "expert_rows" not in rollout_stats(batch) and rollout_stats(batch)["reward/mean"] == 0.25

@@ -34,9 +34,23 @@ from trinity_like.pipeline.context import StageContext
 from trinity_like.pipeline.metrics import PhaseTimer
 
 
-def _response_stats(batch: dict[str, torch.Tensor]) -> dict[str, float]:
-    lengths = (batch["response_mask"] > 0).sum(-1).float()
-    return {"response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max())}
+def rollout_stats(batch: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Reward and response length of the rows the explorer sampled.
+
+    A MIX batch also holds expert rows: their reward (0) and length say nothing about the
+    policy, so they are left out and counted under ``expert_rows``.
+    """
+    sampled = ~batch["is_expert"].bool()
+    out = {"expert_rows": float((~sampled).sum())} if not sampled.all() else {}
+    if not sampled.any():
+        return out
+    rewards = batch["rewards"][sampled].float()
+    lengths = (batch["response_mask"][sampled] > 0).sum(-1).float()
+    return {
+        **out,
+        "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std(unbiased=False)),
+        "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
+    }
 
 
 def train_on_batch(ctx: StageContext, batch: dict[str, torch.Tensor], timer: PhaseTimer) -> dict[str, float]:
@@ -88,8 +102,7 @@ def learn(ctx: StageContext, step: int, timer: PhaseTimer) -> tuple[dict[str, fl
     batch = experience_batch(rows, ctx.pad_id)
     staleness = (ctx.model_version - batch["model_version"]).float()
     metrics.update({"staleness/mean": float(staleness.mean()), "staleness/max": float(staleness.max())})
-    metrics.update({"reward/mean": float(batch["rewards"].mean()), "reward/std": float(batch["rewards"].std(unbiased=False))})
-    metrics.update(_response_stats(batch))
+    metrics.update(rollout_stats(batch))
     if ctx.stage.dynamic_sampling:
         batch, dropped = drop_uninformative_groups(batch)
         metrics["dynamic_sampling/dropped_rows"] = float(dropped)
