@@ -58,6 +58,7 @@ RECIPES = [
     Recipe("mix", "rl"),
     Recipe("sft", "sft"),
     Recipe("dpo", "dpo"),
+    Recipe("dpo_self_pairs", "dpo"),
     Recipe("rm", "rm"),
     Recipe("grpo_with_rm", "rl", ("explorer.reward_args.path={run_root}/rm",)),
     Recipe("sft_then_grpo", "rl"),  # stages set their own step counts (10 + 10)
@@ -96,6 +97,9 @@ def summarize(recipe: Recipe, run_dirs: list[Path]) -> dict:
         out["signal"] = "held-out reward margin"
         out["start"], out["end"] = first_last(rows, "eval/reward_margin")
         out["preference_accuracy"] = first_last(rows, "eval/reward_accuracy")
+        built = next((r for r in rows if "self_pairs/train_data/pairs" in r), None)
+        if built:  # pairs sampled from the model: how many problems it got wrong at least once
+            out["self_pairs"] = {k.split("/", 1)[1]: v for k, v in built.items() if k.startswith("self_pairs/")}
     elif recipe.kind == "rm":
         out["signal"] = "held-out pairwise accuracy"
         out["start"], out["end"] = first_last(rows, "eval/accuracy")

@@ -58,6 +58,9 @@ def _quiet_libraries() -> None:
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+    import datasets
+
+    datasets.disable_progress_bars()  # "Generating train split" for every new data file
 
 
 def run_plan(plan: RunPlan) -> int:

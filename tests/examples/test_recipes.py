@@ -26,6 +26,10 @@ def tiny_overrides(recipe: str, plan_cfg) -> list[str]:
         out += ["buffer.eval_tasks.size=4"]
     if raw.buffer.train_batch_size:
         out += ["buffer.train_batch_size=4"]
+    for key in ("train_data", "eval_data"):
+        ds = getattr(raw.buffer, key)
+        if ds is not None and ds.pairs_from_samples:  # pairs sampled from the model: a few tasks
+            out += [f"buffer.{key}.size=6", f"buffer.{key}.pairs_from_samples=3"]
     return out
 
 

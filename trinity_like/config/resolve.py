@@ -318,6 +318,11 @@ def _check_sections(cfg: Config, algo: AlgorithmType, loc: _Locator) -> Any:
         if cfg.buffer.experience.storage != "sqlite":
             raise loc.error(("buffer", "experience", "storage"), f"mode {cfg.mode!r}: the explorer and trainer "
                             f"processes share the buffer; {cfg.buffer.experience.storage!r} cannot, use 'sqlite'")
+    for key in ("tasks", "eval_tasks", "expert_data", "train_data", "eval_data"):
+        ds = getattr(cfg.buffer, key)
+        if ds is not None and ds.pairs_from_samples is not None and (key not in ("train_data", "eval_data") or algo.schema != "pair"):
+            raise loc.error(("buffer", key, "pairs_from_samples"), "builds preference pairs from tasks: only for "
+                            "buffer.train_data / buffer.eval_data of a pair algorithm (dpo, rm)")
     if cfg.algorithm.sample_strategy.get("name") == "mix" and cfg.buffer.expert_data is None:
         raise loc.error(("buffer", "expert_data"), "the mix sample strategy needs buffer.expert_data")
     storage = _resolve_name(BUFFER_STORAGE, cfg.buffer.experience.storage, loc, ("buffer", "experience", "storage"))

@@ -52,6 +52,7 @@ class DatasetConfig(Section):
     shuffle: bool = True  # shuffle each epoch with `seed`
     seed: int = 0  # shuffling seed
     epochs: PosInt = 1  # passes over the data before it is exhausted (offline algorithms)
+    pairs_from_samples: PosInt | None = None  # tasks -> pairs: N samples per task, answer vs the model's commonest wrong one
 
     @model_validator(mode="after")
     def _one_source(self) -> DatasetConfig:

@@ -9,6 +9,10 @@ training set (resumable, seeded order), and:
   reference model is loaded only while uncached pairs remain, and never again on resume;
 - RM: a scalar head on the last non-pad token, Bradley-Terry loss on (chosen, rejected).
 
+Pair data can also come from the model itself: ``pairs_from_samples`` on a task source
+samples the starting model and pairs the reference answer with its most frequent wrong
+answer (:mod:`.self_pairs`), once per run directory.
+
 With ``buffer.eval_tasks`` set, an SFT or DPO stage also reports greedy held-out answer
 accuracy (``eval/accuracy``, as an online stage does) at the start and the end: the
 effect of the offline objective on the task itself, whichever way it goes.
@@ -29,6 +33,7 @@ from trinity_like.pipeline.context import StageContext, seed_everything, start_r
 from trinity_like.pipeline.data import offline_set, task_set
 from trinity_like.pipeline.engines import make_engine
 from trinity_like.pipeline.metrics import MetricsLogger, PhaseTimer
+from trinity_like.pipeline.self_pairs import build_self_pairs, source_tasks
 from trinity_like.trainer.objective import objective_from_stage
 
 
@@ -115,12 +120,33 @@ def run_offline(stage: Any) -> dict[str, float]:
     max_tokens = cfg.model.max_prompt_tokens + cfg.model.max_response_tokens
     schema = stage.algorithm.schema
     # Data first: a bad data file fails before the run directory is touched.
-    train = offline_set(cfg.buffer.train_data, tokenizer, schema=schema, max_tokens=max_tokens, epochs=None)
-    eval_rows = list(offline_set(cfg.buffer.eval_data, tokenizer, schema=schema, max_tokens=max_tokens, epochs=1)) if cfg.buffer.eval_data else []
+    sources = {"train_data": cfg.buffer.train_data, "eval_data": cfg.buffer.eval_data}
+    from_samples = {k: source_tasks(ds, f"buffer.{k}") for k, ds in sources.items() if ds is not None and ds.pairs_from_samples}
+    if not from_samples:
+        train = offline_set(sources["train_data"], tokenizer, schema=schema, max_tokens=max_tokens, epochs=None)
     eval_tasks = list(task_set(cfg.buffer.eval_tasks, "buffer.eval_tasks", train=False)) if cfg.buffer.eval_tasks else None
     run_dir = Path(cfg.run_dir())
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(cfg.model_dump_json(indent=1))
+    explorers: list[Any] = []  # the starting model's rollout engine, made when first needed
+
+    def explorer() -> Any:
+        if not explorers:
+            from trinity_like.pipeline.explorer_actor import ExplorerWorker
+
+            explorers.append(ExplorerWorker(cfg, str(model_path)))
+        return explorers[0]
+
+    pair_metrics: dict[str, float] = {}
+    for key, tasks in from_samples.items():  # pairs from the starting model's own wrong answers
+        sources[key], summary = build_self_pairs(stage, sources[key], f"buffer.{key}", tasks, run_dir / "self_pairs", explorer)
+        pair_metrics.update({f"self_pairs/{key}/{k}": float(v) for k, v in summary.items()})
+    if eval_tasks is None:
+        explorers.clear()  # sampling done: free the rollout model
+    if from_samples:
+        train = offline_set(sources["train_data"], tokenizer, schema=schema, max_tokens=max_tokens, epochs=None)
+    eval_data = sources["eval_data"]
+    eval_rows = list(offline_set(eval_data, tokenizer, schema=schema, max_tokens=max_tokens, epochs=1)) if eval_data else []
     ctx = StageContext(
         stage=stage, run_dir=run_dir, model_path=model_path, tokenizer=tokenizer, pad_id=int(tokenizer.pad_token_id),
         checkpoints=CheckpointManager(run_dir, cfg.checkpoint.keep_last),
@@ -141,14 +167,14 @@ def run_offline(stage: Any) -> dict[str, float]:
         cache = RefCache(run_dir / "ref_cache.safetensors") if "ref_logprob" in ctx.batch_needs else None
         last: dict[str, float] = {}
         if eval_tasks is not None:
-            from trinity_like.pipeline.explorer_actor import ExplorerWorker
-
-            ctx.explorer = ExplorerWorker(cfg, str(model_path))
+            ctx.explorer = explorer()
             ctx.eval_tasks = eval_tasks
             if ctx.start_step > 0:
                 ctx.explorer.update_weights(ctx.actor.state_dict(), ctx.start_step)  # in-process: no file channel
         if cfg.monitor.eval_at_start and (eval_rows or eval_tasks) and ctx.start_step == 0:
-            ctx.log(0, {**evaluate_offline(ctx, eval_rows, cache), **ctx.evaluate()})
+            ctx.log(0, {**pair_metrics, **evaluate_offline(ctx, eval_rows, cache), **ctx.evaluate()})
+        elif pair_metrics and ctx.start_step == 0:
+            ctx.log(0, pair_metrics)
         for step in range(ctx.start_step + 1, cfg.trainer.total_steps + 1):
             timer = PhaseTimer()
             t0 = time.perf_counter()
