@@ -121,9 +121,10 @@ def test_rollout_stats_leave_the_expert_rows_of_a_mix_batch_out():
 
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 1]])
     batch = {"rewards": torch.tensor([1.0, 0.0, 0.0, 0.0]), "response_mask": mask,
-             "is_expert": torch.tensor([False, False, True, True])}
-    got = rollout_stats(batch)
+             "is_expert": torch.tensor([False, False, True, True]), "model_version": torch.tensor([5, 4, 0, 0])}
+    got = rollout_stats(batch, model_version=6)
     assert got == {"expert_rows": 2.0, "reward/mean": 0.5, "reward/std": 0.5,
-                   "response_length/mean": 1.5, "response_length/max": 2.0}
+                   "response_length/mean": 1.5, "response_length/max": 2.0, "staleness/mean": 1.5, "staleness/max": 2.0}
     batch["is_expert"][:] = False
-    assert "expert_rows" not in rollout_stats(batch) and rollout_stats(batch)["reward/mean"] == 0.25
+    got = rollout_stats(batch, model_version=6)
+    assert "expert_rows" not in got and got["reward/mean"] == 0.25 and got["staleness/max"] == 6.0

@@ -198,7 +198,8 @@ class StageContext:
             if any(moved.values()):
                 self.logger.write(f"buffer reconciled with checkpoint {latest.name}: {moved}")
         self.checkpoints.restore_rng(latest)
-        self.sync_weights(self.model_version)
+        if self.stage.algorithm.use_rollout:  # offline stages hand their evaluator the weights themselves
+            self.sync_weights(self.model_version)
         self.logger.write(f"resumed from {latest} (step {self.start_step})")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:

@@ -49,7 +49,7 @@ class RefCache:
             self.values = dict(load_file(str(path)))
 
     def missing(self, keys: list[str]) -> list[str]:
-        return [k for k in keys if k not in self.values]
+        return [k for k in keys if f"{k}/c" not in self.values]  # a pair is stored as <key>/c and <key>/r
 
     def save(self) -> None:
         from safetensors.torch import save_file
@@ -119,15 +119,21 @@ def run_offline(stage: Any) -> dict[str, float]:
     tokenizer = load_tokenizer(model_path)
     max_tokens = cfg.model.max_prompt_tokens + cfg.model.max_response_tokens
     schema = stage.algorithm.schema
-    # Data first: a bad data file fails before the run directory is touched.
+    # Data and settings first: bad ones fail before the run directory is touched or any sampling.
     sources = {"train_data": cfg.buffer.train_data, "eval_data": cfg.buffer.eval_data}
     from_samples = {k: source_tasks(ds, f"buffer.{k}") for k, ds in sources.items() if ds is not None and ds.pairs_from_samples}
-    if not from_samples:
-        train = offline_set(sources["train_data"], tokenizer, schema=schema, max_tokens=max_tokens, epochs=None)
+    sets = {k: offline_set(ds, tokenizer, schema=schema, max_tokens=max_tokens, epochs=None if k == "train_data" else 1)
+            for k, ds in sources.items() if ds is not None and k not in from_samples}
     eval_tasks = list(task_set(cfg.buffer.eval_tasks, "buffer.eval_tasks", train=False)) if cfg.buffer.eval_tasks else None
+    objective = objective_from_stage(stage, on_policy=True)
+    batch_needs = frozenset(stage.needs | objective.inputs_needed())
+    kind = "reward" if schema == "pair" and "scores" in batch_needs else "lm"
+    if eval_tasks is not None and kind != "lm":
+        raise TrinityError("buffer.eval_tasks: answer accuracy needs a language model; a reward model reports pairwise accuracy on buffer.eval_data")
     run_dir = Path(cfg.run_dir())
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(cfg.model_dump_json(indent=1))
+    checkpoints = CheckpointManager(run_dir, cfg.checkpoint.keep_last)
     explorers: list[Any] = []  # the starting model's rollout engine, made when first needed
 
     def explorer() -> Any:
@@ -138,29 +144,29 @@ def run_offline(stage: Any) -> dict[str, float]:
         return explorers[0]
 
     pair_metrics: dict[str, float] = {}
+    resuming = cfg.checkpoint.resume and checkpoints.latest() is not None
     for key, tasks in from_samples.items():  # pairs from the starting model's own wrong answers
-        sources[key], summary = build_self_pairs(stage, sources[key], f"buffer.{key}", tasks, run_dir / "self_pairs", explorer)
+        ds, summary, built = build_self_pairs(stage, sources[key], f"buffer.{key}", tasks, run_dir / "self_pairs",
+                                              explorer, resuming=resuming)
+        if built:  # cached reference logprobs are keyed by pair-file line: stale for new pairs
+            (run_dir / "ref_cache.safetensors").unlink(missing_ok=True)
+        sets[key] = offline_set(ds, tokenizer, schema=schema, max_tokens=max_tokens, epochs=None if key == "train_data" else 1)
         pair_metrics.update({f"self_pairs/{key}/{k}": float(v) for k, v in summary.items()})
     if eval_tasks is None:
         explorers.clear()  # sampling done: free the rollout model
-    if from_samples:
-        train = offline_set(sources["train_data"], tokenizer, schema=schema, max_tokens=max_tokens, epochs=None)
-    eval_data = sources["eval_data"]
-    eval_rows = list(offline_set(eval_data, tokenizer, schema=schema, max_tokens=max_tokens, epochs=1)) if eval_data else []
+    train = sets["train_data"]
+    eval_rows = list(sets["eval_data"]) if "eval_data" in sets else []
     ctx = StageContext(
         stage=stage, run_dir=run_dir, model_path=model_path, tokenizer=tokenizer, pad_id=int(tokenizer.pad_token_id),
-        checkpoints=CheckpointManager(run_dir, cfg.checkpoint.keep_last),
+        checkpoints=checkpoints,
         logger=MetricsLogger(str(run_dir), cfg.monitor.backends, total_steps=cfg.trainer.total_steps, start_step=0,
                              progress=cfg.monitor.progress, desc=cfg.name),
     )
     try:
         ctx.tasks = train  # its position is saved with each checkpoint
-        ctx.objective = objective_from_stage(stage, on_policy=True)
-        ctx.batch_needs = frozenset(stage.needs | ctx.objective.inputs_needed())
+        ctx.objective = objective
+        ctx.batch_needs = batch_needs
         ctx.train_batch_size = cfg.buffer.train_batch_size or 8
-        kind = "reward" if schema == "pair" and "scores" in ctx.batch_needs else "lm"
-        if eval_tasks is not None and kind != "lm":
-            raise TrinityError("buffer.eval_tasks: answer accuracy needs a language model; a reward model reports pairwise accuracy on buffer.eval_data")
         ctx.owns_ray = start_ray_for(stage, 1 + ("ref_logprob" in ctx.batch_needs))
         ctx.actor = make_engine(stage, str(model_path), kind=kind)
         ctx.resume()

@@ -34,11 +34,11 @@ from trinity_like.pipeline.context import StageContext
 from trinity_like.pipeline.metrics import PhaseTimer
 
 
-def rollout_stats(batch: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Reward and response length of the rows the explorer sampled.
+def rollout_stats(batch: dict[str, torch.Tensor], model_version: int) -> dict[str, float]:
+    """Reward, response length and staleness (trainer version - sampler version) of the sampled rows.
 
-    A MIX batch also holds expert rows: their reward (0) and length say nothing about the
-    policy, so they are left out and counted under ``expert_rows``.
+    A MIX batch also holds expert rows: their reward (0), length and version (0) say nothing
+    about the policy, so they are left out and counted under ``expert_rows``.
     """
     sampled = ~batch["is_expert"].bool()
     out = {"expert_rows": float((~sampled).sum())} if not sampled.all() else {}
@@ -46,10 +46,12 @@ def rollout_stats(batch: dict[str, torch.Tensor]) -> dict[str, float]:
         return out
     rewards = batch["rewards"][sampled].float()
     lengths = (batch["response_mask"][sampled] > 0).sum(-1).float()
+    staleness = (model_version - batch["model_version"][sampled]).float()
     return {
         **out,
         "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std(unbiased=False)),
         "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
+        "staleness/mean": float(staleness.mean()), "staleness/max": float(staleness.max()),
     }
 
 
@@ -100,9 +102,7 @@ def learn(ctx: StageContext, step: int, timer: PhaseTimer) -> tuple[dict[str, fl
     if not rows:
         raise TrinityError(f"step {step}: the buffer gave no experiences (explorer produced none?)")
     batch = experience_batch(rows, ctx.pad_id)
-    staleness = (ctx.model_version - batch["model_version"]).float()
-    metrics.update({"staleness/mean": float(staleness.mean()), "staleness/max": float(staleness.max())})
-    metrics.update(rollout_stats(batch))
+    metrics.update(rollout_stats(batch, ctx.model_version))
     if ctx.stage.dynamic_sampling:
         batch, dropped = drop_uninformative_groups(batch)
         metrics["dynamic_sampling/dropped_rows"] = float(dropped)

@@ -2,26 +2,31 @@
 
 For a DPO or reward-model stage whose ``buffer.train_data`` (or ``eval_data``) names
 *tasks* (a generator or a task file) with ``pairs_from_samples: N``, the starting model
-answers every task N times with the explorer's sampling and reward function, and each task
-it gets wrong at least once becomes one pair:
+answers every task N times with the explorer's sampling, each answer is scored by the
+evaluation reward (``explorer.eval_reward_fn``, else ``reward_fn``), and each task it gets
+wrong at least once becomes one pair:
 
 - ``prompt``: the task's chat messages;
 - ``chosen``: the task's reference answer;
 - ``rejected``: the model's most frequent wrong response (responses that ended on their
   own are preferred over ones cut at the token limit; ties go to the first sampled).
 
-A task the model always answers right gives no pair (``all_right`` in the summary). The
-pairs are written once to ``<run_dir>/self_pairs/<name>.jsonl`` with a ``.json`` summary;
-a resumed run reads them back instead of sampling again (so a resumed stage trains on the
-pairs of the *starting* model, as the fresh run did). A summary that does not match the
-current source (other tasks, sample count, sampling or model) is rebuilt.
+Wrong means less than the full reward (``reward < 1``; ``exact_match`` gives 0 or 1), and
+a response whose text is the answer itself is never a rejected one. A task the model
+always answers right gives no pair (``all_right`` in the summary), nor does one whose
+reward failed (``skipped``).
 
-Correct means the full reward (``reward >= 1``; ``exact_match`` gives 0 or 1).
+The pairs are written once to ``<run_dir>/self_pairs/<name>.jsonl`` with a ``.json``
+summary holding what they were built from (tasks, sample count, model, sampling, reward,
+seed). A resumed run reads them back instead of sampling again, so it trains on the pairs
+of the *starting* model, as the fresh run did. Settings that no longer match rebuild the
+pairs when the run has no checkpoint yet, and are a one-line error when it has one.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 from collections import Counter
@@ -32,28 +37,19 @@ from trinity_like.config.schema import DatasetConfig
 from trinity_like.errors import TrinityError
 
 CHUNK = 32  # tasks per explorer call (progress and memory)
+SEED_BASE = {"buffer.train_data": 1_000_000, "buffer.eval_data": 2_000_000}  # distinct draws per source
 
 
 def _pair(task: Any, samples: list[Any]) -> dict[str, Any] | None:
     """The pair of one task from its sampled experiences, or None when every sample was right."""
-    wrong = [e for e in samples if (e.reward or 0.0) < 1.0]
+    answer = str(task.answer).strip()
+    wrong = [e for e in samples if (e.reward or 0.0) < 1.0 and e.info["response_text"].strip() != answer]
     if not wrong:
         return None
     finished = [e for e in wrong if e.finish_reason != "length"] or wrong
     texts = [e.info["response_text"].strip() for e in finished]
     rejected, _ = Counter(texts).most_common(1)[0]  # Counter keeps first-seen order among ties
     return {"prompt": task.messages(), "chosen": task.answer, "rejected": rejected}
-
-
-def _signature(cfg: Any, source: DatasetConfig, model_path: str) -> dict[str, Any]:
-    return {
-        "source": source.model_dump(mode="json"),
-        "model": str(model_path),
-        "sampling": cfg.explorer.sampling.model_dump(mode="json"),
-        "max_response_tokens": cfg.model.max_response_tokens,
-        "reward_fn": [cfg.explorer.reward_fn, cfg.explorer.reward_args],
-        "seed": cfg.seed,
-    }
 
 
 def source_tasks(source: DatasetConfig, where: str) -> list[Any]:
@@ -63,36 +59,81 @@ def source_tasks(source: DatasetConfig, where: str) -> list[Any]:
     return list(task_set(source.model_copy(update={"pairs_from_samples": None}), where, train=False))
 
 
+def _signature(cfg: Any, source: DatasetConfig, tasks: list[Any]) -> dict[str, Any]:
+    """What the pairs depend on (not the order options ``shuffle``/``seed``/``epochs``, applied when read)."""
+    ex = cfg.explorer
+    content = json.dumps([[t.messages(), t.answer] for t in tasks], sort_keys=True).encode()
+    return {
+        "tasks": hashlib.sha256(content).hexdigest(),
+        "samples": source.pairs_from_samples,
+        "model": cfg.model.path,
+        "max_response_tokens": cfg.model.max_response_tokens,
+        "sampling": ex.sampling.model_dump(mode="json"),
+        "dtype": ex.dtype,
+        "workflow": ex.workflow,
+        "reward": [ex.eval_reward_fn, ex.eval_reward_args] if ex.eval_reward_fn else [ex.reward_fn, ex.reward_args],
+        "seed": cfg.seed,
+        "chunk": CHUNK,
+    }
+
+
 def build_self_pairs(
-    stage: Any, source: DatasetConfig, where: str, tasks: list[Any], out_dir: Path, get_explorer: Callable[[], Any]
-) -> tuple[DatasetConfig, dict[str, Any]]:
-    """Sample the model on ``tasks`` and write its pairs; returns the pair file's config and a summary.
+    stage: Any, source: DatasetConfig, where: str, tasks: list[Any], out_dir: Path,
+    get_explorer: Callable[[], Any], *, resuming: bool,
+) -> tuple[DatasetConfig, dict[str, Any], bool]:
+    """The pairs of ``source``: read back from ``out_dir``, or sampled and written there.
 
+    Returns the pair file as a data source, a summary (counts), and whether it was built now.
     ``get_explorer()`` gives an :class:`~trinity_like.pipeline.explorer_actor.ExplorerWorker`
-    holding the starting weights; it is called only when the pairs are not on disk.
+    holding the starting weights; it is called only when the pairs are built. ``resuming``:
+    the run has a checkpoint, so its pairs may not change.
     """
-    from trinity_like.pipeline.context import sampling_params
-
     cfg = stage.config
-    model_path = cfg.model.path
     name = where.rsplit(".", 1)[-1]
     path, meta_path = out_dir / f"{name}.jsonl", out_dir / f"{name}.json"
-    signature = _signature(cfg, source, model_path)
+    signature = _signature(cfg, source, tasks)
     pair_config = DatasetConfig(path=str(path), shuffle=source.shuffle, seed=source.seed, epochs=source.epochs)
     if meta_path.exists() and path.exists():
         meta = json.loads(meta_path.read_text())
         if meta.get("signature") == signature:
-            return pair_config, meta["summary"]
-    explorer = get_explorer()
+            return pair_config, meta["summary"], False
+        if resuming:
+            changed = sorted(k for k in signature if meta.get("signature", {}).get(k) != signature[k])
+            raise TrinityError(f"{where}.pairs_from_samples: {cfg.run_dir()} has checkpoints trained on pairs built "
+                               f"with other settings (changed: {', '.join(changed)}); use a new run name")
+    elif resuming:
+        raise TrinityError(f"{where}.pairs_from_samples: {cfg.run_dir()} has checkpoints but its pairs "
+                           f"({path}) are gone; use a new run name")
+    pairs, summary = _sample_pairs(stage, source, where, tasks, get_explorer())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta_path.unlink(missing_ok=True)  # no summary may vouch for a pair file being replaced
+    for target, text in ((path, "".join(json.dumps(p) + "\n" for p in pairs)),
+                         (meta_path, json.dumps({"signature": signature, "summary": summary}, indent=1))):
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, target)  # the summary lands last: a half-built set is never reused
+    return pair_config, summary, True
+
+
+def _sample_pairs(
+    stage: Any, source: DatasetConfig, where: str, tasks: list[Any], explorer: Any
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    from tqdm.auto import tqdm
+
+    from trinity_like.pipeline.context import sampling_params
+
+    cfg = stage.config
     n = int(source.pairs_from_samples)
     pairs: list[dict[str, Any]] = []
     right = sampled = 0
-    progress = _progress(cfg, len(tasks), f"{cfg.name}: pairs from samples ({where})")
-    try:
+    skipped: list[str] = []
+    desc = f"{cfg.name}: pairs from samples ({where})"
+    with tqdm(total=len(tasks), desc=desc, unit="task", disable=not cfg.monitor.progress, leave=False) as bar:
         for i in range(0, len(tasks), CHUNK):
             chunk = tasks[i : i + CHUNK]
-            # a seed per chunk: the same seed would give every chunk the same random draws
-            result = explorer.run(chunk, dataclasses.replace(sampling_params(stage, step=i // CHUNK), n=n))
+            sampling = dataclasses.replace(sampling_params(stage, step=SEED_BASE[where] + i // CHUNK), n=n)
+            result = explorer.run(chunk, sampling, True)  # scored like evaluation: right or wrong
+            skipped += [s.reason for s in result.skipped]
             by_task: dict[str, list[Any]] = {}
             for e in result.experiences:
                 by_task.setdefault(e.task_id, []).append(e)
@@ -100,28 +141,14 @@ def build_self_pairs(
                 samples = by_task.get(task.task_id, [])
                 sampled += len(samples)
                 pair = _pair(task, samples) if samples else None
-                if pair is None:
-                    right += bool(samples)
-                else:
+                if pair is not None:
                     pairs.append(pair)
-            progress.update(len(chunk))
-    finally:
-        progress.close()
-    if not pairs:
-        raise TrinityError(f"{where}.pairs_from_samples: the model answered every one of {len(tasks)} tasks right "
-                           f"in all {n} samples: no pair to train on")
+                right += bool(samples) and pair is None
+            bar.update(len(chunk))
     summary = {"tasks": len(tasks), "samples": sampled, "pairs": len(pairs), "all_right": right,
-               "skipped": len(tasks) - len(pairs) - right}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for target, text in ((path, "".join(json.dumps(p) + "\n" for p in pairs)),
-                         (meta_path, json.dumps({"signature": signature, "summary": summary}, indent=1))):
-        tmp = target.with_name(target.name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, target)  # the summary lands last: a half-built set is never reused
-    return pair_config, summary
-
-
-def _progress(cfg: Any, total: int, desc: str) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="task", disable=not cfg.monitor.progress, leave=False)
+               "skipped": len(skipped)}
+    if not pairs:
+        why = f"; first reward failure: {skipped[0]}" if skipped else ""
+        raise TrinityError(f"{where}.pairs_from_samples: no pair from {len(tasks)} tasks x {n} samples "
+                           f"({right} always answered right, {len(skipped)} skipped{why})")
+    return pairs, summary
