@@ -57,7 +57,8 @@ def _fsync_tree(root: Path) -> None:
         os.close(fd)
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so a reader sees the old file or the whole new one, never a part."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(text)
@@ -125,7 +126,7 @@ class CheckpointManager:
         if final.exists():  # a re-save of the same step (resumed run): replace it whole
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _write_atomic(self.root / LATEST, name)
+        write_atomic(self.root / LATEST, name)
         self._prune()
         return final
 

@@ -20,6 +20,7 @@ effect of the offline objective on the task itself, whichever way it goes.
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -122,8 +123,11 @@ def run_offline(stage: Any) -> dict[str, float]:
     # Data and settings first: bad ones fail before the run directory is touched or any sampling.
     sources = {"train_data": cfg.buffer.train_data, "eval_data": cfg.buffer.eval_data}
     from_samples = {k: source_tasks(ds, f"buffer.{k}") for k, ds in sources.items() if ds is not None and ds.pairs_from_samples}
-    sets = {k: offline_set(ds, tokenizer, schema=schema, max_tokens=max_tokens, epochs=None if k == "train_data" else 1)
-            for k, ds in sources.items() if ds is not None and k not in from_samples}
+
+    def load(key: str, ds: Any) -> Any:  # training data cycles, held-out data is one pass
+        return offline_set(ds, tokenizer, schema=schema, max_tokens=max_tokens, epochs=None if key == "train_data" else 1)
+
+    sets = {k: load(k, ds) for k, ds in sources.items() if ds is not None and k not in from_samples}
     eval_tasks = list(task_set(cfg.buffer.eval_tasks, "buffer.eval_tasks", train=False)) if cfg.buffer.eval_tasks else None
     objective = objective_from_stage(stage, on_policy=True)
     batch_needs = frozenset(stage.needs | objective.inputs_needed())
@@ -134,14 +138,12 @@ def run_offline(stage: Any) -> dict[str, float]:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(cfg.model_dump_json(indent=1))
     checkpoints = CheckpointManager(run_dir, cfg.checkpoint.keep_last)
-    explorers: list[Any] = []  # the starting model's rollout engine, made when first needed
 
-    def explorer() -> Any:
-        if not explorers:
-            from trinity_like.pipeline.explorer_actor import ExplorerWorker
+    @functools.cache
+    def explorer() -> Any:  # the starting model's rollout engine, made when first needed
+        from trinity_like.pipeline.explorer_actor import ExplorerWorker
 
-            explorers.append(ExplorerWorker(cfg, str(model_path)))
-        return explorers[0]
+        return ExplorerWorker(cfg, str(model_path))
 
     pair_metrics: dict[str, float] = {}
     resuming = cfg.checkpoint.resume and checkpoints.latest() is not None
@@ -150,10 +152,10 @@ def run_offline(stage: Any) -> dict[str, float]:
                                               explorer, resuming=resuming)
         if built:  # cached reference logprobs are keyed by pair-file line: stale for new pairs
             (run_dir / "ref_cache.safetensors").unlink(missing_ok=True)
-        sets[key] = offline_set(ds, tokenizer, schema=schema, max_tokens=max_tokens, epochs=None if key == "train_data" else 1)
+        sets[key] = load(key, ds)
         pair_metrics.update({f"self_pairs/{key}/{k}": float(v) for k, v in summary.items()})
     if eval_tasks is None:
-        explorers.clear()  # sampling done: free the rollout model
+        explorer.cache_clear()  # sampling done: free the rollout model
     train = sets["train_data"]
     eval_rows = list(sets["eval_data"]) if "eval_data" in sets else []
     ctx = StageContext(

@@ -28,13 +28,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
 from trinity_like.config.schema import DatasetConfig
 from trinity_like.errors import TrinityError
+from trinity_like.pipeline.checkpoint import write_atomic
 
 CHUNK = 32  # tasks per explorer call (progress and memory)
 SEED_BASE = {"buffer.train_data": 1_000_000, "buffer.eval_data": 2_000_000}  # distinct draws per source
@@ -107,11 +107,8 @@ def build_self_pairs(
     pairs, summary = _sample_pairs(stage, source, where, tasks, get_explorer())
     out_dir.mkdir(parents=True, exist_ok=True)
     meta_path.unlink(missing_ok=True)  # no summary may vouch for a pair file being replaced
-    for target, text in ((path, "".join(json.dumps(p) + "\n" for p in pairs)),
-                         (meta_path, json.dumps({"signature": signature, "summary": summary}, indent=1))):
-        tmp = target.with_name(target.name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, target)  # the summary lands last: a half-built set is never reused
+    write_atomic(path, "".join(json.dumps(p) + "\n" for p in pairs))
+    write_atomic(meta_path, json.dumps({"signature": signature, "summary": summary}, indent=1))  # last: vouches
     return pair_config, summary, True
 
 

@@ -25,11 +25,11 @@ batch twice, never loses one).
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
+from trinity_like.pipeline.checkpoint import write_atomic
 from trinity_like.pipeline.context import StageContext
 from trinity_like.pipeline.metrics import PhaseTimer
 from trinity_like.pipeline.sync import WeightChannel
@@ -48,9 +48,7 @@ class ExplorerState:
 
     def save(self, state: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, self.path)
+        write_atomic(self.path, json.dumps(state))
 
 
 def needed_version(step: int, offset: int, interval: int) -> int:
