@@ -1,7 +1,9 @@
 """Sample strategies (SAMPLE_STRATEGY): which experiences make up the next training batch.
 
 Each implements the protocol of ``trinity_like.buffer.base``: it claims rows from an
-``ExperienceSource`` (and, for MIX, takes rows from an ``ExpertSource``)::
+``ExperienceSource`` (and, for MIX, takes rows from an ``ExpertSource``). A strategy
+declares ``uses_expert_data``: True when ``sample`` needs an ``expert`` source, which the
+pipeline then builds from ``buffer.expert_data``::
 
     strategy = SAMPLE_STRATEGY.get("staleness")(params=StalenessParams(max_staleness=1))
     batch = strategy.sample(experiences=storage, batch_size=64, model_version=7)
@@ -33,6 +35,8 @@ class DefaultParams:
 class DefaultStrategy:
     """Claim the next batch in write order (or freshest first)."""
 
+    uses_expert_data = False  # needs no ExpertSource (see MixStrategy)
+
     def __init__(self, *, params: DefaultParams) -> None:
         self.params = params
 
@@ -50,16 +54,37 @@ class DefaultStrategy:
 
 @dataclass(frozen=True)
 class MixSampleParams(DefaultParams):
-    expert_ratio: float = 0.5  # fraction of each batch taken from the expert dataset (rounded)
+    expert_ratio: float = 0.5  # r: expert share of the batch, added on top of the rollouts (round(B r / (1 - r)) rows)
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.expert_ratio <= 1.0:
-            raise ValueError(f"expert_ratio must be in [0, 1], got {self.expert_ratio}")
+        if not 0.0 <= self.expert_ratio < 1.0:
+            raise ValueError(f"expert_ratio must be in [0, 1) (expert rows come on top of the rollouts), "
+                             f"got {self.expert_ratio}")
+
+
+def expert_rows_for(batch_size: int, expert_ratio: float) -> int:
+    """Expert rows to add to ``batch_size`` rollout rows so they are ``expert_ratio`` of the whole.
+
+    >>> expert_rows_for(64, 0.25), expert_rows_for(64, 0.5), expert_rows_for(64, 0.0)
+    (21, 64, 0)
+    """
+    return round(batch_size * expert_ratio / (1.0 - expert_ratio))
 
 
 @SAMPLE_STRATEGY.register_module("mix")
 class MixStrategy:
-    """A fixed fraction of each batch from an expert dataset (rows marked is_expert), the rest from rollouts."""
+    """All of a step's rollout rows plus expert rows (is_expert) that make up ``expert_ratio`` of the batch.
+
+    The strategy claims all ``batch_size`` rollout rows -- exactly what the explorer wrote
+    for the step (``buffer.train_batch_size`` defaults to explorer batch x group) -- and adds
+    :func:`expert_rows_for` expert rows on top. Taking the expert share out of the rollouts
+    instead would leave that many sampled rows unclaimed each step: in a FIFO buffer they
+    pile up, staleness grows without bound and a part of every step's samples is never
+    trained on. Here a synchronous run trains every sampled row once, in the step that made
+    it (staleness 0). The batch therefore holds ``batch_size + n_expert`` rows.
+    """
+
+    uses_expert_data = True  # the pipeline must hand sample() an ExpertSource (buffer.expert_data)
 
     def __init__(self, *, params: MixSampleParams) -> None:
         self.params = params
@@ -68,10 +93,11 @@ class MixStrategy:
     def sample(
         self, *, experiences: ExperienceSource, batch_size: int, model_version: int, expert: ExpertSource | None = None
     ) -> list[Experience]:
-        n_expert = round(batch_size * self.params.expert_ratio)
-        if n_expert and expert is None:
+        if self.params.expert_ratio and expert is None:
             raise ValueError("the mix sample strategy needs an expert dataset (buffer.expert_data)")
-        rows = experiences.claim(batch_size - n_expert, order=self.params.order, timeout=self.params.timeout)
+        rows = experiences.claim(batch_size, order=self.params.order, timeout=self.params.timeout)
+        # On the rows claimed (fewer than batch_size only after a timeout): the share stays r.
+        n_expert = expert_rows_for(len(rows), self.params.expert_ratio)
         expert_rows = [dataclasses.replace(e, is_expert=True) for e in expert.next_batch(n_expert)] if n_expert else []
         self.expert_rows += len(expert_rows)
         return rows + expert_rows
@@ -99,6 +125,8 @@ class StalenessParams(DefaultParams):
 @SAMPLE_STRATEGY.register_module("staleness")
 class StalenessStrategy:
     """Drop (or down-weight) experiences more than max_staleness model versions old."""
+
+    uses_expert_data = False
 
     def __init__(self, *, params: StalenessParams) -> None:
         self.params = params

@@ -34,20 +34,49 @@ def test_default_claims_in_write_order_or_freshest_first():
     assert [e.model_version for e in fresh] == [2, 2, 1]
 
 
-def test_mix_takes_a_fixed_fraction_from_the_expert_dataset():
-    src = source([0] * 10)
+def test_mix_adds_expert_rows_on_top_of_every_rollout_row():
+    src = source([0] * 12)
     expert = ListExpert([experience(reward=None, group="expert") for _ in range(3)])
     s = strategy("mix", expert_ratio=0.25)
-    batch = s.sample(experiences=src, batch_size=8, model_version=0, expert=expert)
+    batch = s.sample(experiences=src, batch_size=6, model_version=0, expert=expert)
+    # all 6 rollout rows, then 2 expert rows: 2 / 8 = 0.25 of the batch
     assert [e.is_expert for e in batch] == [False] * 6 + [True] * 2
     assert [e.eid for e in batch[:6]] == [r.eid for r in src.rows[:6]]
-    batch = s.sample(experiences=src, batch_size=8, model_version=0, expert=expert)  # expert rows cycle
-    assert sum(e.is_expert for e in batch) == 2 and len(batch) == 6  # only 4 rollout rows were left
+    assert src.count("claimed") == 6 and src.count("available") == 6
+    batch = s.sample(experiences=src, batch_size=6, model_version=0, expert=expert)  # expert rows cycle
+    assert [e.eid for e in batch[:6]] == [r.eid for r in src.rows[6:]] and sum(e.is_expert for e in batch) == 2
+    assert src.count("available") == 0  # nothing the explorer wrote is left behind
     state = s.state_dict()
     assert state == {"expert_rows": 4}
     restored = strategy("mix", expert_ratio=0.25)
     restored.load_state_dict(state)
     assert restored.state_dict() == state
+
+
+@pytest.mark.parametrize("rollouts, ratio", [(64, 0.25), (64, 0.1), (6, 0.5), (32, 0.75), (5, 0.2)])
+def test_mix_expert_share_of_the_final_batch_is_the_ratio(rollouts, ratio):
+    src = source([0] * rollouts)
+    expert = ListExpert([experience(reward=None, group="expert")])
+    batch = strategy("mix", expert_ratio=ratio).sample(experiences=src, batch_size=rollouts, model_version=0,
+                                                       expert=expert)
+    n_expert = sum(e.is_expert for e in batch)
+    assert len(batch) - n_expert == rollouts  # every rollout row
+    assert abs(n_expert - ratio * len(batch)) <= 0.5  # r of the final batch, to the nearest row
+
+
+def test_mix_after_a_short_claim_keeps_the_ratio():
+    src = source([0] * 3)  # the explorer wrote only 3 rows before the timeout
+    expert = ListExpert([experience(reward=None, group="expert")])
+    batch = strategy("mix", expert_ratio=0.5, timeout=0.0).sample(
+        experiences=src, batch_size=8, model_version=0, expert=expert
+    )
+    assert [e.is_expert for e in batch] == [False] * 3 + [True] * 3
+
+
+def test_only_mix_declares_that_it_uses_expert_data():
+    assert {name: SAMPLE_STRATEGY.get(name).uses_expert_data for name in SAMPLE_STRATEGY.names()} == {
+        "default": False, "mix": True, "staleness": False,
+    }
 
 
 def test_mix_without_an_expert_dataset_is_an_error():
@@ -84,6 +113,8 @@ def test_staleness_downweight_scales_the_action_mask_of_stale_rows():
 def test_params_are_validated():
     with pytest.raises(ConfigError):
         build_params(SAMPLE_STRATEGY.get("mix"), {"expert_ratio": 1.5})
+    with pytest.raises(ConfigError, match="on top of the rollouts"):  # 1.0 would need infinitely many
+        build_params(SAMPLE_STRATEGY.get("mix"), {"expert_ratio": 1.0})
     with pytest.raises(ConfigError):
         build_params(SAMPLE_STRATEGY.get("staleness"), {"mode": "discard"})
     with pytest.raises(ConfigError, match="max_staleness"):
