@@ -9,6 +9,8 @@ the idea of mixing expert NLL into RL goes back to InstructGPT's PPO-ptx (arXiv:
 Micro-batches: with the whole batch's ``num_tokens`` / ``num_seqs`` the trainer must also
 pass its expert counts ``num_expert_tokens`` / ``num_expert_seqs``
 (``trinity_like.ops.normalizers(mask, is_expert=...)``); the rollout counts are the difference.
+Then ``rl_loss`` and ``sft_loss`` (the two parts before weighting) are each micro-batch's
+share of the whole batch's part, summed over micro-batches like every ``*_loss`` metric.
 """
 
 from __future__ import annotations
@@ -74,6 +76,17 @@ def mix_loss(
         num_tokens=_part(num_tokens, num_expert_tokens, True), num_seqs=_part(num_seqs, num_expert_seqs, True),
     )
     loss = (1 - params.mu) * rl + params.mu * sft
-    metrics = {**rl_metrics, **{f"expert_{k}": v for k, v in sft_metrics.items()}}
-    metrics.update(rl_loss=rl.item(), sft_loss=sft.item(), expert_frac=is_expert.float().mean().item())
+    # rl_loss / sft_loss are shares of whole-batch totals (summed over micro-batches, see
+    # trinity_like.trainer.base.mean_metrics); the other metrics are means over one part's
+    # tokens, reported only by a micro-batch that holds some of that part.
+    metrics = {"rl_loss": rl.item(), "sft_loss": sft.item()}
+    if bool((rl_mask > 0).any()):
+        metrics.update(rl_metrics)
+    if bool((sft_mask > 0).any()):
+        metrics.update({f"expert_{k}": v for k, v in sft_metrics.items()})
+    # The whole batch's share of expert rows when its counts are given (the same in every micro-batch).
+    if num_seqs is not None and num_expert_seqs is not None:
+        metrics["expert_frac"] = float(num_expert_seqs) / max(float(num_seqs), 1.0)
+    else:
+        metrics["expert_frac"] = is_expert.float().mean().item()
     return loss, metrics

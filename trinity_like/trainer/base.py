@@ -20,7 +20,8 @@ row's last real token). It must be
 picklable (the ``verl`` engine ships it to Ray workers) and must return, for each
 micro-batch, that micro-batch's share of the whole batch's loss, so that micro-batch
 gradients add up to the full-batch gradient (the batch carries the global normalisers
-``num_tokens`` and ``num_seqs`` for that).
+``num_tokens`` and ``num_seqs`` for that). Its metrics follow the naming convention of
+:func:`mean_metrics`: a ``*_loss`` metric is a share too (summed), any other is a mean.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ class TrainEngine(Protocol):
     def forward_backward(self, batch: Batch, loss_fn: LossCallable, *, need_entropy: bool = False) -> dict[str, float]:
         """Run forward and backward over ``batch`` (in micro-batches); accumulate grads.
 
-        Returns the loss callable's metrics averaged over micro-batches, plus ``loss``.
+        Returns the loss callable's metrics reduced over micro-batches (:func:`mean_metrics`:
+        ``*_loss`` shares summed, means averaged), plus ``loss``.
         """
 
     def optim_step(self) -> dict[str, float]:
@@ -126,19 +128,35 @@ def micro_batches(batch: Batch, micro_batch_size: int) -> list[Batch]:
     return [slice_rows(batch, i, min(i + size, rows)) for i in range(0, rows, size)]
 
 
-# Metrics that are each micro-batch's share of a whole-batch total (the objective divides by
-# the whole batch's normaliser): summed over micro-batches and workers. Every other metric is
-# a micro-batch mean (clip fraction, KL, margins) and is averaged.
-SUMMED_METRICS = frozenset({"policy_loss", "value_loss", "nonfinite_loss"})
+# -- metrics over micro-batches ----------------------------------------------------------
+# A loss callable runs once per micro-batch (on every data-parallel worker) and reports
+# metrics that follow one convention, by name, so that every metric reads the same
+# whatever the micro-batch size and the number of workers:
+#
+# - ``<name>_loss``: the micro-batch's *share* of a whole-batch total (its term divided by
+#   the whole batch's normaliser, like the loss itself), so the shares are summed:
+#   ``policy_loss``, ``value_loss``, MIX's ``rl_loss`` / ``sft_loss``; ``nonfinite_loss``
+#   counts the micro-batches whose loss was not finite.
+# - anything else: a mean over what the micro-batch holds (clip fraction, KL, margins),
+#   averaged over the micro-batches that reported it. A loss leaves a mean out of a
+#   micro-batch that holds nothing to average (MIX: ``expert_nll`` without expert rows), so
+#   it is never diluted by zeros. Micro-batches weigh equally (verl's convention): exact
+#   when they hold equal numbers of what the metric averages over, close otherwise.
+SUMMED_SUFFIX = "_loss"
+
+
+def is_summed_metric(name: str) -> bool:
+    """Whether ``name`` is a share of a whole-batch total (summed over micro-batches), by its suffix."""
+    return name.endswith(SUMMED_SUFFIX)
 
 
 def mean_metrics(per_micro: list[dict[str, float]]) -> dict[str, float]:
-    """Each metric over the micro-batches that reported it: summed (``SUMMED_METRICS``) or averaged."""
+    """Each metric over the micro-batches that reported it: summed (``*_loss``) or averaged (the rest)."""
     keys = sorted({k for m in per_micro for k in m})
     out = {}
     for k in keys:
         values = [m[k] for m in per_micro if k in m]
-        out[k] = sum(values) if k in SUMMED_METRICS else sum(values) / len(values)
+        out[k] = sum(values) if is_summed_metric(k) else sum(values) / len(values)
     return out
 
 
