@@ -27,26 +27,27 @@ def _final_model(stage: ResolvedStage) -> Path | None:
     return latest / "model" if latest is not None else None
 
 
-def run_stage(stage: ResolvedStage) -> dict[str, float]:
-    cfg = stage.config
+def run_stage(spec: ResolvedStage) -> dict[str, float]:
+    """Run one stage in its mode: the loop of :mod:`trinity_like.pipeline` that fits it."""
+    cfg = spec.config
     if cfg.mode == "bench":
-        from trinity_like.pipeline.bench import run_bench
+        from trinity_like.pipeline.evaluate_checkpoints import run_bench
 
-        return run_bench(stage)
-    if not stage.algorithm.use_rollout:
-        from trinity_like.pipeline.offline import run_offline
+        return run_bench(spec)
+    if not spec.algorithm.use_rollout:
+        from trinity_like.pipeline.offline_loop import run_offline
 
-        return run_offline(stage)
-    from trinity_like.pipeline.context import build_online_context
-    from trinity_like.pipeline.online import run_online, run_train
-    from trinity_like.pipeline.split import run_explore
+        return run_offline(spec)
+    from trinity_like.pipeline.explorer_process import run_explore
+    from trinity_like.pipeline.rl_loop import run_online, run_trainer
+    from trinity_like.pipeline.stage import build_stage
 
-    loop = {"both": run_online, "explore": run_explore, "train": run_train}[cfg.mode]
-    ctx = build_online_context(stage, role=cfg.mode)
+    loop = {"both": run_online, "explore": run_explore, "train": run_trainer}[cfg.mode]
+    stage = build_stage(spec, cfg.mode)
     try:
-        return loop(ctx)
+        return loop(stage)
     finally:
-        ctx.close()
+        stage.close()
 
 
 def _quiet_libraries() -> None:

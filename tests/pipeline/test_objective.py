@@ -117,7 +117,7 @@ def test_engine_reports_whole_batch_policy_loss_over_micro_batches(tmp_path):
 
 
 def test_rollout_stats_leave_the_expert_rows_of_a_mix_batch_out():
-    from trinity_like.pipeline.online import rollout_stats
+    from trinity_like.pipeline.rl_loop import rollout_stats
 
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 1]])
     batch = {"rewards": torch.tensor([1.0, 0.0, 0.0, 0.0]), "response_mask": mask,

@@ -20,7 +20,7 @@ def test_two_steps_log_metrics_and_checkpoint(tmp_path):
     for key in ("reward/mean", "reward/std", "response_length/mean", "staleness/mean", "time/update",
                 "time/sync", "throughput/tokens_per_s", "actor/grad_norm"):
         assert key in trained[-1], key
-    assert "eval/accuracy" in rows[-1] and "eval/format_rate" in rows[-1]
+    assert "eval/accuracy" in rows[-1] and "eval/response_length" in rows[-1]
     assert (run_dir / "checkpoints" / "step_000002" / "manifest.json").exists()
     assert any((run_dir / "tensorboard").iterdir())
 

@@ -11,8 +11,9 @@ import pytest
 from trinity_like.config import load_plan
 from trinity_like.errors import ConfigError, TrinityError
 from trinity_like.experience import Experience, Task
-from trinity_like.pipeline.explorer_actor import ExplorerWorker
-from trinity_like.pipeline.self_pairs import _pair, build_self_pairs, source_tasks
+from trinity_like.explorer.worker import ExplorerWorker
+from trinity_like.pipeline.data_sources import source_tasks
+from trinity_like.pipeline.self_pairs import _pair, build_self_pairs
 from trinity_like.registry import REWARD_FN
 from trinity_like.runner import run_plan
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from tiny_runs import RECIPE, TINY, final_weights, run
 
-from trinity_like.pipeline.split import needed_version
-from trinity_like.pipeline.sync import WeightChannel
+from trinity_like.pipeline.explorer_process import needed_version
+from trinity_like.pipeline.weight_channel import WeightChannel
 
 STEPS = ["trainer.total_steps=4", "checkpoint.interval=2"]
 

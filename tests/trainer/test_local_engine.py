@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -37,10 +38,25 @@ def test_is_a_train_engine(tiny_path):
     assert isinstance(LocalEngine(ModelParams(path=tiny_path)), TrainEngine)
 
 
-def test_engines_are_built_by_name(tiny_path):
-    assert isinstance(build_engine("local", ModelParams(path=tiny_path), OptimParams()), LocalEngine)
-    with pytest.raises(TrinityError, match="train engine 'torch' unknown; expected one of verl, local"):
-        build_engine("torch", ModelParams(path=tiny_path), OptimParams())
+def test_engines_are_built_from_a_recipe_with_its_values(tiny_path):
+    from trinity_like.config.schema import Config
+
+    cfg = Config.model_validate({"trainer": {"engine": "local", "micro_batch_size": 3, "optimizer": {"lr": 3e-4}}})
+    engine = build_engine(cfg, tiny_path)
+    assert isinstance(engine, LocalEngine)
+    assert engine.params.micro_batch_size == 3 and engine.optim_params.lr == 3e-4
+    critic = build_engine(cfg, tiny_path, kind="value", critic=True)
+    assert critic.optim_params.lr == cfg.trainer.critic_optimizer.lr
+
+
+def test_engine_params_take_every_default_from_the_schema():
+    """One default per value: the engines' parameter objects never disagree with a recipe's defaults."""
+    from trinity_like.config.schema import Config
+    from trinity_like.trainer.params import model_params, optim_params
+
+    cfg = Config()
+    assert optim_params(cfg) == dataclasses.replace(OptimParams(), total_steps=cfg.trainer.total_steps)
+    assert model_params(cfg, "p") == ModelParams(path="p")
 
 
 def test_missing_model_is_one_clear_error(tmp_path):
@@ -67,7 +83,7 @@ def test_micro_batches_add_up_to_the_full_batch_gradient_and_adamw_step(tiny_pat
     # near 0 it jumps, so fp32 summation-order noise in g could move it by a fraction of lr.
     # A large eps keeps the step Lipschitz in g (slope lr / eps = 10): the gradient tolerance
     # (atol 1e-6) then bounds the weight difference by 1e-5.
-    optim = OptimParams(lr=1e-2, weight_decay=0.1, betas=(0.8, 0.95), eps=1e-3, clip_grad=1e9)
+    optim = OptimParams(lr=1e-2, weight_decay=0.1, betas=(0.8, 0.95), eps=1e-3, grad_clip=1e9)
     engine = LocalEngine(ModelParams(path=tiny_path, micro_batch_size=3), optim)
     metrics = engine.forward_backward(batch, loss_fn, need_entropy=True)
 
@@ -100,7 +116,7 @@ def test_gradients_accumulate_over_calls_that_share_the_global_normalisers(tiny_
 
 
 def test_grad_clipping_bounds_the_update_norm(tiny_path, batch):
-    engine = LocalEngine(ModelParams(path=tiny_path), OptimParams(lr=1e-3, clip_grad=0.5))
+    engine = LocalEngine(ModelParams(path=tiny_path), OptimParams(lr=1e-3, grad_clip=0.5))
     engine.forward_backward(batch, nll_loss)
     grads = [p.grad.clone() for p in engine.model.parameters()]
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))

@@ -29,7 +29,7 @@ def test_constant_with_warmup_matches_verl(warmup):
 
 @pytest.mark.parametrize("warmup,min_ratio", [(0, 0.0), (2, 0.1)])
 def test_cosine_with_warmup_matches_verl(warmup, min_ratio):
-    params = OptimParams(warmup_steps=warmup, schedule="cosine", total_steps=12, min_lr_ratio=min_ratio)
+    params = OptimParams(warmup_steps=warmup, scheduler="cosine", total_steps=12, min_lr_ratio=min_ratio)
     ours = [lr_factor(s, params) for s in range(14)]
     theirs = verl_lrs(lambda o: get_cosine_schedule_with_warmup(o, warmup, 12, min_lr_ratio=min_ratio), 14)
     assert ours == pytest.approx(theirs)
@@ -38,4 +38,4 @@ def test_cosine_with_warmup_matches_verl(warmup, min_ratio):
 
 def test_cosine_needs_total_steps():
     with pytest.raises(TrinityError, match="total_steps"):
-        OptimParams(schedule="cosine")
+        OptimParams(scheduler="cosine")

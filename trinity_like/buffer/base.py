@@ -1,6 +1,6 @@
 """What sample strategies (and the trainer) need of the buffer.
 
-Storages implement :class:`ExperienceSource`; an expert dataset (MIX) implements
+Storages implement :class:`ExperienceSource` (everything the pipeline calls on a buffer); an expert dataset (MIX) implements
 :class:`ExpertSource`. A sample strategy is a registered class::
 
     @SAMPLE_STRATEGY.register_module("default")
@@ -55,8 +55,39 @@ class ExperienceSource(Protocol):
     def count(self, status: str = "available") -> int:
         """Rows in a state: "available", "claimed", "consumed", "dropped"."""
 
+    def mark_writer_done(self) -> None:
+        """No more rows will come: a claim waiting for ``n`` rows returns what there is."""
+
+    def recover(self, checkpoint_step: int | None = None) -> dict[str, int]:
+        """Reconcile the buffer with the checkpoint a run resumes from (None: no checkpoint);
+        returns how many rows moved, by kind. A storage that keeps nothing across runs moves none."""
+
+    def close(self) -> None:
+        """Release files and connections."""
+
 
 @runtime_checkable
 class ExpertSource(Protocol):
     def next_batch(self, n: int) -> list[Experience]:
         """The next ``n`` expert rows (``is_expert=True``), cycling through epochs."""
+
+
+@runtime_checkable
+class SampleStrategy(Protocol):
+    """Picks each training batch (the SAMPLE_STRATEGY registry's classes).
+
+    A strategy that mixes rows of ``buffer.expert_data`` into its batches declares it with
+    a class attribute ``uses_expert_data = True``: the recipe must then name expert data,
+    and the pipeline hands it over as ``expert``.
+    """
+
+    def sample(
+        self, *, experiences: ExperienceSource, batch_size: int, model_version: int, expert: ExpertSource | None = None
+    ) -> list[Experience]:
+        """Claim the rows of the next training batch."""
+
+    def state_dict(self) -> dict:
+        """Counters to checkpoint."""
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`."""

@@ -66,6 +66,7 @@ class JsonlStorage:
         self._offset = self._state["offset"]  # read position, ahead of the committed one
         self._claimed = 0
         self._dropped_since_commit = 0
+        self._writer_done = False
 
     def put(self, rows: Sequence[Row]) -> None:
         """Append rows as lines; a reader waits for a line until its newline is written."""
@@ -105,7 +106,7 @@ class JsonlStorage:
             while len(out) < n:
                 got = self._next_line()
                 if got is None:
-                    if deadline is not None and time.monotonic() >= deadline:
+                    if self._writer_done or (deadline is not None and time.monotonic() >= deadline):
                         break
                     time.sleep(self.params.poll_interval_s)
                     continue
@@ -151,6 +152,15 @@ class JsonlStorage:
         with open(self.path, "rb") as f:
             f.seek(self._offset)
             return sum(1 for line in f if line.endswith(b"\n") and line.strip())
+
+    def mark_writer_done(self) -> None:
+        """No more lines will come (in this process): a claim at the end of the file returns what it has."""
+        self._writer_done = True
+
+    def recover(self, checkpoint_step: int | None = None) -> dict[str, int]:
+        """Nothing to move: reading restarts at the cursor saved by the last commit, so
+        claims that were never committed are claimed again."""
+        return {}
 
     def close(self) -> None:
         """Nothing held open between calls."""

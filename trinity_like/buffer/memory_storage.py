@@ -222,5 +222,9 @@ class MemoryStorage:
         """No more rows will come: a claim waiting for ``n`` rows returns what there is."""
         self._q.mark_writer_done()
 
+    def recover(self, checkpoint_step: int | None = None) -> dict[str, int]:
+        """Nothing survives a restart in memory: nothing to reconcile."""
+        return {}
+
     def close(self) -> None:
         """Nothing to release: the queue lives as long as this object (or the Ray actor)."""

@@ -17,6 +17,13 @@ NonNegInt = Annotated[int, Field(ge=0)]
 PosFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
 Prob = Annotated[float, Field(ge=0, le=1)]
+Dtype = Literal["float32", "bfloat16"]  # what every engine runs (fp16 has no CPU kernels worth using)
+Scheduler = Literal["constant", "cosine"]  # learning rate after warm-up
+
+
+def field_default(section: type[BaseModel], name: str) -> Any:
+    """The default of ``section.name``: engines' own parameter objects take theirs from here."""
+    return section.model_fields[name].default
 
 
 class Section(BaseModel):
@@ -27,7 +34,7 @@ class Section(BaseModel):
 
 class ModelConfig(Section):
     path: str = "smollm2-135m-instruct"  # built-in id (see `trinity-like list models`) or a local HF folder
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # fp32: bf16 is slower on most CPUs
+    dtype: Dtype = "float32"  # weights of the train engines; fp32: bf16 is slower on most CPUs
     max_prompt_tokens: PosInt = 256  # prompts longer than this are an error, not silently cut
     max_response_tokens: PosInt = 64  # upper bound on generated / trained response tokens
     critic_path: str | None = None  # initial weights of the value model (PPO); None: same as `path`
@@ -87,7 +94,7 @@ class SamplingConfig(Section):
 
 class ExplorerConfig(Section):
     placement: Literal["auto", "driver", "ray"] = "auto"  # where it runs; auto: a Ray actor when the trainer uses Ray
-    dtype: Literal["float32", "bfloat16"] = "float32"  # rollout weights; bf16 samples faster on CPUs with AVX-512 bf16
+    dtype: Dtype = "float32"  # rollout weights; bf16 samples faster on CPUs with AVX-512 bf16
     engine: Literal["hf"] = "hf"  # rollout engine: our batched KV-cache engine over any HF causal LM
     batch_size: PosInt = 8  # prompts per explore step
     group_size: PosInt = 8  # samples per prompt (GRPO's G)
@@ -110,7 +117,7 @@ class OptimizerConfig(Section):
     weight_decay: NonNegFloat = 0.0  # AdamW weight decay
     grad_clip: NonNegFloat = 1.0  # max global grad norm; 0 disables clipping
     warmup_steps: NonNegInt = 0  # linear warm-up steps
-    scheduler: Literal["constant", "cosine"] = "constant"  # LR after warm-up
+    scheduler: Scheduler = "constant"  # LR after warm-up
     min_lr_ratio: Prob = 0.0  # cosine floor as a fraction of lr
 
 

@@ -7,7 +7,6 @@ from typing import Any
 
 from trinity_like.buffer.datasets import DatasetOptions, ExpertSet, PairSet, RowSet, SftSet, TaskSet
 from trinity_like.config.schema import DatasetConfig
-from trinity_like.errors import ConfigError
 from trinity_like.experience import Task
 
 _OPTION_FIELDS = {f.name for f in fields(DatasetOptions)}
@@ -19,31 +18,11 @@ def dataset_options(ds: DatasetConfig, *, epochs: int | None) -> DatasetOptions:
 
 
 def generated_tasks(ds: DatasetConfig, where: str) -> list[Task]:
-    """Tasks of a built-in generator: ``arithmetic`` or ``reasoning_gym:<dataset>``."""
-    name = ds.generator or ""
-    if name == "arithmetic":
-        from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks
+    """Tasks of the TASK_SOURCE ``ds.generator`` names (``where``: the dataset's key path, for errors)."""
+    from trinity_like.explorer.tasks import task_source
 
-        args = dict(ds.generator_args)
-        for key in ("ranges",):
-            if key in args and isinstance(args[key], list):
-                args[key] = tuple(tuple(r) for r in args[key])
-        if "ops" in args and isinstance(args["ops"], list):
-            args["ops"] = tuple(args["ops"])
-        known = {f.name for f in fields(ArithmeticParams)}
-        unknown = set(args) - known
-        if unknown:
-            raise ConfigError(f"{where}.generator_args: unknown {sorted(unknown)} (known: {', '.join(sorted(known))})")
-        params = ArithmeticParams(**args)
-        return arithmetic_tasks(params, split=ds.split, count=ds.size or 10**9)
-    if name.startswith("reasoning_gym:"):
-        from trinity_like.explorer.tasks import reasoning_gym_tasks
-
-        dataset = name.split(":", 1)[1]
-        seed = ds.generator_args.get("seed", 0) + (10**6 if ds.split == "eval" else 0)
-        config = {k: v for k, v in ds.generator_args.items() if k != "seed"}
-        return reasoning_gym_tasks(dataset, count=ds.size or 100, seed=seed, config=config, system_prompt=ds.system_prompt)
-    raise ConfigError(f"{where}.generator: unknown generator {name!r} (known: arithmetic, reasoning_gym:<dataset>)")
+    source, params = task_source(ds.generator or "", ds.generator_args, where)
+    return list(source(split=ds.split, size=ds.size, seed=ds.seed, system_prompt=ds.system_prompt, params=params))
 
 
 def task_set(ds: DatasetConfig, where: str, *, train: bool) -> RowSet[Task]:

@@ -26,6 +26,7 @@ pairs when the run has no checkpoint yet, and are a one-line error when it has o
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from collections import Counter
@@ -34,7 +35,9 @@ from typing import Any, Callable
 
 from trinity_like.config.schema import DatasetConfig
 from trinity_like.errors import TrinityError
+from trinity_like.explorer.worker import ExplorerWorker, sampling_params
 from trinity_like.pipeline.checkpoint import write_atomic
+from trinity_like.pipeline.data_sources import offline_rows
 
 CHUNK = 32  # tasks per explorer call (progress and memory)
 SEED_BASE = {"buffer.train_data": 1_000_000, "buffer.eval_data": 2_000_000}  # distinct draws per source
@@ -51,12 +54,6 @@ def _pair(task: Any, samples: list[Any]) -> dict[str, Any] | None:
     rejected, _ = Counter(texts).most_common(1)[0]  # Counter keeps first-seen order among ties
     return {"prompt": task.messages(), "chosen": task.answer, "rejected": rejected}
 
-
-def source_tasks(source: DatasetConfig, where: str) -> list[Any]:
-    """The tasks a ``pairs_from_samples`` source names (loaded up front: bad data fails before any sampling)."""
-    from trinity_like.pipeline.data import task_set
-
-    return list(task_set(source.model_copy(update={"pairs_from_samples": None}), where, train=False))
 
 
 def _signature(cfg: Any, source: DatasetConfig, tasks: list[Any]) -> dict[str, Any]:
@@ -117,8 +114,6 @@ def _sample_pairs(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     from tqdm.auto import tqdm
 
-    from trinity_like.pipeline.context import sampling_params
-
     cfg = stage.config
     n = int(source.pairs_from_samples)
     pairs: list[dict[str, Any]] = []
@@ -128,7 +123,7 @@ def _sample_pairs(
     with tqdm(total=len(tasks), desc=desc, unit="task", disable=not cfg.monitor.progress, leave=False) as bar:
         for i in range(0, len(tasks), CHUNK):
             chunk = tasks[i : i + CHUNK]
-            sampling = dataclasses.replace(sampling_params(stage, step=SEED_BASE[where] + i // CHUNK), n=n)
+            sampling = dataclasses.replace(sampling_params(cfg, step=SEED_BASE[where] + i // CHUNK), n=n)
             result = explorer.run(chunk, sampling, True)  # scored like evaluation: right or wrong
             skipped += [s.reason for s in result.skipped]
             by_task: dict[str, list[Any]] = {}
@@ -149,3 +144,25 @@ def _sample_pairs(
         raise TrinityError(f"{where}.pairs_from_samples: no pair from {len(tasks)} tasks x {n} samples "
                            f"({right} always answered right, {len(skipped)} skipped{why})")
     return pairs, summary
+
+
+def add_self_pairs(stage: Any) -> None:
+    """Turn the stage's ``pairs_from_samples`` sources into pair rows (sampled once, by the starting
+    model), and count them in ``stage.data.summary``. Runs before any train engine exists."""
+    data, cfg = stage.data, stage.config
+    explorer = functools.cache(lambda: ExplorerWorker(cfg, str(stage.model_path)))
+    resuming = cfg.checkpoint.resume and stage.checkpoints.latest() is not None
+    for key, tasks in data.pair_tasks.items():
+        source = getattr(cfg.buffer, key)
+        ds, summary, built = build_self_pairs(stage, source, f"buffer.{key}", tasks, stage.run_dir / "self_pairs",
+                                              explorer, resuming=resuming)
+        if built:  # cached reference logprobs are keyed by pair-file line: stale for new pairs
+            (stage.run_dir / "ref_cache.safetensors").unlink(missing_ok=True)
+        rows = offline_rows(stage.spec, key, ds, stage.tokenizer)
+        if key == "train_data":
+            data.train = rows
+        else:
+            data.eval_rows = list(rows)
+        data.summary.update({f"self_pairs/{key}/{k}": float(v) for k, v in summary.items()})
+    if data.eval_tasks and explorer.cache_info().currsize:
+        stage.explorer = explorer()  # the starting model's engine answers the held-out tasks too

@@ -27,7 +27,7 @@ gradients add up to the full-batch gradient (the batch carries the global normal
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -60,6 +60,10 @@ class TrainEngine(Protocol):
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Full (unsharded) model weights on CPU, Hugging Face names -- for weight sync."""
+
+    def export_weights(self) -> Any:
+        """The full weights for an explorer: a state dict, or a Ray object reference to one
+        when the engine's workers live in Ray (the explorer actor fetches it directly)."""
 
     def save(self, path: str) -> None:
         """Write a Hugging Face folder (safetensors, config, tokenizer) plus optimizer state."""

@@ -1,36 +1,36 @@
-"""Train engines by name: ``verl`` (the default, verl's FSDP workers through Ray) or ``local``.
+"""The one train-engine factory: a recipe's ``trainer.engine`` over a model folder.
 
 Example::
 
-    engine = build_engine("local", ModelParams(path="tiny"), OptimParams(lr=1e-5))
+    actor = build_engine(config, "/path/to/hf_folder")                       # the policy
+    reference = build_engine(config, path, forward_only=True)                 # frozen
+    critic = build_engine(config, path, kind="value", critic=True)           # PPO's value model
+
+``local`` is an in-process torch engine; ``verl`` starts verl's FSDP workers through Ray
+(``cluster.trainer_workers`` of them, on GPUs when ``cluster.num_gpus`` is set). verl and
+Ray are imported only for the ``verl`` engine, so the ``local`` one starts without them.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from trinity_like.errors import TrinityError
+from trinity_like.config.schema import Config
 from trinity_like.trainer.base import TrainEngine
-from trinity_like.trainer.params import ModelParams, OptimParams
-
-if TYPE_CHECKING:
-    from trinity_like.trainer.verl_engine import VerlParams
-
-ENGINES = ("verl", "local")
+from trinity_like.trainer.params import model_params, optim_params
 
 
-def build_engine(name: str, model: ModelParams, optim: OptimParams, verl: VerlParams | None = None) -> TrainEngine:
-    """Start the named engine; ``verl`` (workers, Ray address) applies to the ``verl`` engine only.
+def build_engine(config: Config, path: str, *, kind: str = "lm", forward_only: bool = False,
+                 critic: bool = False) -> TrainEngine:
+    """A train engine of kind ``config.trainer.engine`` holding the model folder ``path``.
 
-    verl, Ray and the CPU registration are imported only when the ``verl`` engine is asked
-    for, so the ``local`` engine starts without them.
+    ``kind``: "lm" (logprobs), "value" (a critic's values) or "reward" (a reward model's
+    scores); ``critic`` takes the optimiser from ``trainer.critic_optimizer``.
     """
-    if name == "local":
+    model = model_params(config, path, kind=kind, forward_only=forward_only)
+    optim = optim_params(config, critic=critic)
+    if config.trainer.engine == "local":
         from trinity_like.trainer.local_engine import LocalEngine
 
         return LocalEngine(model, optim)
-    if name == "verl":
-        from trinity_like.trainer.verl_engine import VerlEngine, VerlParams
+    from trinity_like.trainer.verl_engine import VerlEngine, verl_params
 
-        return VerlEngine(model, optim, verl if verl is not None else VerlParams())
-    raise TrinityError(f"train engine {name!r} unknown; expected one of {', '.join(ENGINES)}")
+    return VerlEngine(model, optim, verl_params(config))

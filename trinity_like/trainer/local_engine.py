@@ -165,7 +165,8 @@ class LocalEngine:
         lr = self.optim_params.lr * lr_factor(self.step, self.optim_params)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        grad_norm = torch.nn.utils.clip_grad_norm_(self._parameters(), max_norm=self.optim_params.clip_grad)
+        clip = self.optim_params.grad_clip if self.optim_params.grad_clip > 0 else float("inf")  # 0: no clipping
+        grad_norm = torch.nn.utils.clip_grad_norm_(self._parameters(), max_norm=clip)
         if torch.isfinite(grad_norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -194,6 +195,10 @@ class LocalEngine:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Full weights on CPU under Hugging Face names."""
         return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        """The weights for an explorer: in-process, the state dict itself."""
+        return self.state_dict()
 
     def save(self, path: str) -> None:
         """A Hugging Face folder (safetensors, config, tokenizer) plus optimiser state and step count."""

@@ -1,7 +1,10 @@
 """Typed parameters shared by every train engine, and the learning-rate schedule.
 
 Both engines read the same :class:`ModelParams` and :class:`OptimParams`, so a recipe
-switches engines without touching its optimiser settings, and the schedule below is the
+switches engines without touching its optimiser settings. Their fields carry the recipe
+schema's names and take their defaults from it (:mod:`trinity_like.config.schema`): a
+value has one default, there. :func:`optim_params` and :func:`model_params` build them
+from a recipe's config. The schedule below is the
 one verl's FSDP engine applies (``verl.utils.torch_functional``'s warmup + constant /
 cosine ``LambdaLR``; the test compares the two), so both engines step with the same
 learning rate at every step.
@@ -12,11 +15,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from typing import get_args
+
+from trinity_like.config.schema import Config, Dtype, ModelConfig, OptimizerConfig, Scheduler, TrainerConfig
+from trinity_like.config.schema import field_default as _default
 from trinity_like.errors import TrinityError
 
 MODEL_KINDS = ("lm", "value", "reward")
-SCHEDULES = ("constant", "cosine")
-DTYPES = ("float32", "bfloat16")
+SCHEDULES = get_args(Scheduler)
+DTYPES = get_args(Dtype)
 
 
 @dataclass(frozen=True)
@@ -25,12 +32,12 @@ class ModelParams:
 
     path: str  # Hugging Face folder (config, safetensors, tokenizer) to start from
     kind: str = "lm"  # "lm": logprobs of the response; "value": values [B, R]; "reward": scores [B]
-    micro_batch_size: int = 4  # rows per forward/backward pass (per worker for the verl engine)
-    dtype: str = "float32"  # "float32" or "bfloat16" (local: the parameters; verl: compute over fp32 masters)
-    attn_implementation: str = "sdpa"  # transformers attention kernel; "sdpa" or "eager" on CPU
+    micro_batch_size: int = _default(TrainerConfig, "micro_batch_size")  # rows per forward/backward (per verl worker)
+    dtype: str = _default(ModelConfig, "dtype")  # local: the parameters; verl: compute over fp32 masters
+    attn_implementation: str = _default(ModelConfig, "attn_implementation")  # transformers attention kernel
     forward_only: bool = False  # a frozen model (the reference policy): no optimiser, no grads
     gradient_checkpointing: bool = False  # recompute activations in backward to save memory
-    head_seed: int = 0  # seed of the scalar head's initialisation when the folder has none
+    head_seed: int = _default(Config, "seed")  # seed of the scalar head's initialisation when the folder has none
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
@@ -43,22 +50,22 @@ class ModelParams:
 
 @dataclass(frozen=True)
 class OptimParams:
-    """AdamW, gradient clipping and the learning-rate schedule."""
+    """AdamW, gradient clipping and the learning-rate schedule (``trainer.optimizer`` of a recipe)."""
 
-    lr: float = 1e-6  # peak learning rate
-    betas: tuple[float, float] = (0.9, 0.999)  # AdamW moment decay rates
-    weight_decay: float = 0.01  # AdamW decoupled weight decay
-    eps: float = 1e-8  # AdamW denominator epsilon
-    clip_grad: float = 1.0  # max global gradient L2 norm before the step
-    warmup_steps: int = 0  # linear warmup from 0 to ``lr`` over this many optimiser steps
-    schedule: str = "constant"  # after warmup: "constant" or "cosine" decay
-    total_steps: int = -1  # optimiser steps of the whole run (cosine only)
-    min_lr_ratio: float = 0.0  # cosine floor as a fraction of ``lr``
+    lr: float = _default(OptimizerConfig, "lr")  # peak learning rate
+    betas: tuple[float, float] = _default(OptimizerConfig, "betas")  # AdamW moment decay rates
+    weight_decay: float = _default(OptimizerConfig, "weight_decay")  # AdamW decoupled weight decay
+    eps: float = _default(OptimizerConfig, "eps")  # AdamW denominator epsilon
+    grad_clip: float = _default(OptimizerConfig, "grad_clip")  # max global gradient L2 norm; 0: no clipping
+    warmup_steps: int = _default(OptimizerConfig, "warmup_steps")  # linear warmup from 0 to ``lr``, in optimiser steps
+    scheduler: str = _default(OptimizerConfig, "scheduler")  # after warmup: "constant" or "cosine" decay
+    total_steps: int = -1  # optimiser steps of the whole run (derived: cosine only)
+    min_lr_ratio: float = _default(OptimizerConfig, "min_lr_ratio")  # cosine floor as a fraction of ``lr``
 
     def __post_init__(self) -> None:
-        if self.schedule not in SCHEDULES:
-            raise TrinityError(f"lr schedule {self.schedule!r} unknown; expected one of {', '.join(SCHEDULES)}")
-        if self.schedule == "cosine" and self.total_steps <= 0:
+        if self.scheduler not in SCHEDULES:
+            raise TrinityError(f"lr schedule {self.scheduler!r} unknown; expected one of {', '.join(SCHEDULES)}")
+        if self.scheduler == "cosine" and self.total_steps <= 0:
             raise TrinityError("the cosine lr schedule needs total_steps > 0")
 
 
@@ -71,8 +78,25 @@ def lr_factor(step: int, params: OptimParams) -> float:
     """
     if step < params.warmup_steps:
         return step / max(1, params.warmup_steps)
-    if params.schedule == "constant":
+    if params.scheduler == "constant":
         return 1.0
     progress = (step - params.warmup_steps) / max(1, params.total_steps - params.warmup_steps)
     coef, intercept = (1 - params.min_lr_ratio) * 0.5, (1 + params.min_lr_ratio) * 0.5
     return max(params.min_lr_ratio, math.cos(math.pi * progress) * coef + intercept)
+
+
+def optim_params(config: Config, *, critic: bool = False) -> OptimParams:
+    """The policy's (or the critic's) optimiser of a recipe: ``trainer.optimizer`` / ``trainer.critic_optimizer``."""
+    t = config.trainer
+    o = t.critic_optimizer if critic else t.optimizer
+    values = {k: getattr(o, k) for k in OptimizerConfig.model_fields}
+    return OptimParams(**values, total_steps=t.total_steps * t.update_epochs)
+
+
+def model_params(config: Config, path: str, *, kind: str = "lm", forward_only: bool = False) -> ModelParams:
+    """How a train engine holds the model folder ``path`` for a recipe."""
+    m = config.model
+    return ModelParams(
+        path=path, kind=kind, micro_batch_size=config.trainer.micro_batch_size, dtype=m.dtype,
+        attn_implementation=m.attn_implementation, forward_only=forward_only, head_seed=config.seed,
+    )

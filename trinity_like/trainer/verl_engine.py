@@ -36,6 +36,8 @@ from typing import Any
 import ray
 import torch
 
+from trinity_like.config.schema import ClusterConfig, Config
+from trinity_like.config.schema import field_default as _default
 from trinity_like.errors import TrinityError
 from trinity_like.plugins import ray_runtime_env
 from trinity_like.trainer import verl_cpu
@@ -44,19 +46,27 @@ from trinity_like.trainer.params import ModelParams, OptimParams
 
 @dataclass(frozen=True)
 class VerlParams:
-    """Where and how wide the verl workers run."""
+    """Where and how wide the verl workers run (``cluster`` of a recipe: :func:`verl_params`)."""
 
-    num_workers: int = 2  # data-parallel FSDP ranks (one Ray actor each)
-    ray_address: str | None = None  # an existing Ray cluster ("ray://host:10001", "auto"); None starts one here
-    num_cpus: int | None = None  # CPUs for a locally started Ray; None lets Ray count them
+    num_workers: int = _default(ClusterConfig, "trainer_workers")  # data-parallel FSDP ranks (one Ray actor each)
+    ray_address: str | None = _default(ClusterConfig, "ray_address")  # an existing Ray cluster; None starts one here
+    num_cpus: int | None = _default(ClusterConfig, "num_cpus")  # CPUs for a locally started Ray; None: Ray counts them
+    use_gpu: bool = False  # one GPU per worker (nccl); False: CPU workers (gloo)
     strategy: str = "fsdp2"  # verl's FSDP flavour: "fsdp2" (fully_shard) or "fsdp"
-    seed: int = 42  # verl's engine seed
+    seed: int = _default(Config, "seed")  # verl's engine seed
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
             raise TrinityError(f"num_workers must be >= 1, got {self.num_workers}")
         if self.strategy not in ("fsdp", "fsdp2"):
             raise TrinityError(f"verl strategy {self.strategy!r} unknown; expected fsdp2 or fsdp (fsdp2 on CPU)")
+
+
+def verl_params(config: Config) -> VerlParams:
+    """A recipe's ``cluster`` section as verl worker placement."""
+    c = config.cluster
+    return VerlParams(num_workers=c.trainer_workers, ray_address=c.ray_address, num_cpus=c.num_cpus,
+                      use_gpu=c.num_gpus > 0, seed=config.seed)
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -178,9 +188,9 @@ def worker_config(model: ModelParams, optim: OptimParams, verl: VerlParams, use_
         lr=optim.lr,
         betas=optim.betas,
         weight_decay=optim.weight_decay,
-        clip_grad=optim.clip_grad,
+        clip_grad=optim.grad_clip if optim.grad_clip > 0 else float("inf"),  # 0: no clipping
         lr_warmup_steps=optim.warmup_steps,
-        lr_scheduler_type=optim.schedule,
+        lr_scheduler_type=optim.scheduler,
         total_training_steps=optim.total_steps,
         min_lr_ratio=optim.min_lr_ratio,
         override_optimizer_config={"eps": optim.eps},
@@ -202,9 +212,9 @@ class VerlEngine:
     ) -> None:
         check_model_folder(model.path)  # before Ray starts: a typo fails in a second
         self._started_ray = start_ray(verl)
-        # GPUs or not is the cluster's property, not the driver's: a CPU-only driver may
-        # drive GPU workers. Without GPUs, verl's CPU registration runs here and in workers.
-        self.use_gpu = ray.cluster_resources().get("GPU", 0) >= verl.num_workers
+        # GPUs are the cluster's, not the driver's: a CPU-only driver may drive GPU workers.
+        # Without GPUs, verl's CPU registration runs here and in the workers.
+        self.use_gpu = verl.use_gpu
         check_free_resources(verl.num_workers, "GPU" if self.use_gpu else "CPU")
         if not self.use_gpu:
             verl_cpu.install()
@@ -265,9 +275,9 @@ class VerlEngine:
         """Full weights gathered from the shards, on the driver's CPU."""
         return self.group.trinity_state_dict()[0]
 
-    def state_dict_ref(self) -> Any:
-        """A Ray reference to the full weights, put in the object store by rank 0: for a
-        reader in another Ray process (the explorer actor), without a trip through the
+    def export_weights(self) -> Any:
+        """A Ray reference to the full weights, put in the object store by rank 0: a reader
+        in another Ray process (the explorer actor) fetches them without a trip through the
         driver. A tied output embedding is left out (the reader's model ties it)."""
         return self.group.trinity_state_ref()[0][0]
 

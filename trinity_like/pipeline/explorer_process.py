@@ -10,7 +10,7 @@ They meet in two places only:
 
 - the SQLite buffer (``<run_dir>/buffer.sqlite`` by default): the explorer writes each
   step's experiences, the trainer claims a batch and commits it with its checkpoint;
-- the weight channel (``<run_dir>/sync``, :mod:`.sync`): the trainer publishes its weights
+- the weight channel (``<run_dir>/sync``, :mod:`.weight_channel`): the trainer publishes its weights
   every ``synchronizer.interval`` steps (and at the end), the explorer loads the newest.
 
 The explorer keeps the schedule of the one-process loop: the batch for step ``t`` is
@@ -29,10 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trinity_like.monitor.logger import PhaseTimer
 from trinity_like.pipeline.checkpoint import write_atomic
-from trinity_like.pipeline.context import StageContext
-from trinity_like.pipeline.metrics import PhaseTimer
-from trinity_like.pipeline.sync import WeightChannel
+from trinity_like.pipeline.stage import Stage
+from trinity_like.pipeline.weight_channel import WeightChannel
 
 WAIT_NOTICE_S = 60.0  # how often a waiting explorer says what it waits for
 
@@ -58,10 +58,10 @@ def needed_version(step: int, offset: int, interval: int) -> int:
     return behind // interval * interval
 
 
-class Explorer:
+class ExplorerProcess:
     """The explorer process's loop over the weight channel and the buffer."""
 
-    def __init__(self, ctx: StageContext, poll_s: float = 0.2) -> None:
+    def __init__(self, ctx: Stage, poll_s: float = 0.2) -> None:
         self.ctx = ctx
         self.channel = WeightChannel(ctx.run_dir)
         self.state = ExplorerState(ctx.run_dir)
@@ -78,7 +78,7 @@ class Explorer:
                 return time.perf_counter() - t0
             if latest is not None and latest >= version and latest > self.version:
                 try:
-                    self.ctx.explorer.load_weights(str(self.channel.folder(latest)), latest)
+                    self.ctx.explorer.receive_weights(self.channel.folder(latest), latest)
                 except FileNotFoundError:  # pruned while we read it: take the newest again
                     continue
                 self.version = latest
@@ -97,13 +97,13 @@ class Explorer:
 
     def run(self) -> dict[str, float]:
         ctx = self.ctx
-        cfg = ctx.stage.config
+        cfg = ctx.config
         total, offset, interval = cfg.trainer.total_steps, cfg.synchronizer.offset, cfg.synchronizer.interval
         start = 0
         saved = self.state.load() if cfg.checkpoint.resume else None
         if saved is not None:
             start = int(saved["step"])
-            ctx.tasks.load_state_dict(saved["tasks"])
+            ctx.data.train.load_state_dict(saved["tasks"])
             ctx.logger.write(f"explorer resumed after step {start}")
             if ctx.logger.bar is not None:
                 ctx.logger.bar.update(start)
@@ -124,7 +124,7 @@ class Explorer:
                 rows, metrics = ctx.explore(step)
             with timer("buffer_write"):
                 ctx.storage.put(rows)
-            self.state.save({"step": step, "tasks": ctx.tasks.state_dict(), "version": self.version})
+            self.state.save({"step": step, "tasks": ctx.data.train.state_dict(), "version": self.version})
             rewards = [float(r.reward or 0.0) for r in rows]
             metrics.update(timer.metrics())
             metrics.update({
@@ -141,6 +141,6 @@ class Explorer:
         return last
 
 
-def run_explore(ctx: StageContext) -> dict[str, float]:
+def run_explore(ctx: Stage) -> dict[str, float]:
     """``explore`` mode: roll out and write experiences for a trainer process (see module doc)."""
-    return Explorer(ctx).run()
+    return ExplorerProcess(ctx).run()

@@ -1,4 +1,4 @@
-"""Step metrics: timing of phases, the monitors (JSONL, TensorBoard, ...) and the progress bar."""
+"""Step metrics: timing of phases, and the logger that feeds the monitors (JSONL, TensorBoard, ...) and the progress bar."""
 
 from __future__ import annotations
 

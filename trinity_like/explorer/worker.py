@@ -1,0 +1,192 @@
+"""Where the explorer runs: in the driver's process, or as a Ray actor that Ray restarts.
+
+Both are an :class:`Explorer`: ``run`` a batch of tasks through the workflow and take
+new weights with ``receive_weights``. The pipeline holds one and never asks which::
+
+    explorer = ExplorerWorker(config, model_folder)          # or RemoteExplorer(config, model_folder)
+    result = explorer.run(tasks, sampling_params(config, step=1))
+    explorer.receive_weights(actor.export_weights(), version=1)   # a state dict, a Ray ref, or a folder
+
+A crashed actor (OOM, a reward function that kills its process, a lost node) is restarted
+by Ray (``max_restarts``); :class:`RemoteExplorer` then re-sends the latest weights and
+retries the call, so the run goes on. Each restart is counted (``restarts``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, Union
+
+import ray
+from ray.exceptions import RayActorError
+
+from trinity_like.components import build_params, params_type
+from trinity_like.config.schema import Config
+from trinity_like.errors import TrinityError
+from trinity_like.experience import Task
+from trinity_like.plugins import load_plugins, ray_runtime_env
+
+if TYPE_CHECKING:
+    import torch
+
+    from trinity_like.explorer.engine import SamplingParams
+    from trinity_like.explorer.workflows import WorkflowResult
+
+MAX_RESTARTS = 3
+
+# New weights for an explorer: a state dict, a Ray reference to one, or a model folder.
+Weights = Union["dict[str, torch.Tensor]", ray.ObjectRef, str, Path]
+
+
+def workflow_params(config: Config, cls: type, *, evaluation: bool = False) -> Any:
+    """The workflow's params: the explorer's reward settings it declares, and nothing else."""
+    e = config.explorer
+    use_eval = evaluation and e.eval_reward_fn is not None
+    offered = {
+        "reward_fn": e.eval_reward_fn if use_eval else e.reward_fn,
+        "reward_params": dict(e.eval_reward_args if use_eval else e.reward_args),
+        "reward_timeout_s": e.reward_timeout_s,
+        "reward_retries": e.reward_retries,
+    }
+    ptype = params_type(cls)
+    known = {f.name for f in dataclasses.fields(ptype)} if ptype else set()
+    return build_params(cls, {k: v for k, v in offered.items() if k in known}, where="explorer")
+
+
+def sampling_params(config: Config, *, step: int, evaluation: bool = False) -> SamplingParams:
+    """The explorer's sampling for ``step``; seeds depend on (run seed, step) only."""
+    from trinity_like.explorer.engine import SamplingParams
+
+    s = config.explorer.eval_sampling if evaluation else config.explorer.sampling
+    return SamplingParams(
+        n=1 if evaluation else config.explorer.group_size,
+        max_new_tokens=s.max_new_tokens or config.model.max_response_tokens,
+        temperature=s.temperature if s.temperature > 0 else 1.0,
+        greedy=s.temperature == 0,
+        top_k=s.top_k,
+        top_p=s.top_p,
+        seed=(config.seed * 1_000_003 + step) % 2**62,
+        stop_token_ids=tuple(s.stop_token_ids) or None,
+        stop_strings=tuple(s.stop),
+    )
+
+
+class Explorer(Protocol):
+    """What the pipeline needs of an explorer, wherever it runs."""
+
+    restarts: int  # times it crashed and was brought back
+
+    def run(self, tasks: list[Task], sampling: SamplingParams, evaluation: bool = False) -> WorkflowResult:
+        """Sample and score ``tasks`` (with the evaluation reward when ``evaluation``)."""
+
+    def receive_weights(self, weights: Weights, version: int) -> None:
+        """Sample with ``weights`` from now on, recorded as model ``version``."""
+
+    def close(self) -> None:
+        """Free the model (and the actor)."""
+
+
+def _state_dict(weights: Weights) -> tuple[dict, bool]:
+    """A state dict from any :data:`Weights`, and whether it is a full one (a folder may omit tied weights)."""
+    if isinstance(weights, ray.ObjectRef):
+        return ray.get(weights), True
+    if isinstance(weights, (str, Path)):
+        from safetensors.torch import load_file
+
+        files = sorted(Path(weights).glob("*.safetensors"))
+        if not files:  # a folder pruned under the reader: it asks for the newest again
+            raise FileNotFoundError(f"no weights (*.safetensors) in {weights}")
+        state: dict = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        return state, False
+    return weights, True
+
+
+class ExplorerWorker:
+    """Rollout engine + workflow over a model folder; in-process, or the body of the Ray actor."""
+
+    def __init__(self, config: Config, model_path: str, num_threads: int | None = None) -> None:
+        import torch
+
+        from trinity_like.explorer.engine import EngineParams, RolloutEngine
+        from trinity_like.models.resolve import load_model
+        from trinity_like.registry import WORKFLOW
+
+        load_plugins()
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        model, tokenizer = load_model(model_path, dtype=getattr(torch, config.explorer.dtype))
+        self.engine = RolloutEngine(model, tokenizer, EngineParams(max_batch_size=config.explorer.max_concurrent))
+        wf_cls = WORKFLOW.get(config.explorer.workflow)
+        self.workflow = wf_cls(params=workflow_params(config, wf_cls))
+        self.eval_workflow = (
+            wf_cls(params=workflow_params(config, wf_cls, evaluation=True)) if config.explorer.eval_reward_fn else self.workflow
+        )
+        self.restarts = 0  # in-process: a crash is the driver's
+
+    def run(self, tasks: list[Task], sampling: SamplingParams, evaluation: bool = False) -> WorkflowResult:
+        workflow = self.eval_workflow if evaluation else self.workflow
+        return workflow.run(tasks, engine=self.engine, sampling=sampling)
+
+    def receive_weights(self, weights: Weights, version: int) -> None:
+        state, full = _state_dict(weights)
+        self.engine.update_weights(state, version=version, strict=full)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def close(self) -> None:
+        self.engine = None
+
+
+class RemoteExplorer:
+    """An :class:`ExplorerWorker` in a Ray actor, with crash recovery."""
+
+    def __init__(self, config: Config, model_path: str) -> None:
+        actor_cls = ray.remote(max_restarts=MAX_RESTARTS, max_task_retries=0, num_cpus=0)(ExplorerWorker)
+        self.actor = actor_cls.options(runtime_env=ray_runtime_env()).remote(config, model_path, os.cpu_count())
+        self._weights: tuple[Weights, int] | None = None  # the latest, re-sent to a restarted actor
+        self.restarts = 0
+        ray.get(self.actor.pid.remote())  # fail here, not mid-run, if the actor cannot start
+
+    def _call(self, method: str, *args: Any) -> Any:
+        for attempt in range(MAX_RESTARTS + 1):
+            try:
+                return ray.get(getattr(self.actor, method).remote(*args))
+            except RayActorError as exc:
+                if attempt == MAX_RESTARTS:
+                    raise TrinityError(f"the explorer actor crashed {attempt + 1} times; last: {exc}") from None
+                self.restarts += 1
+                self._wait_alive()
+                if self._weights is not None:
+                    ray.get(self.actor.receive_weights.remote(*self._weights))
+        raise AssertionError("unreachable")
+
+    def _wait_alive(self) -> None:
+        for _ in range(600):
+            try:
+                ray.get(self.actor.pid.remote(), timeout=60)
+                return
+            except RayActorError:
+                time.sleep(0.5)
+        raise TrinityError("the explorer actor did not come back after a crash")
+
+    def run(self, tasks: list[Task], sampling: SamplingParams, evaluation: bool = False) -> WorkflowResult:
+        return self._call("run", tasks, sampling, evaluation)
+
+    def receive_weights(self, weights: Weights, version: int) -> None:
+        """A state dict goes to the object store once (shared by reference with any retry)."""
+        if isinstance(weights, dict):
+            weights = ray.put(weights)
+        self._weights = (weights, version)
+        self._call("receive_weights", weights, version)
+
+    def pid(self) -> int:
+        return self._call("pid")
+
+    def close(self) -> None:
+        ray.kill(self.actor, no_restart=True)

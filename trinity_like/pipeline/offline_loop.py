@@ -1,0 +1,162 @@
+"""The offline loop: SFT, DPO and reward-model training straight from a dataset.
+
+No explorer samples training data. Each step takes the next ``train_batch_size`` rows of
+the training set (resumable, seeded order) and takes one optimiser step
+(:func:`.rl_loop.update`), then ends the step as the RL loop does (:func:`.rl_loop.end_step`):
+
+- SFT: masked NLL on assistant tokens;
+- DPO: the reference logprobs of each pair are computed once, the first time the pair is
+  seen, and cached on disk in the run directory (``ref_cache.safetensors``) so the
+  reference model is loaded only while uncached pairs remain, and never again on resume;
+- RM: a scalar head on the last non-pad token, Bradley-Terry loss on (chosen, rejected).
+
+Pair data can also come from the model itself: ``pairs_from_samples`` on a task source
+samples the starting model and pairs the reference answer with its most frequent wrong
+answer (:mod:`.self_pairs`), once per run directory.
+
+With ``buffer.eval_tasks`` set, an SFT or DPO stage also reports greedy held-out answer
+accuracy (``eval/accuracy``, as an online stage does) at the start and the end: the
+effect of the offline objective on the task itself, whichever way it goes.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trinity_like.config import ResolvedStage
+from trinity_like.errors import TrinityError
+from trinity_like.monitor.logger import PhaseTimer
+from trinity_like.pipeline.batching import experience_batch, pair_batch
+from trinity_like.pipeline.rl_loop import end_step, update
+from trinity_like.pipeline.stage import Stage, build_stage
+from trinity_like.trainer.engines import build_engine
+
+Batch = dict[str, torch.Tensor]
+
+
+class RefCache:
+    """Reference logprobs of pair rows, keyed by the row's id, persisted in the run directory."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.values: dict[str, torch.Tensor] = {}
+        if path.exists():
+            from safetensors.torch import load_file
+
+            self.values = dict(load_file(str(path)))
+
+    def missing(self, keys: list[str]) -> list[str]:
+        return [k for k in keys if f"{k}/c" not in self.values]  # a pair is stored as <key>/c and <key>/r
+
+    def save(self) -> None:
+        from safetensors.torch import save_file
+
+        tmp = self.path.with_suffix(".tmp")
+        save_file({k: v.contiguous() for k, v in self.values.items()}, str(tmp))
+        tmp.replace(self.path)
+
+
+def _row_keys(rows: list[Any]) -> list[str]:
+    return [r.task_id or r.eid for r in rows]
+
+
+def _pair_ref_logprob(stage: Stage, rows: list[Any], batch: Batch, cache: RefCache) -> torch.Tensor:
+    """``ref_logprob [2B, R]`` of a pair batch, from the cache or one reference forward."""
+    keys = _row_keys(rows)
+    if cache.missing(keys):
+        if stage.reference is None:
+            stage.reference = build_engine(stage.config, str(stage.model_path), forward_only=True)
+        ref = stage.reference.compute_logprobs(batch)["logprob"]
+        lengths = (batch["response_mask"] > 0).sum(-1)
+        for i, key in enumerate(keys):  # pair i: chosen in row 2i, rejected in row 2i + 1
+            cache.values[f"{key}/c"] = ref[2 * i, : lengths[2 * i]].clone()
+            cache.values[f"{key}/r"] = ref[2 * i + 1, : lengths[2 * i + 1]].clone()
+        cache.save()
+    out = torch.zeros_like(batch["response_mask"])
+    for i, key in enumerate(keys):
+        c, r = cache.values[f"{key}/c"], cache.values[f"{key}/r"]
+        out[2 * i, : c.numel()] = c
+        out[2 * i + 1, : r.numel()] = r
+    return out
+
+
+class OfflineTrainer:
+    """Batches of dataset rows, their cached reference logprobs, and held-out evaluation."""
+
+    def __init__(self, stage: Stage) -> None:
+        self.stage = stage
+        needs_ref = "ref_logprob" in stage.batch_needs
+        self.cache = RefCache(stage.run_dir / "ref_cache.safetensors") if needs_ref else None
+        self.batch_size = stage.config.buffer.train_batch_size or stage.config.explorer.batch_size
+
+    def batch(self, rows: list[Any]) -> Batch:
+        stage = self.stage
+        batch = pair_batch(rows, stage.pad_id) if stage.spec.algorithm.schema == "pair" else experience_batch(rows, stage.pad_id)
+        if self.cache is not None:
+            batch["ref_logprob"] = _pair_ref_logprob(stage, rows, batch, self.cache)
+        return batch
+
+    def free_reference(self) -> None:
+        """Every training pair's reference logprobs are cached: the reference model can go."""
+        stage = self.stage
+        if self.cache is not None and stage.reference is not None and not self.cache.missing(_row_keys(stage.data.train.rows)):
+            stage.reference.close()
+            stage.reference = None
+
+    @torch.no_grad()
+    def held_out(self) -> dict[str, float]:
+        """Held-out loss (SFT), or preference accuracy and margin (DPO, RM), over ``buffer.eval_data``."""
+        rows_all = self.stage.data.eval_rows
+        metrics: dict[str, list[float]] = {}
+        for i in range(0, len(rows_all), self.batch_size):
+            rows = rows_all[i : i + self.batch_size]
+            batch = self.batch(rows)
+            _, m = self.stage.objective(self.stage.actor.compute_logprobs(batch), batch)
+            for k, v in m.items():
+                metrics.setdefault(k, []).append(float(v) * len(rows))
+        return {f"eval/{k}": sum(v) / len(rows_all) for k, v in metrics.items()}
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out rows, and answer accuracy on held-out tasks with the current weights."""
+        stage = self.stage
+        if stage.explorer is not None:
+            stage.explorer.receive_weights(stage.actor.export_weights(), stage.model_version)
+        return {**self.held_out(), **stage.evaluate()}
+
+
+def run_offline(spec: ResolvedStage) -> dict[str, float]:
+    """Train an offline stage (SFT, DPO, RM) to ``trainer.total_steps``; returns the last metrics."""
+    if spec.config.buffer.eval_tasks is not None and "scores" in spec.needs:
+        raise TrinityError("buffer.eval_tasks: answer accuracy needs a language model; a reward model reports "
+                           "pairwise accuracy on buffer.eval_data")
+    stage = build_stage(spec, "offline")
+    try:
+        cfg, total = stage.config, stage.config.trainer.total_steps
+        pair_metrics = stage.data.summary
+        trainer = OfflineTrainer(stage)
+        has_eval = bool(stage.data.eval_rows or stage.data.eval_tasks)
+        if stage.start_step == 0 and (pair_metrics or (has_eval and cfg.monitor.eval_at_start)):
+            stage.log(0, {**pair_metrics, **(trainer.evaluate() if has_eval and cfg.monitor.eval_at_start else {})})
+        last: dict[str, float] = {}
+        for step in range(stage.start_step + 1, total + 1):
+            timer, t0 = PhaseTimer(), time.perf_counter()
+            rows = stage.data.train.next_batch(trainer.batch_size)
+            if not rows:
+                raise TrinityError("the training set is empty")
+            with timer("reference"):
+                batch = trainer.batch(rows)
+            last = update(stage, step, batch, timer)
+            trainer.free_reference()
+            stage.model_version = step
+            end_step(stage, step, timer, t0, last, batch, evaluate=trainer.held_out)
+        if has_eval:
+            final = trainer.evaluate()
+            stage.log(total, final)
+            last.update(final)
+        return last
+    finally:
+        stage.close()

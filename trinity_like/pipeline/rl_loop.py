@@ -1,0 +1,262 @@
+"""The RL loop, top to bottom: explore, buffer, sample a batch, advantages, loss, optimiser, sync.
+
+Start reading here. One synchronous loop in one process (the train engine may still be
+verl's FSDP workers on Ray, the explorer a Ray actor); the :class:`~.stage.Stage` it drives
+holds the engines and data (:mod:`.stage`). One step of GRPO::
+
+    tasks   = next explorer.batch_size tasks                       stage.explore  (resumable order)
+    rows    = workflow(tasks): group_size samples each, rewarded        [explorer]
+    buffer.put(rows)                                                    [SQLite by default]
+    batch   = sample_strategy.sample(buffer, train_batch_size)         learn
+    batch   = drop groups of equal rewards (dynamic sampling, DAPO)
+    ref / old logprobs, critic values -- only what a component asks for
+    advantages = advantage_fn(rewards, groups, ...)                     compute_advantages
+    forward_backward(objective); optim_step                             update
+    every sync_interval steps: explorer weights <- trainer weights      end_step -> stage.sync_weights
+    every checkpoint.interval steps: checkpoint, then buffer.commit(step)
+
+Off-policy: the explorer may run ``synchronizer.offset`` steps ahead of the trainer, so
+with offset k the batch trained at step t was sampled by the weights of step t - k;
+each row records the version that produced it and staleness is logged.
+
+The offline loop (:mod:`.offline_loop`: SFT, DPO, RM) and the explorer process
+(:mod:`.explorer_process`) reuse :func:`update` and :func:`end_step`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from trinity_like.components import call_component
+from trinity_like.errors import TrinityError
+from trinity_like.experience import Experience
+from trinity_like.monitor.logger import PhaseTimer
+from trinity_like.ops import apply_kl_penalty, groups_with_signal, normalizers
+from trinity_like.pipeline.batching import experience_batch, split_rows
+from trinity_like.pipeline.stage import Stage
+
+Batch = dict[str, torch.Tensor]
+
+
+def run_online(stage: Stage) -> dict[str, float]:
+    """Mode ``both``: explore and train ``stage`` from ``start_step`` to ``trainer.total_steps``."""
+    cfg = stage.config
+    total, offset = cfg.trainer.total_steps, cfg.synchronizer.offset
+    last: dict[str, float] = {}
+    if cfg.monitor.eval_at_start and stage.eval_tasks and stage.start_step == 0:
+        stage.log(0, stage.evaluate())
+    pending: list[list[Experience]] = []  # explored batches waiting for the trainer (off-policy window)
+    for step in range(stage.start_step + 1, total + 1):
+        timer, t0 = PhaseTimer(), time.perf_counter()
+        metrics: dict[str, float] = {}
+        # -- explore: keep `offset` batches ahead of the trainer ------------------------------
+        while len(pending) <= offset and step + len(pending) <= total:
+            with timer("rollout"):
+                rows, explore_metrics = stage.explore(step + len(pending))
+            metrics.update(explore_metrics)
+            with timer("buffer_write"):
+                stage.storage.put(rows)
+            pending.append(rows)
+        pending.pop(0)
+        # -- sample a batch, train, sync, checkpoint, log ---------------------------------------
+        learned, batch = learn(stage, step, timer)
+        metrics.update(learned)
+        end_step(stage, step, timer, t0, metrics, batch)
+        last = metrics
+    if stage.eval_tasks:
+        final = stage.evaluate()
+        stage.log(total, final)
+        last.update(final)
+    return last
+
+
+def run_trainer(stage: Stage) -> dict[str, float]:
+    """Mode ``train``: the trainer alone, fed by an explorer process through the shared buffer.
+
+    Weights are published to ``<run_dir>/sync`` for the explorer (:mod:`.weight_channel`);
+    a claim waits until the explorer has written a full batch.
+    """
+    last: dict[str, float] = {}
+    for step in range(stage.start_step + 1, stage.config.trainer.total_steps + 1):
+        timer, t0 = PhaseTimer(), time.perf_counter()
+        last, batch = learn(stage, step, timer)
+        end_step(stage, step, timer, t0, last, batch)
+    return last
+
+
+# -- the trainer's half of a step ------------------------------------------------------------
+def learn(stage: Stage, step: int, timer: PhaseTimer) -> tuple[dict[str, float], Batch | None]:
+    """Sample a batch from the buffer and take one optimiser step on it.
+
+    Returns the metrics and the batch trained on (None when dynamic sampling left nothing).
+    """
+    cfg = stage.config
+    with timer("sample"):
+        rows = stage.strategy.sample(experiences=stage.storage, batch_size=train_batch_size(stage),
+                                     model_version=stage.model_version, expert=stage.data.expert)
+    if not rows:
+        raise TrinityError(f"step {step}: the buffer gave no experiences (explorer produced none?)")
+    batch: Batch | None = experience_batch(rows, stage.pad_id)
+    metrics = rollout_stats(batch, stage.model_version)
+    if stage.spec.dynamic_sampling:
+        batch, metrics["dynamic_sampling/dropped_rows"] = drop_uninformative_groups(batch)
+    if batch is None:
+        metrics["skipped/no_signal"] = 1.0
+    else:
+        metrics.update(update(stage, step, batch, timer, prepare=prepare_rl_batch))
+    stage.model_version = step
+    return metrics, batch
+
+
+def train_batch_size(stage: Stage) -> int:
+    """Rows per train step: ``buffer.train_batch_size``, else everything one explore step writes."""
+    cfg = stage.config
+    return cfg.buffer.train_batch_size or cfg.explorer.batch_size * cfg.explorer.group_size
+
+
+def rollout_stats(batch: Batch, model_version: int) -> dict[str, float]:
+    """Reward, response length and staleness (trainer version - sampler version) of the sampled rows.
+
+    Expert rows (MIX) were never sampled: their reward (0), length and version (0) say nothing
+    about the policy, so they are left out and counted under ``expert_rows``.
+    """
+    sampled = ~batch["is_expert"].bool()
+    out = {"expert_rows": float((~sampled).sum())} if not sampled.all() else {}
+    if not sampled.any():
+        return out
+    rewards = batch["rewards"][sampled].float()
+    lengths = (batch["response_mask"][sampled] > 0).sum(-1).float()
+    staleness = (model_version - batch["model_version"][sampled]).float()
+    return {
+        **out,
+        "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std(unbiased=False)),
+        "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
+        "staleness/mean": float(staleness.mean()), "staleness/max": float(staleness.max()),
+    }
+
+
+def drop_uninformative_groups(batch: Batch) -> tuple[Batch | None, float]:
+    """Dynamic sampling (DAPO, arXiv:2503.14476 sec. 3.2): under a group baseline a group whose
+    rewards are all equal carries no signal. Such groups are dropped; expert rows (MIX) are
+    demonstrations, not groups, and always stay. Returns the batch (None if empty) and the rows dropped."""
+    keep_B = groups_with_signal(batch["rewards"], batch["group_index"]) | batch["is_expert"].bool()
+    keep = keep_B.nonzero(as_tuple=True)[0]
+    dropped = float(batch["rewards"].shape[0] - keep.numel())
+    if keep.numel() == 0:
+        return None, dropped
+    if dropped == 0:
+        return batch, 0.0
+    out = split_rows(batch, keep)
+    out.update(normalizers(out["response_mask"], out.get("is_expert")))
+    return out, dropped
+
+
+def prepare_rl_batch(stage: Stage, batch: Batch, timer: PhaseTimer) -> dict[str, float]:
+    """What the losses read besides the policy's own logprobs: reference and old logprobs,
+    critic values (each only when a component asks for it), then advantages."""
+    needs = stage.batch_needs
+    if "ref_logprob" in needs:
+        with timer("reference"):
+            batch["ref_logprob"] = stage.reference.compute_logprobs(batch)["logprob"]
+    if "old_logprob" in needs and not stage.objective.on_policy:
+        with timer("old_logprob"):
+            batch["old_logprob"] = stage.actor.compute_logprobs(batch)["logprob"]
+    if stage.critic is not None:
+        with timer("values"):
+            batch["values"] = stage.critic.compute_logprobs(batch)["values"]
+            batch["old_values"] = batch["values"]
+    with timer("advantage"):
+        return compute_advantages(stage, batch)
+
+
+def compute_advantages(stage: Stage, batch: Batch) -> dict[str, float]:
+    """Fill ``batch["advantages"]`` and ``batch["returns"]`` in place; returns metrics.
+
+    1. KL shaping (slot ``kl_penalty``): ``r_t - coef * KL_t(sampler || ref)`` on the
+       token-level rewards, before advantages (InstructGPT eq. 2; REINFORCE++).
+    2. The advantage fn (slot ``advantage``) gets exactly the inputs it declares; group
+       methods (GRPO, RLOO) see the whole batch, so every group is complete.
+    """
+    comps = stage.spec.components
+    metrics: dict[str, float] = {}
+    mask = batch["response_mask"]
+    if "kl_penalty" in comps:
+        comp = comps["kl_penalty"]
+        sampler = batch.get("old_logprob", batch["rollout_logprob"])
+        kl_BR = call_component(comp.fn, {"logprob": sampler, "ref_logprob": batch["ref_logprob"]})
+        batch["token_level_rewards"], m = apply_kl_penalty(batch["token_level_rewards"], kl_BR, mask, coef=float(comp.coef or 0.0))
+        metrics.update(m)
+    if "advantage" not in comps:
+        return metrics
+    comp = comps["advantage"]
+    adv_BR, ret_BR = call_component(comp.fn, {**batch, "action_mask": mask}, comp.params)
+    batch["advantages"], batch["returns"] = adv_BR.detach().float(), ret_BR.detach().float()
+    valid = mask > 0
+    if valid.any():
+        metrics["advantages/mean"] = float(batch["advantages"][valid].mean())
+        metrics["advantages/abs_mean"] = float(batch["advantages"][valid].abs().mean())
+    return metrics
+
+
+# -- shared by every loop ------------------------------------------------------------------------
+def update(stage: Stage, step: int, batch: Batch, timer: PhaseTimer, *, prepare=None) -> dict[str, float]:  # noqa: ANN001
+    """``trainer.update_epochs`` optimiser steps of the actor (then one of the critic) on ``batch``.
+
+    ``prepare(stage, batch, timer)`` first adds what the losses read (reference logprobs,
+    advantages, ...). A non-finite loss skips the step without touching the weights; more
+    than ``trainer.max_nan_steps`` in a row stop the run with the last good weights.
+    """
+    try:
+        metrics = prepare(stage, batch, timer) if prepare is not None else {}
+        with timer("update"):
+            for _ in range(stage.config.trainer.update_epochs):
+                out = stage.actor.forward_backward(batch, stage.objective, need_entropy=stage.objective.need_entropy)
+                if out.get("nonfinite_loss", 0.0) > 0 or not math.isfinite(out.get("loss", 0.0)):
+                    stage.actor.zero_grad()  # drop what the finite micro-batches accumulated
+                    raise FloatingPointError("non-finite loss")
+                metrics.update(out)
+                metrics.update({f"actor/{k}": v for k, v in stage.actor.optim_step().items()})
+            if stage.critic is not None:
+                out = stage.critic.forward_backward(batch, stage.value_objective)
+                metrics.update({f"critic/{k}": v for k, v in out.items()})
+                metrics.update({f"critic/{k}": v for k, v in stage.critic.optim_step().items()})
+    except FloatingPointError as exc:
+        stage.nan_streak += 1
+        stage.logger.write(f"step {step}: {exc}; step skipped ({stage.nan_streak} in a row)")
+        limit = stage.config.trainer.max_nan_steps
+        if stage.nan_streak > limit:
+            raise TrinityError(f"step {step}: {stage.nan_streak} non-finite losses in a row (trainer.max_nan_steps="
+                               f"{limit}); stopping with the weights of the last good step") from None
+        return {"skipped/nan_loss": 1.0}
+    stage.nan_streak = 0
+    return metrics
+
+
+def end_step(stage: Stage, step: int, timer: PhaseTimer, t0: float, metrics: dict[str, float],
+             batch: Batch | None, evaluate=None) -> None:  # noqa: ANN001
+    """Sync weights, evaluate, checkpoint and log the end of ``step``.
+
+    Weights go to the explorer every ``synchronizer.interval`` steps of an online stage, and
+    at the last step when an explorer process waits for them (``train`` mode) to evaluate
+    the final model. ``evaluate`` replaces :meth:`Stage.evaluate` (an offline stage's held-out loss).
+    """
+    cfg = stage.config
+    total = cfg.trainer.total_steps
+    if stage.spec.algorithm.use_rollout and (step % cfg.synchronizer.interval == 0 or (step == total and cfg.mode == "train")):
+        with timer("sync"):
+            stage.sync_weights(step)
+    if cfg.monitor.eval_interval and step % cfg.monitor.eval_interval == 0 and step != total:
+        with timer("eval"):
+            metrics.update((evaluate or stage.evaluate)())
+    if step % cfg.checkpoint.interval == 0 or step == total:
+        with timer("checkpoint"):
+            stage.checkpoint(step)
+    metrics.update(timer.metrics())
+    metrics["time/step"] = time.perf_counter() - t0
+    tokens = float(batch["attention_mask"].sum()) if batch is not None else 0.0
+    metrics["throughput/tokens_per_s"] = tokens / max(metrics["time/step"], 1e-9)
+    stage.log(step, metrics)
+    stage.logger.advance()
