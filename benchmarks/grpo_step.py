@@ -10,13 +10,13 @@ rows on both sides (TRL: ``per_device_train_batch_size=M``, gradient accumulatio
 Contenders:
 
 - ``ours-verl`` / ``ours-local``: ``examples/grpo_arith.yaml`` (our default GRPO recipe)
-  with the workload overridden, built by ``build_online_context`` and stepped by the real
+  with the workload overridden, built by ``build_stage`` and stepped by the real
   ``run_online`` loop -- one step per call, by raising ``trainer.total_steps`` by one and
   setting ``start_step`` (checkpointing and evaluation switched off; the loop has no
   single-step entry point). The step time is the loop's own ``time/step`` and the phases
   its ``time/*`` metrics (rollout, buffer_write, sample, advantage, update, sync), with
   ``update`` split into forward_backward / optim_step and ``sync`` into gather
-  (``state_dict``, or for verl ``state_dict_ref``: gathered and put in Ray's object store by
+  (``export_weights``: the state dict, or for verl gathered and put in Ray's object store by
   rank 0) / transfer (the explorer fetching and loading them) by timing wrappers on the
   engine object.
 - ``trl``: ``trl.GRPOTrainer`` (``use_cpu=True``), timed from ``on_step_begin`` to
@@ -98,7 +98,7 @@ class Ours:
     def __init__(self, engine: str, args: argparse.Namespace, run_root: str, all_groups: bool = False,
                  ray_cpus: int | None = None) -> None:
         from trinity_like.config import load_plan
-        from trinity_like.pipeline.context import build_online_context
+        from trinity_like.pipeline.stage import build_stage
 
         self.name = f"ours-{engine}" + ("-allgroups" if all_groups else "")
         overrides = [
@@ -122,27 +122,25 @@ class Ours:
         overrides += [f"cluster.num_cpus={ray_cpus}"] if ray_cpus else []
         self.stage = load_plan(args.recipe, overrides).stages[0]
         t0 = time.perf_counter()
-        self.ctx = build_online_context(self.stage)
+        self.ctx = build_stage(self.stage, "both")
         self.setup_s = time.perf_counter() - t0
-        self.ctx.eval_tasks = None  # no evaluation (the loop evaluates after its last step)
+        self.ctx.data.eval_tasks = None  # no evaluation (the loop evaluates after its last step)
         self.ctx.checkpoint = lambda step: None  # the loop checkpoints at its last step; TRL saves nothing either
         self.extra: dict[str, float] = {}
         actor = self.ctx.actor
         actor.forward_backward = timed(actor.forward_backward, self.extra, "time/update.forward_backward")
         actor.optim_step = timed(actor.optim_step, self.extra, "time/update.optim_step")
-        actor.state_dict = timed(actor.state_dict, self.extra, "time/sync.gather")
-        if hasattr(actor, "state_dict_ref"):  # verl: rank 0 puts the weights in the object store
-            actor.state_dict_ref = timed(actor.state_dict_ref, self.extra, "time/sync.gather")
+        actor.export_weights = timed(actor.export_weights, self.extra, "time/sync.gather")
         self.step_no = 0
         self.overrides = overrides
 
     def step(self) -> dict[str, float]:
-        from trinity_like.pipeline.online import run_online
+        from trinity_like.pipeline.rl_loop import run_online
 
         self.step_no += 1
         cfg = self.stage.config
         trainer = cfg.trainer.model_copy(update={"total_steps": self.step_no})
-        self.ctx.stage = dataclasses.replace(self.stage, config=cfg.model_copy(update={"trainer": trainer}))
+        self.ctx.spec = dataclasses.replace(self.stage, config=cfg.model_copy(update={"trainer": trainer}))
         self.ctx.start_step = self.step_no - 1
         self.extra.clear()
         t0 = time.perf_counter()
@@ -154,7 +152,7 @@ class Ours:
         return metrics
 
     def close_explorer(self) -> None:
-        if self.ctx.explorer is not None and hasattr(self.ctx.explorer, "close"):
+        if self.ctx.explorer is not None:
             self.ctx.explorer.close()
         self.ctx.explorer = None
 
