@@ -4,11 +4,12 @@
 
 Subtracting entropy from the loss discourages premature collapse of the policy (Williams
 & Peng 1991, "Function optimization using connectionist RL algorithms"; PPO, arXiv:1707.06347, eq. 9).
+The function returns the unweighted term ``-aggregate(H_t)``; ``coef`` is the slot's
+weight (``algorithm.entropy_loss.coef``), applied by the trainer's objective like the KL
+loss's. ``name: none`` switches the slot off.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
@@ -16,26 +17,15 @@ from trinity_like.ops import AggParams, Number, masked_mean
 from trinity_like.registry import ENTROPY_LOSS_FN
 
 
-@dataclass(frozen=True)
-class EntropyParams(AggParams):
-    coef: float = 0.001  # weight of the entropy bonus
-
-
 @ENTROPY_LOSS_FN.register_module("entropy")
 def entropy_bonus(
     *,
     entropy: torch.Tensor,  # [B, R] entropy of the policy's next-token distribution
     action_mask: torch.Tensor,  # [B, R]
-    params: EntropyParams,
+    params: AggParams,
     num_tokens: Number | None = None,
     num_seqs: Number | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Entropy bonus: -coef * aggregated token entropy."""
-    loss = -params.coef * params.aggregate(entropy, action_mask, num_tokens=num_tokens, num_seqs=num_seqs)
+    """Entropy bonus: minus the aggregated token entropy (weighted by the slot's coef)."""
+    loss = -params.aggregate(entropy, action_mask, num_tokens=num_tokens, num_seqs=num_seqs)
     return loss, {"entropy": masked_mean(entropy.detach(), action_mask).item()}
-
-
-@ENTROPY_LOSS_FN.register_module("none")
-def no_entropy(*, action_mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-    """No entropy term (asks for no entropy, so none is computed)."""
-    return action_mask.new_zeros((), dtype=torch.float32), {}

@@ -4,7 +4,10 @@ An algorithm type holds no control flow: the trainer reads its slots (which loss
 advantage, which KL), its params (per-slot defaults a recipe may change) and its flags
 (``use_rollout``, ``use_reference``, ``use_critic``, ``schema``, ``dynamic_sampling``).
 Offline types (sft, dpo, rm) train on a dataset only: they require ``mode: train``.
-A KL slot's params hold its ``coef`` (the estimator itself takes none).
+A weighted slot's params (``kl_loss``, ``kl_penalty``, ``entropy_loss``) hold its ``coef``:
+the weight of the slot's term, which the core applies (the component computes the
+unweighted term). A recipe may swap any slot's component (``algorithm.policy_loss.name=...``);
+``requires`` pins only what an algorithm cannot work without.
 """
 
 from __future__ import annotations

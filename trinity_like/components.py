@@ -27,7 +27,8 @@ are errors, never silently ignored.
 keyword in ``__init__``.
 
 An :class:`AlgorithmType` is a declarative bundle of component names, default params and
-flags; it holds no control flow.
+flags; it holds no control flow. A resolved recipe stage holds one :class:`ComponentSpec`
+per slot: the component's registry and name, its params object and the slot's weight.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from typing import Any
 import pydantic
 
 from trinity_like.errors import ConfigError
+from trinity_like.registry import REGISTRIES
 
 # Component slots of an algorithm, and the registry each slot's name is looked up in.
 SLOTS: dict[str, str] = {
@@ -50,9 +52,17 @@ SLOTS: dict[str, str] = {
     "advantage": "ADVANTAGE_FN",
     "kl_loss": "KL_FN",  # KL as a loss term: coef * KL(pi || ref)
     "kl_penalty": "KL_FN",  # KL as reward shaping, subtracted per token before advantages
-    "entropy_loss": "ENTROPY_LOSS_FN",
+    "entropy_loss": "ENTROPY_LOSS_FN",  # coef * the entropy loss (a bonus: minus the entropy)
     "sample_strategy": "SAMPLE_STRATEGY",
+    "value_loss": "POLICY_LOSS_FN",  # the critic's loss: a policy-loss-shaped fn of the value model's outputs
 }
+# Slots whose term is weighted: their `coef` is a key of the slot, never a param of the
+# component (the component computes the unweighted term; the core multiplies).
+WEIGHTED_SLOTS = ("kl_loss", "kl_penalty", "entropy_loss")
+# Slots a recipe may not switch off (`name: none`): every stage that trains needs them.
+REQUIRED_SLOTS = ("policy_loss", "sample_strategy")
+# The name that switches a slot off, in a recipe or on the command line.
+OFF = "none"
 
 
 def _frozen(mapping: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -98,6 +108,28 @@ class AlgorithmType:
     def components(self) -> dict[str, str]:
         """Slot -> component name, for the slots this algorithm fills."""
         return {slot: getattr(self, slot) for slot in SLOTS if getattr(self, slot)}
+
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    """One slot of a resolved stage: a registered component by name, its params, the slot's weight.
+
+    It holds names only, so it pickles to Ray workers; :attr:`fn` looks the component up
+    in the registry of the process that reads it (after that process loaded the plugins)::
+
+        spec = ComponentSpec("KL_FN", "k3", params=None, coef=0.001)
+        spec.fn(logprob=lp, ref_logprob=ref)    # the registered k3
+    """
+
+    registry: str  # registry name, e.g. "POLICY_LOSS_FN"
+    name: str  # registered name
+    params: Any = None  # the component's params dataclass instance, or None
+    coef: float | None = None  # weight of the term (WEIGHTED_SLOTS); None for the others
+
+    @property
+    def fn(self) -> Any:
+        """The registered function or class."""
+        return REGISTRIES[self.registry].get(self.name)
 
 
 # -- params objects -----------------------------------------------------------------

@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 
 import algorithms
-from trinity_like.components import SLOTS, AlgorithmType, build_params, required_inputs
-from trinity_like.registry import ALGORITHM_TYPE, POLICY_LOSS_FN, REGISTRIES
+from trinity_like.components import OFF, SLOTS, WEIGHTED_SLOTS, AlgorithmType, build_params, required_inputs
+from trinity_like.registry import ALGORITHM_TYPE, REGISTRIES
 
 EXPECTED = {
     "ALGORITHM_TYPE": {"sft", "dpo", "rm", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_plus_plus", "ppo", "gspo", "cispo", "mix"},
     "POLICY_LOSS_FN": {"ppo", "importance_sampling", "gspo", "cispo", "sft", "dpo", "bradley_terry", "mix", "value_clip"},
     "ADVANTAGE_FN": {"grpo", "group_centered", "rloo", "reinforce_plus_plus", "gae"},
     "KL_FN": {"k1", "k2", "k3", "low_var_kl", "abs"},
-    "ENTROPY_LOSS_FN": {"entropy", "none"},
+    "ENTROPY_LOSS_FN": {"entropy"},
     "SAMPLE_STRATEGY": {"default", "mix", "staleness"},
 }
 # Batch fields a component may ask for (trinity_like.components, trainer/base.py).
@@ -55,9 +55,14 @@ def test_trinity_like_list_shows_the_pack(capsys):
 
 def _slot_params(algo: AlgorithmType, slot: str) -> dict:
     params = dict(algo.params.get(slot, {}))
-    if slot in ("kl_loss", "kl_penalty"):  # a KL slot's coefficient belongs to the slot, not the estimator
+    if slot in WEIGHTED_SLOTS:  # a weighted slot's coefficient belongs to the slot, not the component
         assert isinstance(params.pop("coef"), float)
     return params
+
+
+def test_off_is_a_name_of_the_recipe_never_a_registered_component():
+    """`name: none` switches a slot off in the resolver; no registry holds a stand-in `none`."""
+    assert not [reg.name for reg in REGISTRIES.values() if OFF in reg.names()]
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED["ALGORITHM_TYPE"]))
@@ -73,10 +78,6 @@ def test_every_algorithm_type_resolves_its_components_and_params(name):
             sig = inspect.signature(component)
             assert set(sig.parameters) - {"params"} <= BATCH_FIELDS | NORMALISERS
             needs |= required_inputs(component)
-    if algo.value_loss:
-        value_loss = POLICY_LOSS_FN.get(algo.value_loss)
-        build_params(value_loss, {})
-        needs |= required_inputs(value_loss)
     # the flags agree with what the components ask for
     assert algo.use_reference == ("ref_logprob" in needs)
     assert algo.use_critic == bool({"values", "old_values"} & needs)

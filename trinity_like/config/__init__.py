@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from trinity_like.components import OFF, ComponentSpec
 from trinity_like.config.resolve import ResolvedComponent, ResolvedStage, RunPlan, load_plan
 from trinity_like.config.schema import Config
 
-__all__ = ["Config", "ResolvedComponent", "ResolvedStage", "RunPlan", "describe_plan", "load_plan"]
+__all__ = ["ComponentSpec", "Config", "ResolvedComponent", "ResolvedStage", "RunPlan", "describe_plan", "load_plan"]
 
 
 def _params_text(params: object) -> str:
@@ -19,6 +20,24 @@ def _params_text(params: object) -> str:
     return f"({params!r})"
 
 
+def _slot_lines(st: ResolvedStage) -> list[str]:
+    """One line per slot; a slot the recipe swapped or switched off says what the algorithm uses."""
+    algo_name, own, swapped = st.config.algorithm.type, st.algorithm.components(), st.swapped
+    lines = []
+    for slot, comp in st.components.items():
+        coef = f" coef={comp.coef}" if comp.coef is not None else ""
+        note = ""
+        if slot in swapped:
+            note = f" (swapped; algorithm {algo_name} uses {swapped[slot]})"
+        elif slot not in own:
+            note = f" (added; algorithm {algo_name} has no {slot})"
+        lines.append(f"    {slot}: {comp.name}{coef}{note} {_params_text(comp.params)}".rstrip())
+    for slot in own:
+        if slot not in st.components:
+            lines.append(f"    {slot}: {OFF} (switched off; algorithm {algo_name} uses {own[slot]})")
+    return lines
+
+
 def describe_plan(plan: RunPlan) -> str:
     """A human-readable summary of what a run would do."""
     lines = [f"recipe: {plan.source}", f"plugins loaded: {', '.join(plan.plugins) or '(none)'}"]
@@ -29,22 +48,21 @@ def describe_plan(plan: RunPlan) -> str:
         flags = [f for f in ("use_rollout", "use_reference", "use_critic") if getattr(a, f)]
         flags += ["dynamic_sampling"] if st.dynamic_sampling else []
         lines.append(f"  algorithm: {c.algorithm.type} - {a.description}  [{', '.join(flags) or 'offline'}; schema={a.schema}]")
-        for slot, comp in st.components.items():
-            coef = f" coef={comp.coef}" if comp.coef is not None else ""
-            lines.append(f"    {slot}: {comp.name}{coef} {_params_text(comp.params)}")
+        lines += _slot_lines(st)
         lines.append(f"    batch inputs: {', '.join(sorted(st.needs))}; reference model: {'yes' if st.needs_reference else 'no'}")
         b = c.buffer
         for key in ("tasks", "eval_tasks", "train_data", "eval_data", "expert_data"):
             ds = getattr(b, key)
             if ds is not None:
-                src = ds.path or f"generator {ds.generator} {ds.generator_args or ''} split={ds.split}"
+                args = f" {ds.generator_args}" if ds.generator_args else ""
+                src = ds.path or f"generator {ds.generator}{args} split={ds.split}"
                 lines.append(f"  {key}: {src}" + (f" size={ds.size}" if ds.size else ""))
         lines.append(f"  experience storage: {b.experience.storage}")
         if a.use_rollout:
             e = c.explorer
             s = e.sampling
             lines.append(
-                f"  explorer: {e.engine}, {e.batch_size} prompts x {e.group_size} samples, workflow={e.workflow}, "
+                f"  explorer: {e.placement} placement, {e.batch_size} prompts x {e.group_size} samples, workflow={e.workflow}, "
                 f"reward={e.reward_fn}, T={s.temperature}, top_k={s.top_k}, top_p={s.top_p}, "
                 f"max_new_tokens={s.max_new_tokens or c.model.max_response_tokens}"
             )
@@ -60,5 +78,5 @@ def describe_plan(plan: RunPlan) -> str:
         lines.append(f"  checkpoints: every {c.checkpoint.interval} steps, keep {c.checkpoint.keep_last}, resume={c.checkpoint.resume}")
         lines.append(f"  monitor: {', '.join(c.monitor.backends)}; eval every {c.monitor.eval_interval or 'start/end'}")
         ray = c.cluster.ray_address or "local"
-        lines.append(f"  cluster: ray={ray}, gpus={c.cluster.num_gpus}, nodes={c.cluster.nnodes}")
+        lines.append(f"  cluster: ray={ray}, verl workers on {'GPU' if c.cluster.num_gpus else 'CPU'}")
     return "\n".join(lines)

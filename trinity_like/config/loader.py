@@ -63,6 +63,48 @@ class RawRecipe:
         return name
 
 
+def get_path(data: dict, path: KeyPath) -> tuple[bool, Any]:
+    """``(True, value)`` at ``path`` in nested mappings, or ``(False, None)`` if it is not set."""
+    node: Any = data
+    for part in path:
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+class Locator:
+    """Maps a key path of a (stage-merged) config to where the recipe set it.
+
+    ``loc.error(("trainer", "total_steps"), "must be > 0")`` is the one-line
+    ``recipe.yaml:9: trainer.total_steps: must be > 0`` (``stages.1.`` prefixed when the
+    key was set inside a stage, ``override 'k=v'`` when the command line set it).
+    """
+
+    def __init__(self, raw: RawRecipe, stage_index: int | None, stage_data: dict | None) -> None:
+        self.raw, self.stage_index, self.stage_data = raw, stage_index, stage_data or {}
+
+    def _in_stage(self, path: KeyPath) -> bool:
+        return self.stage_index is not None and bool(path) and get_path(self.stage_data, tuple(path[:1]))[0]
+
+    def __call__(self, path: KeyPath) -> str:
+        if self._in_stage(path):
+            return self.raw.where(("stages", self.stage_index) + tuple(path))
+        return self.raw.where(tuple(path))
+
+    def error(self, path: KeyPath, message: str, at: KeyPath | None = None) -> ConfigError:
+        """The error of key ``path``, located where ``at`` (default: ``path``) was set."""
+        at = path if at is None else at
+        prefix = f"stages.{self.stage_index}." if self._in_stage(at) else ""
+        dotted = ".".join(str(p) for p in path)
+        return ConfigError(f"{self(at)}: {prefix}{dotted}: {message}")
+
+    def reraise(self, exc: ConfigError) -> ConfigError:
+        """A ``key.path: message`` error from a component (``build_params``) with its file and line."""
+        key = tuple(str(exc).split(":", 1)[0].split("."))
+        return ConfigError(f"{self(key)}: {exc}")
+
+
 def parse_scalar(text: str) -> Any:
     """Parse a command-line override value the way the recipe file would."""
     try:

@@ -5,11 +5,16 @@ Order of work (each step's errors name the file, key path and line):
 1. read the file, apply ``key.path=value`` overrides;
 2. load the plugins the recipe and the command line name (so their names resolve);
 3. split ``stages`` (each stage = the top-level sections deep-merged with its overrides);
-4. apply the algorithm type's preset: ``defaults`` and per-slot params fill only what the
-   recipe left unset; a recipe value that contradicts the preset's ``requires`` or the
-   algorithm's policy loss / advantage is an error -- never a silent rewrite;
+4. apply the algorithm type's preset (:mod:`trinity_like.config.presets`): its slots,
+   per-slot params and ``defaults`` fill only what the recipe left unset; a recipe value
+   that contradicts its ``requires`` is an error -- never a silent rewrite. Any slot's
+   component may be swapped from the recipe or the command line
+   (``algorithm.policy_loss.name=my_loss``); the algorithm's params for that slot then
+   stay with its own component;
 5. validate the typed schema; resolve every component name in its registry and build
-   its params object; check every input a component needs is provided by some part.
+   its params object (a weighted slot's ``coef`` is the slot's, a slot named ``none`` is
+   off); check every input a component needs is provided by the algorithm -- the check
+   that makes a swap safe.
 """
 
 from __future__ import annotations
@@ -22,8 +27,18 @@ from typing import Any
 
 import pydantic
 
-from trinity_like.components import SLOTS, AlgorithmType, build_params, required_inputs
-from trinity_like.config.loader import KeyPath, RawRecipe, apply_overrides, load_recipe
+from trinity_like.components import (
+    OFF,
+    REQUIRED_SLOTS,
+    SLOTS,
+    WEIGHTED_SLOTS,
+    AlgorithmType,
+    ComponentSpec,
+    build_params,
+    required_inputs,
+)
+from trinity_like.config.loader import KeyPath, Locator, RawRecipe, apply_overrides, load_recipe
+from trinity_like.config.presets import apply_preset, swapped_slots
 from trinity_like.config.schema import Config
 from trinity_like.errors import ConfigError, TrinityError
 from trinity_like.plugins import load_plugins, loaded_plugins
@@ -37,30 +52,15 @@ from trinity_like.registry import (
     UnknownNameError,
 )
 
-# Every slot a recipe can configure, and the registry its component lives in. The critic's
-# value loss is a policy-loss-shaped function of the value model's outputs.
-ALL_SLOTS: dict[str, str] = {**SLOTS, "value_loss": "POLICY_LOSS_FN"}
-
-# Keys of a slot mapping that are not params of the component.
-_SLOT_KEYS = ("name", "coef")
-# Slots whose component the algorithm type fixes (a different one is another algorithm).
-_FIXED_SLOTS = ("policy_loss", "advantage")
-
-
-@dataclass(frozen=True)
-class ResolvedComponent:
-    slot: str  # "policy_loss", "advantage", ...
-    name: str  # registered name
-    fn: Any  # the registered function or class
-    params: Any  # its params object (None if it takes none)
-    coef: float | None = None  # KL slots: the coefficient
+# The handle of a resolved slot (kept under its old name for importers).
+ResolvedComponent = ComponentSpec
 
 
 @dataclass(frozen=True)
 class ResolvedStage:
     config: Config
     algorithm: AlgorithmType
-    components: dict[str, ResolvedComponent]
+    components: dict[str, ComponentSpec]  # slot -> component; a slot that is off is absent
     needs: frozenset[str]  # batch fields some component asks for
     reward_params: Any = None
     own_model: bool = True  # the recipe names this stage's model.path (else it continues the previous stage)
@@ -76,6 +76,11 @@ class ResolvedStage:
         return "ref_logprob" in self.needs
 
     @property
+    def swapped(self) -> dict[str, str]:
+        """Slot -> the algorithm type's component, for each slot the recipe swapped (or switched off)."""
+        return swapped_slots(self.algorithm, self.config.algorithm)
+
+    @property
     def run_dir(self) -> Path:
         return Path(self.config.run_dir())
 
@@ -85,23 +90,6 @@ class RunPlan:
     source: Path | None
     stages: list[ResolvedStage]
     plugins: list[str] = field(default_factory=list)
-
-
-# -- helpers ----------------------------------------------------------------------------
-def _get(data: dict, path: tuple[str, ...]) -> tuple[bool, Any]:
-    node: Any = data
-    for part in path:
-        if not isinstance(node, dict) or part not in node:
-            return False, None
-        node = node[part]
-    return True, node
-
-
-def _set(data: dict, path: tuple[str, ...], value: Any) -> None:
-    node = data
-    for part in path[:-1]:
-        node = node.setdefault(part, {})
-    node[path[-1]] = copy.deepcopy(value)
 
 
 def _deep_merge(base: dict, over: dict) -> dict:
@@ -114,66 +102,8 @@ def _deep_merge(base: dict, over: dict) -> dict:
     return out
 
 
-class _Locator:
-    """Maps a key path of a (stage-merged) config to where the recipe set it."""
-
-    def __init__(self, raw: RawRecipe, stage_index: int | None, stage_data: dict | None) -> None:
-        self.raw, self.stage_index, self.stage_data = raw, stage_index, stage_data or {}
-
-    def __call__(self, path: KeyPath) -> str:
-        if self.stage_index is not None and path and _get(self.stage_data, tuple(path[:1]))[0]:
-            return self.raw.where(("stages", self.stage_index) + tuple(path))
-        return self.raw.where(tuple(path))
-
-    def error(self, path: KeyPath, message: str) -> ConfigError:
-        prefix = "stages.%d." % self.stage_index if self.stage_index is not None and path and _get(self.stage_data, tuple(path[:1]))[0] else ""
-        dotted = ".".join(str(p) for p in path)
-        return ConfigError(f"{self(path)}: {prefix}{dotted}: {message}")
-
-
-def _fmt(value: Any) -> str:
-    return repr(value)
-
-
-# -- presets ----------------------------------------------------------------------------
-def _apply_preset(data: dict, algo: AlgorithmType, algo_name: str, loc: _Locator) -> dict:
-    data = copy.deepcopy(data)
-    alg = data.setdefault("algorithm", {})
-    if not isinstance(alg, dict):
-        raise loc.error(("algorithm",), "must be a mapping")
-    named = dict(algo.components())
-    if getattr(algo, "value_loss", None):
-        named["value_loss"] = algo.value_loss
-    for slot, name in named.items():
-        user = alg.setdefault(slot, {})
-        if not isinstance(user, dict):
-            raise loc.error(("algorithm", slot), f"must be a mapping like {{name: {name}}}")
-        if "name" in user and user["name"] != name and slot in _FIXED_SLOTS:
-            raise loc.error(
-                ("algorithm", slot, "name"),
-                f"{_fmt(user['name'])} conflicts with algorithm type {algo_name!r}, which uses {name!r} "
-                f"(register an algorithm type of your own to change it)",
-            )
-        user.setdefault("name", name)
-        for key, value in algo.params.get(slot, {}).items():
-            user.setdefault(key, copy.deepcopy(value))
-    for path_str, value in algo.requires.items():
-        path = tuple(path_str.split("."))
-        present, current = _get(data, path)
-        if present and current != value:
-            raise loc.error(
-                path, f"{_fmt(current)} conflicts with algorithm type {algo_name!r}, which requires {_fmt(value)}"
-            )
-        _set(data, path, value)
-    for path_str, value in algo.defaults.items():
-        path = tuple(path_str.split("."))
-        if not _get(data, path)[0]:
-            _set(data, path, value)
-    return data
-
-
 # -- validation -------------------------------------------------------------------------
-def _validate_schema(data: dict, loc: _Locator) -> Config:
+def _validate_schema(data: dict, loc: Locator) -> Config:
     try:
         return Config.model_validate(data, strict=True)
     except pydantic.ValidationError as exc:
@@ -190,7 +120,7 @@ def _validate_schema(data: dict, loc: _Locator) -> Config:
                 close = difflib.get_close_matches(str(path[-1]), known, n=1)
                 msg += f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(known)})"
         elif "input" in err and err["type"] != "missing":
-            msg += f" (got {_fmt(err['input'])})"
+            msg += f" (got {repr(err['input'])})"
         raise loc.error(path, msg) from None
 
 
@@ -218,40 +148,66 @@ def _model_at(model: type[pydantic.BaseModel], path: KeyPath) -> type[pydantic.B
     return model
 
 
-def _resolve_name(registry: Any, name: str, loc: _Locator, path: KeyPath) -> Any:
+def _resolve_name(registry: Any, name: str, loc: Locator, path: KeyPath) -> Any:
     try:
         return registry.get(name)
     except UnknownNameError as exc:
         raise loc.error(path, str(exc)) from None
 
 
-def _resolve_components(cfg: Config, loc: _Locator) -> dict[str, ResolvedComponent]:
-    out: dict[str, ResolvedComponent] = {}
-    for slot, reg_name in ALL_SLOTS.items():
+def _build(component: Any, values: Any, where: str, loc: Locator) -> Any:
+    """``component``'s params object from ``values``; errors name the file and line of ``where``."""
+    try:
+        return build_params(component, values, where=where)
+    except ConfigError as exc:
+        raise loc.reraise(exc) from None
+
+
+def _resolve_components(cfg: Config, algo: AlgorithmType, loc: Locator) -> dict[str, ComponentSpec]:
+    """One :class:`ComponentSpec` per slot that is on; ``coef`` of a weighted slot taken here, the one place."""
+    out: dict[str, ComponentSpec] = {}
+    for slot, reg_name in SLOTS.items():
         spec = dict(getattr(cfg.algorithm, slot))
         if not spec:
             continue
         if "name" not in spec:
-            raise loc.error(("algorithm", slot), "set `name` (the algorithm type does not use this slot)")
+            raise loc.error(("algorithm", slot), f"set `name` (algorithm {cfg.algorithm.type!r} does not fill this slot)")
         name = spec.pop("name")
-        if name in (None, "none") and slot != "entropy_loss":
+        if not isinstance(name, str):
+            raise loc.error(("algorithm", slot, "name"), f"must be a registered name, or {OFF!r} to switch the slot off (got {name!r})")
+        if name == OFF:  # off: the slot's other keys have nothing to configure
+            if slot in REQUIRED_SLOTS or (slot == "value_loss" and algo.use_critic):
+                raise loc.error(("algorithm", slot, "name"), f"cannot be {OFF!r}: algorithm {cfg.algorithm.type!r} needs a {slot}")
             continue
         fn = _resolve_name(REGISTRIES[reg_name], name, loc, ("algorithm", slot, "name"))
-        coef = spec.pop("coef", None) if slot in ("kl_loss", "kl_penalty") else None
-        if slot in ("kl_loss", "kl_penalty") and coef is None:
-            raise loc.error(("algorithm", slot, "coef"), f"set the coefficient of the {name!r} KL {slot.split('_')[1]}")
-        if coef is not None and (isinstance(coef, bool) or not isinstance(coef, (int, float)) or coef < 0):
-            raise loc.error(("algorithm", slot, "coef"), f"must be a number >= 0 (got {_fmt(coef)})")
-        try:
-            params = build_params(fn, spec, where=f"algorithm.{slot}")
-        except ConfigError as exc:
-            key = str(exc).split(":", 1)[0].split(".")
-            raise ConfigError(f"{loc(tuple(key))}: {exc}") from None
-        out[slot] = ResolvedComponent(slot, name, fn, params, float(coef) if coef is not None else None)
+        coef = None
+        if slot in WEIGHTED_SLOTS:
+            coef = spec.pop("coef", None)
+            if coef is None:
+                raise loc.error(("algorithm", slot, "coef"), f"set the weight of the {name!r} {slot} "
+                                f"(or name: {OFF} to switch it off)", at=("algorithm", slot, "name"))
+            if isinstance(coef, bool) or not isinstance(coef, (int, float)) or coef < 0:
+                raise loc.error(("algorithm", slot, "coef"), f"must be a number >= 0 (got {coef!r})")
+            coef = float(coef)
+        if slot == "value_loss" and not algo.use_critic:
+            raise loc.error(("algorithm", slot, "name"), f"algorithm {cfg.algorithm.type!r} trains no critic: nothing would use a value loss")
+        params = _build(fn, spec, f"algorithm.{slot}", loc)
+        out[slot] = ComponentSpec(reg_name, name, params, coef)
     return out
 
 
-def _provided_inputs(algo: AlgorithmType, comps: dict[str, ResolvedComponent]) -> set[str]:
+# Where a batch field comes from, for the error of a component that asks for a missing one.
+_SOURCE_OF = {
+    "ref_logprob": "a reference model (an algorithm type with use_reference, or a KL slot)",
+    "values": "a critic (an algorithm type with use_critic)",
+    "old_values": "a critic (an algorithm type with use_critic)",
+    "advantages": "an advantage slot",
+    "returns": "an advantage slot or a critic",
+    "scores": "a reward-model head (schema: pair)",
+}
+
+
+def _provided_inputs(algo: AlgorithmType, comps: dict[str, ComponentSpec]) -> set[str]:
     """Batch fields the pipeline can provide for this algorithm."""
     fields = {"logprob", "entropy", "action_mask", "num_tokens", "num_seqs"}
     if algo.schema == "pair":
@@ -267,18 +223,26 @@ def _provided_inputs(algo: AlgorithmType, comps: dict[str, ResolvedComponent]) -
     return fields
 
 
-def _check_inputs(algo: AlgorithmType, comps: dict[str, ResolvedComponent], loc: _Locator) -> frozenset[str]:
+def _check_inputs(algo: AlgorithmType, comps: dict[str, ComponentSpec], loc: Locator, algo_name: str) -> frozenset[str]:
+    """Every input a component asks for is provided: what makes a swapped slot safe."""
     provided = _provided_inputs(algo, comps)
+    own = algo.components()
     needs: set[str] = set()
     for slot, comp in comps.items():
-        if slot in ("sample_strategy", "value_loss"):
+        if slot in ("sample_strategy", "value_loss"):  # a class / the critic's loss: fed by their own stages
             continue
-        req = required_inputs(comp.fn) - {"logprob", "ref_logprob"} if slot in ("kl_loss", "kl_penalty") else required_inputs(comp.fn)
+        req = required_inputs(comp.fn)
+        if SLOTS[slot] == "KL_FN":  # a KL estimator's logprob and ref_logprob are the core's to provide
+            req -= {"logprob", "ref_logprob"}
         missing = req - provided
         if missing:
+            how = "" if own.get(slot) == comp.name else f"swapped in for {own[slot]!r}" if slot in own else "added"
+            sources = "; ".join(f"{m} comes from {_SOURCE_OF[m]}" for m in sorted(missing) if m in _SOURCE_OF)
             raise loc.error(
                 ("algorithm", slot, "name"),
-                f"{comp.name!r} needs {sorted(missing)}, which no component provides for this algorithm",
+                f"{comp.name!r} needs {sorted(missing)}, which algorithm {algo_name!r} does not provide"
+                + (f" ({how})" if how else "") + (f": {sources}" if sources else "")
+                + f"; it provides {', '.join(sorted(provided))}",
             )
         needs |= req
     if "kl_loss" in comps or "kl_penalty" in comps:
@@ -286,7 +250,7 @@ def _check_inputs(algo: AlgorithmType, comps: dict[str, ResolvedComponent], loc:
     return frozenset(needs)
 
 
-def _check_model(cfg: Config, loc: _Locator) -> None:
+def _check_model(cfg: Config, loc: Locator) -> None:
     """The model must be a built-in id or a folder with a config.json; nothing is downloaded."""
     from trinity_like.models.resolve import BUILTIN_MODELS
 
@@ -304,7 +268,7 @@ def _check_model(cfg: Config, loc: _Locator) -> None:
             )
 
 
-def _check_sections(cfg: Config, algo: AlgorithmType, loc: _Locator) -> Any:
+def _check_sections(cfg: Config, algo: AlgorithmType, loc: Locator) -> Any:
     online = algo.use_rollout and cfg.mode in ("both", "explore", "bench")
     if online and cfg.buffer.tasks is None and cfg.mode != "bench":
         raise loc.error(("buffer", "tasks"), f"algorithm {cfg.algorithm.type!r} explores: set buffer.tasks")
@@ -326,26 +290,17 @@ def _check_sections(cfg: Config, algo: AlgorithmType, loc: _Locator) -> Any:
     if cfg.algorithm.sample_strategy.get("name") == "mix" and cfg.buffer.expert_data is None:
         raise loc.error(("buffer", "expert_data"), "the mix sample strategy needs buffer.expert_data")
     storage = _resolve_name(BUFFER_STORAGE, cfg.buffer.experience.storage, loc, ("buffer", "experience", "storage"))
-    try:
-        build_params(storage, cfg.buffer.experience.args, where="buffer.experience.args")
-    except ConfigError as exc:
-        raise ConfigError(f"{loc(('buffer', 'experience', 'args'))}: {exc}") from None
+    _build(storage, cfg.buffer.experience.args, "buffer.experience.args", loc)
     for i, backend in enumerate(cfg.monitor.backends):
         _resolve_name(MONITOR, backend, loc, ("monitor", "backends", i))
     reward_params = None
     if algo.use_rollout:
         _resolve_name(WORKFLOW, cfg.explorer.workflow, loc, ("explorer", "workflow"))
         reward = _resolve_name(REWARD_FN, cfg.explorer.reward_fn, loc, ("explorer", "reward_fn"))
-        try:
-            reward_params = build_params(reward, cfg.explorer.reward_args, where="explorer.reward_args")
-        except ConfigError as exc:
-            raise ConfigError(f"{loc(('explorer', 'reward_args'))}: {exc}") from None
+        reward_params = _build(reward, cfg.explorer.reward_args, "explorer.reward_args", loc)
         if cfg.explorer.eval_reward_fn is not None:
             ev = _resolve_name(REWARD_FN, cfg.explorer.eval_reward_fn, loc, ("explorer", "eval_reward_fn"))
-            try:
-                build_params(ev, cfg.explorer.eval_reward_args, where="explorer.eval_reward_args")
-            except ConfigError as exc:
-                raise ConfigError(f"{loc(('explorer', 'eval_reward_args'))}: {exc}") from None
+            _build(ev, cfg.explorer.eval_reward_args, "explorer.eval_reward_args", loc)
     return reward_params
 
 
@@ -361,19 +316,19 @@ def _resolve_paths(data: dict, base: Path) -> dict:
     return data
 
 
-def resolve_stage(data: dict, loc: _Locator, base: Path) -> ResolvedStage:
+def resolve_stage(data: dict, loc: Locator, base: Path) -> ResolvedStage:
     alg = data.get("algorithm", {})
     algo_name = alg.get("type", "grpo") if isinstance(alg, dict) else "grpo"
     if not isinstance(algo_name, str):
-        raise loc.error(("algorithm", "type"), f"must be a string (got {_fmt(algo_name)})")
+        raise loc.error(("algorithm", "type"), f"must be a string (got {repr(algo_name)})")
     algo = _resolve_name(ALGORITHM_TYPE, algo_name, loc, ("algorithm", "type"))
     if not isinstance(algo, AlgorithmType):
         raise loc.error(("algorithm", "type"), f"{algo_name!r} is registered but is not an AlgorithmType")
-    data = _apply_preset(data, algo, algo_name, loc)
+    data = apply_preset(data, algo, algo_name, loc)
     data = _resolve_paths(data, base)
     cfg = _validate_schema(data, loc)
-    comps = _resolve_components(cfg, loc)
-    needs = _check_inputs(algo, comps, loc)
+    comps = _resolve_components(cfg, algo, loc)
+    needs = _check_inputs(algo, comps, loc, algo_name)
     reward_params = _check_sections(cfg, algo, loc)
     _check_model(cfg, loc)
     return ResolvedStage(cfg, algo, comps, needs, reward_params)
@@ -423,7 +378,7 @@ def load_plan(path: str | Path, overrides: list[str] | None = None, plugins: lis
         raise type(exc)(f"{raw.where(('plugins',))}: {exc}") from exc.__cause__
     stages = []
     for d, i, over in _stage_datas(raw):
-        stage = resolve_stage(d, _Locator(raw, i, over), base)
+        stage = resolve_stage(d, Locator(raw, i, over), base)
         own = i in (None, 0) or "path" in ((over or {}).get("model") or {})
         stages.append(dataclasses.replace(stage, own_model=own))
     return RunPlan(source=raw.path, stages=stages, plugins=loaded_plugins())

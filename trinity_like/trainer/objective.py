@@ -1,8 +1,13 @@
 """The training objective: registered components composed into one picklable loss callable.
 
-    loss = policy_loss(...) + coef_kl * aggregate(KL(pi || ref)) + entropy_loss(...)
+    loss = policy_loss(...) + coef_kl * aggregate(KL(pi || ref)) + coef_ent * entropy_loss(...)
 
-An :class:`Objective` holds only component *names* and params objects, so it pickles to
+Every weighted term's coefficient is its slot's ``coef`` (:data:`trinity_like.components.WEIGHTED_SLOTS`):
+the component computes the unweighted term and the objective multiplies. A slot that is
+off (``name: none`` in the recipe) never reaches here: the resolver leaves it out.
+
+An :class:`Objective` holds only component *names* and params objects
+(:class:`trinity_like.components.ComponentSpec`), so it pickles to
 Ray workers (the ``verl`` engine) and resolves the functions there, after the worker has
 loaded the same plugins. Each component receives exactly the inputs it declares
 (:func:`trinity_like.components.call_component`), taken from the batch and the model
@@ -17,24 +22,10 @@ from typing import Any
 
 import torch
 
-from trinity_like.components import call_component, required_inputs
+from trinity_like.components import ComponentSpec, call_component, required_inputs
 from trinity_like.ops import kl_loss_term
-from trinity_like.registry import REGISTRIES
 
-_NORMALIZERS = ("num_tokens", "num_seqs")
-
-
-@dataclass(frozen=True)
-class ComponentSpec:
-    """A registered component by name, with its params object (picklable)."""
-
-    registry: str  # registry name, e.g. "POLICY_LOSS_FN"
-    name: str  # registered name
-    params: Any = None  # the component's params dataclass instance, or None
-    coef: float | None = None  # KL slots: the coefficient
-
-    def resolve(self) -> Any:
-        return REGISTRIES[self.registry].get(self.name)
+__all__ = ["ComponentSpec", "Objective", "objective_from_stage"]
 
 
 @dataclass(frozen=True)
@@ -57,7 +48,7 @@ class Objective:
     def _fn(self, spec: ComponentSpec) -> Any:
         key = (spec.registry, spec.name)
         if key not in self._cache:
-            self._cache[key] = spec.resolve()
+            self._cache[key] = spec.fn
         return self._cache[key]
 
     def __getstate__(self) -> dict:
@@ -118,7 +109,7 @@ class Objective:
             metrics.update(kl_metrics)
         if self.entropy_loss is not None:
             ent, ent_metrics = call_component(self._fn(self.entropy_loss), inputs, self.entropy_loss.params)
-            loss = loss + ent
+            loss = loss + float(self.entropy_loss.coef or 0.0) * ent
             metrics.update(ent_metrics)
         if not torch.isfinite(loss.detach()):
             # A NaN/inf loss must not reach the weights: hand back a zero that backpropagates
@@ -131,16 +122,5 @@ class Objective:
 def objective_from_stage(stage: Any, *, on_policy: bool) -> Objective:
     """Build the objective of a resolved recipe stage (:class:`trinity_like.config.ResolvedStage`)."""
     comps = stage.components
-
-    def spec(slot: str) -> ComponentSpec | None:
-        c = comps.get(slot)
-        if c is None:
-            return None
-        from trinity_like.components import SLOTS
-
-        return ComponentSpec(SLOTS[slot], c.name, c.params, c.coef)
-
-    entropy = spec("entropy_loss")
-    if entropy is not None and entropy.name == "none":
-        entropy = None
-    return Objective(policy_loss=spec("policy_loss"), kl_loss=spec("kl_loss"), entropy_loss=entropy, on_policy=on_policy)
+    return Objective(policy_loss=comps["policy_loss"], kl_loss=comps.get("kl_loss"),
+                     entropy_loss=comps.get("entropy_loss"), on_policy=on_policy)
