@@ -1,7 +1,7 @@
 """The core's own registered components, imported by :func:`trinity_like.plugins.load_plugins`.
 
-The core registers a few components itself (workflows, reward functions, buffer
-storages, monitors) because it cannot run without them. They are imported here, in one
+The core registers a few components itself (workflows, reward functions, task sources,
+buffer storages, monitors) because it cannot run without them. They are imported here, in one
 place, before any plugin, so every process sees the same built-in entries.
 """
 
@@ -12,6 +12,7 @@ import importlib
 BUILTIN_MODULES = (
     "trinity_like.explorer.workflows",
     "trinity_like.explorer.rewards",
+    "trinity_like.explorer.tasks",
     "trinity_like.buffer.storage",
     "trinity_like.monitor.sinks",
 )

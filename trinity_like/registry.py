@@ -171,7 +171,7 @@ class Registry:
         return f"Registry({self.name!r}, {len(self)} entries)"
 
 
-# The ten registries. Their names are the ones the config and `trinity-like list` use.
+# The registries. Their names are the ones the config and `trinity-like list` use.
 ALGORITHM_TYPE = Registry("ALGORITHM_TYPE", "algorithm type")
 POLICY_LOSS_FN = Registry("POLICY_LOSS_FN", "policy loss")
 ADVANTAGE_FN = Registry("ADVANTAGE_FN", "advantage function")
@@ -182,6 +182,7 @@ WORKFLOW = Registry("WORKFLOW", "workflow")
 REWARD_FN = Registry("REWARD_FN", "reward function")
 BUFFER_STORAGE = Registry("BUFFER_STORAGE", "buffer storage")
 MONITOR = Registry("MONITOR", "monitor")
+TASK_SOURCE = Registry("TASK_SOURCE", "task source")  # `buffer.<key>.generator` (trinity_like.explorer.tasks)
 
 REGISTRIES: dict[str, Registry] = {
     r.name: r
@@ -196,6 +197,7 @@ REGISTRIES: dict[str, Registry] = {
         REWARD_FN,
         BUFFER_STORAGE,
         MONITOR,
+        TASK_SOURCE,
     )
 }
 

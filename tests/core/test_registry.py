@@ -8,10 +8,10 @@ from trinity_like.components import AlgorithmType
 from trinity_like.registry import REGISTRIES, Registry, RegistryError, UnknownNameError, find_registry
 
 
-def test_the_ten_registries_exist():
+def test_the_registries_exist():
     assert set(REGISTRIES) == {
         "ALGORITHM_TYPE", "POLICY_LOSS_FN", "ADVANTAGE_FN", "KL_FN", "ENTROPY_LOSS_FN",
-        "SAMPLE_STRATEGY", "WORKFLOW", "REWARD_FN", "BUFFER_STORAGE", "MONITOR",
+        "SAMPLE_STRATEGY", "WORKFLOW", "REWARD_FN", "BUFFER_STORAGE", "MONITOR", "TASK_SOURCE",
     }
 
 

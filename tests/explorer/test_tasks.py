@@ -28,7 +28,7 @@ def test_splits_are_disjoint_cover_the_space_and_are_seeded():
     assert len(train_x | held_x) == 810  # every problem, exactly once
     assert 0.15 < len(held) / 810 < 0.35
     again = arithmetic_tasks(params, "train", 20)
-    other = arithmetic_tasks(ArithmeticParams(seed=1), "train", 20)
+    other = arithmetic_tasks(params, "train", 20, seed=1)
     assert [t.info["expression"] for t in again] == [t.info["expression"] for t in train[:20]]
     assert {t.info["expression"] for t in other} <= train_x  # another order, the same split
     assert [t.info["expression"] for t in other] != [t.info["expression"] for t in again]

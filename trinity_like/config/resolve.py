@@ -14,7 +14,7 @@ Order of work (each step's errors name the file, key path and line):
 5. validate the typed schema; resolve every component name in its registry and build
    its params object (a weighted slot's ``coef`` is the slot's, a slot named ``none`` is
    off); check every input a component needs is provided by the algorithm -- the check
-   that makes a swap safe.
+   that makes a swap safe; resolve the task sources of the buffer's generated datasets.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from trinity_like.config.loader import KeyPath, Locator, RawRecipe, apply_overri
 from trinity_like.config.presets import apply_preset, swapped_slots
 from trinity_like.config.schema import Config
 from trinity_like.errors import ConfigError, TrinityError
+from trinity_like.explorer.tasks import task_source
 from trinity_like.plugins import load_plugins, loaded_plugins
 from trinity_like.registry import (
     ALGORITHM_TYPE,
@@ -289,6 +290,13 @@ def _check_sections(cfg: Config, algo: AlgorithmType, loc: Locator) -> Any:
                             "buffer.train_data / buffer.eval_data of a pair algorithm (dpo, rm)")
     if cfg.algorithm.sample_strategy.get("name") == "mix" and cfg.buffer.expert_data is None:
         raise loc.error(("buffer", "expert_data"), "the mix sample strategy needs buffer.expert_data")
+    for key in ("tasks", "eval_tasks", "expert_data", "train_data", "eval_data"):
+        ds = getattr(cfg.buffer, key)
+        if ds is not None and ds.generator is not None:  # a bad generator fails here, before anything runs
+            try:
+                task_source(ds.generator, ds.generator_args, where=f"buffer.{key}")
+            except ConfigError as exc:
+                raise loc.reraise(exc) from None
     storage = _resolve_name(BUFFER_STORAGE, cfg.buffer.experience.storage, loc, ("buffer", "experience", "storage"))
     _build(storage, cfg.buffer.experience.args, "buffer.experience.args", loc)
     for i, backend in enumerate(cfg.monitor.backends):

@@ -1,4 +1,24 @@
-"""Built-in task sources: a seeded arithmetic generator, and a reasoning-gym adapter.
+"""Task sources (TASK_SOURCE): a seeded arithmetic generator, and a reasoning-gym adapter.
+
+A recipe names a task source in ``buffer.<key>.generator``; plugins register their own
+the same way (``@TASK_SOURCE.register_module("my_tasks")``). A source is a function (or a
+class) called with the dataset config's ``split`` ("train" | "eval"), ``size`` (None: the
+source's default), ``seed`` and ``system_prompt`` (None: the source's default), and
+``params``, its own frozen dataclass built from ``generator_args`` (unknown args are
+errors naming ``buffer.<key>.generator_args.<arg>``); it returns the tasks (any iterable
+of :class:`~trinity_like.experience.Task`). ``generator: "<name>:<dataset>"`` is short for
+``generator: <name>`` with ``generator_args: {dataset: <dataset>}``, for a source whose
+params have a ``dataset`` field (``reasoning_gym:gsm_symbolic``)::
+
+    @dataclass(frozen=True)
+    class CountParams:
+        upto: int = 10  # largest number asked for
+
+    @TASK_SOURCE.register_module("count")
+    def count_tasks(*, split, size, seed, system_prompt, params: CountParams):
+        \"\"\"'What comes after n?' for n < upto.\"\"\"
+        return [Task(prompt=f"What comes after {n}?", answer=str(n + 1), system_prompt=system_prompt)
+                for n in range(params.upto)][:size]
 
 **Arithmetic.** "What is 47 + 8?" with a calculator system prompt is the default task: a
 small instruct model starts at about 20 % and GRPO lifts it past 85 % within minutes
@@ -23,11 +43,13 @@ import hashlib
 import importlib
 import random
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from trinity_like.errors import TrinityError
+from trinity_like.components import build_params, params_type
+from trinity_like.errors import ConfigError, TrinityError
 from trinity_like.experience import Task
+from trinity_like.registry import TASK_SOURCE, UnknownNameError
 
 CALCULATOR_PROMPT = "You are a calculator. Reply with only the number."
 SPLITS = ("train", "eval")
@@ -42,10 +64,8 @@ class ArithmeticParams:
     ranges: tuple[tuple[int, int], ...] = ((10, 99), (1, 9))  # inclusive range of term i (last reused)
     num_terms: int = 2  # terms per expression
     template: str = "What is {expression}? Answer with just the final number."  # user message
-    system_prompt: str = CALCULATOR_PROMPT  # "" for none
     eval_fraction: float = 0.25  # share of the problem space reserved for the eval split
     split_seed: int = 0  # which problems are held out; keep it fixed across a project
-    seed: int = 0  # order of the problems drawn within a split
 
     def __post_init__(self) -> None:
         unknown = set(self.ops) - set(_OPS)
@@ -84,11 +104,13 @@ def _draw(rng: random.Random, params: ArithmeticParams) -> tuple[str, int]:
     return expression, int(value)
 
 
-def iter_arithmetic_tasks(params: ArithmeticParams, split: str = "train") -> Iterator[Task]:
-    """Distinct problems of ``split`` in a seeded order, until the split is exhausted."""
+def iter_arithmetic_tasks(
+    params: ArithmeticParams, split: str = "train", *, seed: int = 0, system_prompt: str = CALCULATOR_PROMPT
+) -> Iterator[Task]:
+    """Distinct problems of ``split`` in the order ``seed`` draws them, until the split is exhausted."""
     if split not in SPLITS:
         raise TrinityError(f"unknown split {split!r} (splits: {', '.join(SPLITS)})")
-    rng = random.Random(f"{params.seed}|{split}")
+    rng = random.Random(f"{seed}|{split}")
     seen: set[str] = set()
     space = _space_size(params)
     misses = 0
@@ -104,21 +126,33 @@ def iter_arithmetic_tasks(params: ArithmeticParams, split: str = "train") -> Ite
         yield Task(
             prompt=params.template.format(expression=expression),
             answer=str(value),
-            task_id=f"arith-{split}-{params.seed}-{index}",
-            system_prompt=params.system_prompt or None,
+            task_id=f"arith-{split}-{seed}-{index}",
+            system_prompt=system_prompt or None,
             info={"expression": expression},
         )
         index += 1
 
 
-def arithmetic_tasks(params: ArithmeticParams, split: str = "train", count: int = 100) -> list[Task]:
-    """The first ``count`` problems of ``split`` (fewer only if the split is smaller)."""
+def arithmetic_tasks(
+    params: ArithmeticParams, split: str = "train", count: int = 100, *, seed: int = 0,
+    system_prompt: str = CALCULATOR_PROMPT,
+) -> list[Task]:
+    """The first ``count`` problems of ``split`` (fewer only if the split is smaller); ``""``: no system prompt."""
     out = []
-    for task in iter_arithmetic_tasks(params, split):
+    for task in iter_arithmetic_tasks(params, split, seed=seed, system_prompt=system_prompt):
         if len(out) == count:
             break
         out.append(task)
     return out
+
+
+@TASK_SOURCE.register_module("arithmetic")
+def arithmetic_source(
+    *, split: str, size: int | None, seed: int, system_prompt: str | None, params: ArithmeticParams
+) -> list[Task]:
+    """Seeded 'What is 47 + 8?' problems; the eval split never overlaps train (size None: the whole split)."""
+    prompt = CALCULATOR_PROMPT if system_prompt is None else system_prompt
+    return arithmetic_tasks(params, split, 10**9 if size is None else size, seed=seed, system_prompt=prompt)
 
 
 # -- reasoning-gym ------------------------------------------------------------------------------
@@ -161,6 +195,55 @@ def reasoning_gym_tasks(
             )
         )
     return tasks
+
+
+@dataclass(frozen=True)
+class ReasoningGymParams:
+    """Which reasoning-gym dataset, and its own options."""
+
+    dataset: str = "gsm_symbolic"  # reasoning-gym dataset (also: generator "reasoning_gym:<dataset>")
+    config: dict[str, Any] = field(default_factory=dict)  # the dataset's options (see reasoning-gym's docs)
+
+
+EVAL_SEED_OFFSET = 10**6  # the eval split draws from another seed: its tasks differ from train's
+
+
+@TASK_SOURCE.register_module("reasoning_gym")
+def reasoning_gym_source(
+    *, split: str, size: int | None, seed: int, system_prompt: str | None, params: ReasoningGymParams
+) -> list[Task]:
+    """reasoning-gym's procedural tasks (GSM8K-style gsm_symbolic, ...): pip install reasoning-gym (size None: 100)."""
+    seed = seed + (EVAL_SEED_OFFSET if split == "eval" else 0)
+    return reasoning_gym_tasks(params.dataset, count=100 if size is None else size, seed=seed,
+                               config=params.config, system_prompt=system_prompt)
+
+
+# -- looking a source up ----------------------------------------------------------------------
+def task_source(generator: str, generator_args: Mapping[str, Any], where: str) -> tuple[Any, Any]:
+    """The TASK_SOURCE entry ``generator`` names and its params object built from ``generator_args``.
+
+    ``where`` is the dataset's key path (``buffer.tasks``); errors are one line naming
+    ``<where>.generator`` or ``<where>.generator_args.<arg>``.
+    """
+    name, colon, dataset = generator.partition(":")
+    try:
+        source = TASK_SOURCE.get(name)
+    except UnknownNameError as exc:
+        raise ConfigError(f"{where}.generator: {exc}") from None
+    args = dict(generator_args)
+    if colon:
+        ptype = params_type(source)
+        if ptype is None or "dataset" not in {f.name for f in fields(ptype)}:
+            raise ConfigError(f"{where}.generator: task source {name!r} takes no ':<dataset>' part (got {generator!r})")
+        if "dataset" in args:
+            raise ConfigError(f"{where}.generator_args.dataset: set twice (also in generator {generator!r})")
+        args["dataset"] = dataset
+    try:
+        return source, build_params(source, args, where=f"{where}.generator_args")
+    except ConfigError:
+        raise
+    except TrinityError as exc:  # the params object's own checks (ArithmeticParams.__post_init__)
+        raise ConfigError(f"{where}.generator_args: {exc}") from None
 
 
 def _jsonable(value: Any) -> Any:
