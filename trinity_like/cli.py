@@ -2,7 +2,7 @@
 
     trinity-like run --config recipe.yaml [key.path=value ...] [--plugin P] [--dry-run]
     trinity-like validate recipe.yaml [key.path=value ...]
-    trinity-like list [REGISTRY]
+    trinity-like list [REGISTRY | models]
     trinity-like plot RUN_DIR [--out FILE]
     trinity-like version
 
@@ -13,6 +13,7 @@ exits with status 2; ``--debug`` shows the traceback instead.
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from collections.abc import Sequence
 
@@ -49,8 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("overrides", nargs="*", metavar="key.path=value")
     _add_common(val)
 
-    lst = sub.add_parser("list", help="list registered components (all registries, or one)")
-    lst.add_argument("registry", nargs="?", help="e.g. POLICY_LOSS_FN or policy_loss_fn")
+    lst = sub.add_parser("list", help="list registered components (all registries, or one) and the built-in models")
+    lst.add_argument("registry", nargs="?", help="e.g. POLICY_LOSS_FN, policy_loss_fn, task_source, or models")
     _add_common(lst)
 
     plot = sub.add_parser("plot", help="draw a run's curves (reward, accuracy, loss, phase times) as a PNG")
@@ -72,18 +73,33 @@ def cmd_version(_: argparse.Namespace) -> int:
     return 0
 
 
+MODELS = "MODELS"  # the `list` section of built-in model ids (`model.path`), beside the registries
+
+
+def _print_section(title: str, entries: list[tuple[str, str]]) -> None:
+    print(f"{title} ({len(entries)})")
+    width = max((len(n) for n, _ in entries), default=0)
+    for name, desc in entries:
+        print(f"  {name.ljust(width)}  {desc or '(no description)'}")
+
+
 def cmd_list(args: argparse.Namespace) -> int:
+    from trinity_like.models.resolve import BUILTIN_MODELS
     from trinity_like.plugins import load_plugins
-    from trinity_like.registry import REGISTRIES, find_registry
+    from trinity_like.registry import REGISTRIES, UnknownNameError, find_registry
 
     load_plugins(args.plugin)
-    regs = [find_registry(args.registry)] if args.registry else list(REGISTRIES.values())
-    for reg in regs:
-        print(f"{reg.name} ({len(reg)})")
-        width = max((len(n) for n in reg.names()), default=0)
-        for name in reg.names():
-            desc = reg.describe(name) or "(no description)"
-            print(f"  {name.ljust(width)}  {desc}")
+    wants_models = args.registry is not None and args.registry.upper() == MODELS
+    if args.registry is None or not wants_models:
+        try:
+            regs = [find_registry(args.registry)] if args.registry else list(REGISTRIES.values())
+        except UnknownNameError as exc:
+            close = difflib.get_close_matches(args.registry.upper(), [MODELS], n=1, cutoff=0.6)
+            raise UnknownNameError(f"did you mean 'models'? ({exc})" if close else f"{exc}, or 'models'") from None
+        for reg in regs:
+            _print_section(reg.name, [(name, reg.describe(name)) for name in reg.names()])
+    if args.registry is None or wants_models:
+        _print_section(MODELS, [(name, m.description) for name, m in sorted(BUILTIN_MODELS.items())])
     return 0
 
 

@@ -139,3 +139,16 @@ def test_a_plugin_registers_a_source_that_list_and_validate_see(tmp_path):
                          capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 2 and f"{tmp_path / 'r.yaml'}:5: buffer.tasks.generator_args.wrd: unknown parameter" in out.stderr
 
+
+def test_list_models_shows_each_built_in_model_on_one_line(capsys):
+    from trinity_like.models.resolve import BUILTIN_MODELS
+
+    assert main(["list", "models"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"MODELS ({len(BUILTIN_MODELS)})" and len(lines) == 1 + len(BUILTIN_MODELS)
+    for name, model in BUILTIN_MODELS.items():
+        assert any(ln.split()[0] == name and ln.endswith(model.description) for ln in lines[1:])
+    assert main(["list"]) == 0
+    assert "\nMODELS (" in capsys.readouterr().out
+    assert main(["list", "modls"]) == 2
+    assert "did you mean 'models'?" in capsys.readouterr().err
