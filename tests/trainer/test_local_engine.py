@@ -103,6 +103,20 @@ def test_micro_batches_add_up_to_the_full_batch_gradient_and_adamw_step(tiny_pat
         torch.testing.assert_close(after[name], p.detach(), rtol=1e-5, atol=1e-5)
 
 
+def test_grad_clip_zero_means_no_clipping(tiny_path, batch):
+    """``trainer.optimizer.grad_clip: 0`` turns clipping off (it used to scale every gradient to 0)."""
+    off = LocalEngine(ModelParams(path=tiny_path), OptimParams(lr=1e-3, grad_clip=0.0))
+    huge = LocalEngine(ModelParams(path=tiny_path), OptimParams(lr=1e-3, grad_clip=1e9))
+    before = off.state_dict()
+    for engine in (off, huge):
+        engine.forward_backward(batch, nll_loss)
+        assert engine.optim_step()["grad_norm"] > 0
+    after_off, after_huge = off.state_dict(), huge.state_dict()
+    assert any(not torch.equal(before[k], after_off[k]) for k in before)
+    for k in after_off:
+        torch.testing.assert_close(after_off[k], after_huge[k], rtol=0, atol=0)
+
+
 def test_gradients_accumulate_over_calls_that_share_the_global_normalisers(tiny_path, batch):
     """Two half batches carrying the full batch's num_tokens == the full batch in one call."""
     whole = LocalEngine(ModelParams(path=tiny_path, micro_batch_size=8))

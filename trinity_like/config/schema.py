@@ -95,7 +95,6 @@ class SamplingConfig(Section):
 class ExplorerConfig(Section):
     placement: Literal["auto", "driver", "ray"] = "auto"  # where it runs; auto: a Ray actor when the trainer uses Ray
     dtype: Dtype = "float32"  # rollout weights; bf16 samples faster on CPUs with AVX-512 bf16
-    engine: Literal["hf"] = "hf"  # rollout engine: our batched KV-cache engine over any HF causal LM
     batch_size: PosInt = 8  # prompts per explore step
     group_size: PosInt = 8  # samples per prompt (GRPO's G)
     max_concurrent: PosInt = 128  # sequences decoded at once (continuous batching width)
@@ -153,9 +152,15 @@ class MonitorConfig(Section):
 class ClusterConfig(Section):
     ray_address: str | None = None  # existing Ray cluster ("ray://host:10001" or "auto"); None: start locally
     num_cpus: PosInt | None = None  # CPUs for a locally started Ray; None: all
-    num_gpus: NonNegInt = 0  # GPUs per node the trainer uses; 0: CPU (gloo)
-    trainer_workers: PosInt = 2  # FSDP world size of the `verl` engine
-    nnodes: PosInt = 1  # nodes
+    num_gpus: NonNegInt = 0  # GPUs of the `verl` engine's workers, one each (0 or trainer_workers); 0: CPU workers over gloo
+    trainer_workers: PosInt = 2  # FSDP world size of the `verl` engine (Ray places the workers on the cluster's nodes)
+
+    @model_validator(mode="after")
+    def _one_gpu_per_worker(self) -> ClusterConfig:
+        if self.num_gpus not in (0, self.trainer_workers):
+            raise ValueError(f"num_gpus must be 0 (CPU workers) or trainer_workers ({self.trainer_workers}): "
+                             f"each verl worker takes one GPU (got {self.num_gpus})")
+        return self
 
 
 class AlgorithmConfig(Section):

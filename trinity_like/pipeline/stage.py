@@ -244,8 +244,19 @@ def start_ray_for(spec: ResolvedStage, engines: int) -> bool:
         if started:
             ray.shutdown()
         raise TrinityError(f"cluster.num_gpus: {cfg.cluster.num_gpus} GPUs asked for the verl workers, but the Ray "
-                           f"cluster has {gpus:g}; set cluster.num_gpus: 0 to train on CPU")
+                           f"cluster at {cfg.cluster.ray_address} has {gpus:g}; set cluster.num_gpus: 0 to train on CPU")
     return started
+
+
+def check_gpus(cfg: Config) -> None:
+    """GPU workers on a machine without them fail here, before the run directory is touched.
+    (An existing Ray cluster's GPUs are counted once connected: :func:`start_ray_for`.)"""
+    if cfg.trainer.engine != "verl" or not cfg.cluster.num_gpus or cfg.cluster.ray_address is not None:
+        return
+    found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if found < cfg.cluster.num_gpus:
+        raise TrinityError(f"cluster.num_gpus: {cfg.cluster.num_gpus} GPUs asked for the verl workers, but this "
+                           f"machine has {found} usable by torch; set cluster.num_gpus: 0 to train on CPU")
 
 
 def is_on_policy(spec: ResolvedStage) -> bool:
@@ -296,6 +307,7 @@ def build_stage(spec: ResolvedStage, role: str) -> Stage:
         raise ValueError(f"role {role!r}: expected one of {ROLES}")
     cfg = spec.config
     seed_everything(cfg.seed)
+    check_gpus(cfg)
     model_path = resolve_model_path(cfg.model.path)
     tokenizer = load_tokenizer(model_path)
     trains = role != "explore"
