@@ -2,6 +2,9 @@
 
 - :mod:`.engine` -- :class:`RolloutEngine`, :class:`SamplingParams`: batched KV-cache decoding
   with shared-prefix groups and continuous batching (:mod:`.kv_cache`, :mod:`.sampling`).
+- :mod:`.worker` -- where the explorer runs: :class:`ExplorerWorker` in-process or
+  :class:`RemoteExplorer` as a Ray actor, one :class:`Explorer` protocol (``run``,
+  ``receive_weights``); the workflow's and the sampling params from a recipe.
 - :mod:`.workflows` -- the WORKFLOW registry's built-ins (``math``).
 - :mod:`.rewards` -- the REWARD_FN registry's built-ins and safe calling (time limits, retries).
 - :mod:`.tasks` -- the seeded arithmetic generator and the reasoning-gym adapter.
