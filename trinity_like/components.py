@@ -74,9 +74,12 @@ class AlgorithmType:
     """A declarative algorithm: which components, their default params, which models.
 
     ``params`` holds per-slot default hyper-parameters (``{"policy_loss": {"clip_ratio_high":
-    0.28}}``); a recipe may change them. ``requires`` holds config values the algorithm
-    cannot work without (``{"mode": "train"}`` for an offline algorithm); a recipe that sets
-    one of them to something else is a validation error, never a silent rewrite.
+    0.28}}``, a weighted slot's ``{"coef": ...}``); a recipe may change them. ``requires``
+    holds config values the algorithm cannot work without (``{"mode": "train"}`` for an
+    offline algorithm, or a slot's name ``{"algorithm.policy_loss.name": ...}``); a recipe
+    that sets one of them to something else is a validation error, never a silent rewrite.
+    Every slot not pinned there can be swapped by a recipe; ``params[slot]`` then stays with
+    the algorithm's own component (only a weighted slot's ``coef`` carries over).
     ``defaults`` holds config values filled in only where the recipe left them unset.
     """
 
