@@ -43,7 +43,7 @@ from trinity_like.pipeline.weight_channel import WeightChannel
 from trinity_like.registry import SAMPLE_STRATEGY
 from trinity_like.trainer.base import TrainEngine
 from trinity_like.trainer.engines import build_engine
-from trinity_like.trainer.objective import ComponentSpec, Objective, objective_from_stage
+from trinity_like.trainer.objective import Objective, objective_from_stage
 
 ROLES = ("both", "explore", "train", "offline")
 
@@ -295,8 +295,7 @@ def _build_trainer(stage: Stage) -> None:
         vl = spec.components.get("value_loss")
         if vl is None:
             raise TrinityError(f"algorithm {cfg.algorithm.type!r} uses a critic but names no value_loss")
-        stage.value_objective = Objective(policy_loss=ComponentSpec("POLICY_LOSS_FN", vl.name, vl.params),
-                                          loss_metric="value_loss")
+        stage.value_objective = Objective(policy_loss=vl, loss_metric="value_loss")
 
 
 def build_stage(spec: ResolvedStage, role: str) -> Stage:
