@@ -152,3 +152,11 @@ def test_list_models_shows_each_built_in_model_on_one_line(capsys):
     assert "\nMODELS (" in capsys.readouterr().out
     assert main(["list", "modls"]) == 2
     assert "did you mean 'models'?" in capsys.readouterr().err
+
+
+def test_list_into_a_pipe_that_closes_early_is_quiet():
+    # `true` exits without reading: every write of `list` meets a closed pipe
+    cmd = f"set -o pipefail; {sys.executable} -m trinity_like.cli list | true"
+    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True,
+                         env={**os.environ, "RAY_AUTH_MODE": "disabled"}, timeout=300)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
