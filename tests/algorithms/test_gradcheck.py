@@ -52,7 +52,7 @@ def test_ppo_gradient_is_exercised_in_both_clip_regions():
 
 def test_entropy_bonus():
     b = rand_batch(B=4, R=5)
-    check(loss_of(ENTROPY_LOSS_FN, "entropy", b, "entropy", coef=0.05), b["entropy"])
+    check(loss_of(ENTROPY_LOSS_FN, "entropy", b, "entropy"), b["entropy"])
 
 
 def test_dpo():

@@ -141,13 +141,12 @@ def test_value_clip_by_hand():
     assert metrics["vf_clipfrac"] == 0.5
 
 
-def test_entropy_bonus_and_none():
+def test_entropy_bonus_is_minus_the_mean_token_entropy():
+    # unweighted: the slot's coef (algorithm.entropy_loss.coef) is applied by the objective
     b = rand_batch()
     m = b["action_mask"]
-    value, _ = run("entropy", b, registry=ENTROPY_LOSS_FN, coef=0.01)
-    assert value.item() == pytest.approx(-0.01 * ((b["entropy"] * m).sum() / m.sum()).item())
-    value, metrics = run("none", {"action_mask": m}, registry=ENTROPY_LOSS_FN)
-    assert value.item() == 0.0 and metrics == {}
+    value, _ = run("entropy", b, registry=ENTROPY_LOSS_FN)
+    assert value.item() == pytest.approx(-((b["entropy"] * m).sum() / m.sum()).item())
 
 
 # -- MIX ------------------------------------------------------------------------------------

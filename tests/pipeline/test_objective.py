@@ -28,9 +28,9 @@ def batch_and_outputs(seed: int = 0):
     return batch, {"logprob": logprob, "entropy": torch.rand(B, R, generator=g, dtype=torch.float64)}
 
 
-def spec(registry, name, **params):
+def spec(registry, name, coef=None, **params):
     fn = registry.get(name)
-    return ComponentSpec(registry.name, name, build_params(fn, params))
+    return ComponentSpec(registry.name, name, build_params(fn, params), coef)
 
 
 def test_on_policy_equals_explicit_old_logprob():
