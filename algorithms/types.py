@@ -16,6 +16,9 @@ from trinity_like.components import AlgorithmType
 from trinity_like.registry import ALGORITHM_TYPE
 
 OFFLINE = {"mode": "train"}
+# A dataset has no explore step whose rows a train step would take: 8 rows (pairs) a step
+# unless the recipe says otherwise.
+OFFLINE_DEFAULTS = {"buffer.train_batch_size": 8}
 
 
 def _register(name: str, **fields) -> None:
@@ -29,6 +32,7 @@ _register(
     policy_loss="sft",
     use_rollout=False,
     requires=OFFLINE,
+    defaults=OFFLINE_DEFAULTS,
 )
 _register(
     "dpo",
@@ -38,6 +42,7 @@ _register(
     use_reference=True,
     schema="pair",
     requires=OFFLINE,
+    defaults=OFFLINE_DEFAULTS,
 )
 _register(
     "rm",
@@ -46,6 +51,7 @@ _register(
     use_rollout=False,
     schema="pair",
     requires=OFFLINE,
+    defaults=OFFLINE_DEFAULTS,
 )
 
 # -- online, critic-free (group baselines) ------------------------------------------------

@@ -121,7 +121,11 @@ def test_every_algorithm_type_validates_as_a_recipe(name, tmp_path):
     (tmp_path / "data.jsonl").write_text("")
     algo = ALGORITHM_TYPE.get(name)
     if algo.use_rollout:
-        data = "mode: both\nbuffer:\n  tasks: {path: data.jsonl}\n  expert_data: {path: data.jsonl}\n"
+        from trinity_like.registry import SAMPLE_STRATEGY
+
+        mixes = getattr(SAMPLE_STRATEGY.get(algo.sample_strategy), "uses_expert_data", False)
+        expert = "  expert_data: {path: data.jsonl}\n" if mixes else ""
+        data = f"mode: both\nbuffer:\n  tasks: {{path: data.jsonl}}\n{expert}"
     else:
         data = "mode: train\nbuffer:\n  train_data: {path: data.jsonl}\n"
     recipe = tmp_path / "recipe.yaml"

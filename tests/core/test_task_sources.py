@@ -15,7 +15,7 @@ from trinity_like.config import load_plan
 from trinity_like.errors import ConfigError
 from trinity_like.experience import Task
 from trinity_like.explorer.tasks import CALCULATOR_PROMPT, ArithmeticParams, ReasoningGymParams, arithmetic_tasks
-from trinity_like.pipeline.data import generated_tasks
+from trinity_like.pipeline.data_sources import generated_tasks
 from trinity_like.registry import TASK_SOURCE
 
 

@@ -35,11 +35,12 @@ from trinity_like.components import (
     AlgorithmType,
     ComponentSpec,
     build_params,
+    optional_inputs,
     required_inputs,
 )
 from trinity_like.config.loader import KeyPath, Locator, RawRecipe, apply_overrides, load_recipe
 from trinity_like.config.presets import apply_preset, swapped_slots
-from trinity_like.config.schema import Config
+from trinity_like.config.schema import AlgorithmConfig, Config, field_default
 from trinity_like.errors import ConfigError, TrinityError
 from trinity_like.explorer.tasks import task_source
 from trinity_like.plugins import load_plugins, loaded_plugins
@@ -71,6 +72,12 @@ class ResolvedStage:
         """Drop groups of equal rewards before the update: the recipe's choice, else the algorithm's."""
         chosen = self.config.algorithm.dynamic_sampling
         return self.algorithm.dynamic_sampling if chosen is None else chosen
+
+    @property
+    def train_batch_size(self) -> int:
+        """Rows (pairs) per train step: ``buffer.train_batch_size``, else everything one explore step writes."""
+        size = self.config.buffer.train_batch_size
+        return size if size is not None else self.config.explorer.batch_size * self.config.explorer.group_size
 
     @property
     def needs_reference(self) -> bool:
@@ -269,6 +276,23 @@ def _check_model(cfg: Config, loc: Locator) -> None:
             )
 
 
+def _check_expert_data(cfg: Config, comps: dict[str, ComponentSpec], loc: Locator) -> None:
+    """Expert rows come with a sample strategy that declares ``uses_expert_data`` (MIX), and
+    then the policy loss must tell them from sampled rows (it takes ``is_expert``)."""
+    strategy = comps["sample_strategy"]
+    mixes = bool(getattr(strategy.fn, "uses_expert_data", False))
+    if mixes and cfg.buffer.expert_data is None:
+        raise loc.error(("buffer", "expert_data"), f"the sample strategy {strategy.name!r} mixes expert rows into "
+                        "each batch: set buffer.expert_data")
+    if not mixes and cfg.buffer.expert_data is not None:
+        raise loc.error(("buffer", "expert_data"), f"the sample strategy {strategy.name!r} uses no expert data; "
+                        "pick one that does (e.g. algorithm.type: mix) or remove buffer.expert_data")
+    loss = comps["policy_loss"]
+    if mixes and "is_expert" not in required_inputs(loss.fn) | optional_inputs(loss.fn):
+        raise loc.error(("algorithm", "policy_loss", "name"), f"{loss.name!r} cannot tell the expert rows that "
+                        f"the sample strategy {strategy.name!r} mixes in from sampled ones (it takes no is_expert)")
+
+
 def _check_sections(cfg: Config, algo: AlgorithmType, loc: Locator) -> Any:
     online = algo.use_rollout and cfg.mode in ("both", "explore", "bench")
     if online and cfg.buffer.tasks is None and cfg.mode != "bench":
@@ -288,8 +312,6 @@ def _check_sections(cfg: Config, algo: AlgorithmType, loc: Locator) -> Any:
         if ds is not None and ds.pairs_from_samples is not None and (key not in ("train_data", "eval_data") or algo.schema != "pair"):
             raise loc.error(("buffer", key, "pairs_from_samples"), "builds preference pairs from tasks: only for "
                             "buffer.train_data / buffer.eval_data of a pair algorithm (dpo, rm)")
-    if cfg.algorithm.sample_strategy.get("name") == "mix" and cfg.buffer.expert_data is None:
-        raise loc.error(("buffer", "expert_data"), "the mix sample strategy needs buffer.expert_data")
     for key in ("tasks", "eval_tasks", "expert_data", "train_data", "eval_data"):
         ds = getattr(cfg.buffer, key)
         if ds is not None and ds.generator is not None:  # a bad generator fails here, before anything runs
@@ -326,7 +348,8 @@ def _resolve_paths(data: dict, base: Path) -> dict:
 
 def resolve_stage(data: dict, loc: Locator, base: Path) -> ResolvedStage:
     alg = data.get("algorithm", {})
-    algo_name = alg.get("type", "grpo") if isinstance(alg, dict) else "grpo"
+    default = field_default(AlgorithmConfig, "type")
+    algo_name = alg.get("type", default) if isinstance(alg, dict) else default
     if not isinstance(algo_name, str):
         raise loc.error(("algorithm", "type"), f"must be a string (got {repr(algo_name)})")
     algo = _resolve_name(ALGORITHM_TYPE, algo_name, loc, ("algorithm", "type"))
@@ -338,6 +361,8 @@ def resolve_stage(data: dict, loc: Locator, base: Path) -> ResolvedStage:
     comps = _resolve_components(cfg, algo, loc)
     needs = _check_inputs(algo, comps, loc, algo_name)
     reward_params = _check_sections(cfg, algo, loc)
+    if algo.use_rollout:
+        _check_expert_data(cfg, comps, loc)
     _check_model(cfg, loc)
     return ResolvedStage(cfg, algo, comps, needs, reward_params)
 

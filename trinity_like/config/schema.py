@@ -45,8 +45,8 @@ class DatasetConfig(Section):
     """A data source: a file/folder read through `datasets`, or a built-in generator."""
 
     path: str | None = None  # JSONL / parquet file or folder; relative to the recipe's folder
-    generator: str | None = None  # built-in task generator, e.g. "arithmetic" or "reasoning_gym:gsm_symbolic"
-    generator_args: dict[str, Any] = {}  # arguments of the generator (operand ranges, terms, ...)
+    generator: str | None = None  # TASK_SOURCE name (`trinity-like list task_source`); "<name>:<x>" sets generator_args.dataset
+    generator_args: dict[str, Any] = {}  # params of the task source (checked against its params dataclass)
     split: Literal["train", "eval"] = "train"  # generator split; "eval" never overlaps "train"
     size: PosInt | None = None  # number of rows to generate / keep (None: all, or the generator's default)
     prompt_key: str = "prompt"  # field holding the prompt text
@@ -55,9 +55,9 @@ class DatasetConfig(Section):
     messages_key: str = "messages"  # field holding chat messages (SFT rows in chat form)
     chosen_key: str = "chosen"  # preferred response (pairs)
     rejected_key: str = "rejected"  # dispreferred response (pairs)
-    system_prompt: str | None = None  # system message prepended to text prompts
+    system_prompt: str | None = None  # system message prepended to text prompts (task sources: None = the source's own)
     shuffle: bool = True  # shuffle each epoch with `seed`
-    seed: int = 0  # shuffling seed
+    seed: int = 0  # shuffling seed, and the seed a task source draws with
     epochs: PosInt = 1  # passes over the data before it is exhausted (offline algorithms)
     pairs_from_samples: PosInt | None = None  # tasks -> pairs: N samples per task, answer vs the model's commonest wrong one
 
@@ -80,7 +80,7 @@ class BufferConfig(Section):
     eval_data: DatasetConfig | None = None  # held-out offline data (SFT loss, pair accuracy)
     expert_data: DatasetConfig | None = None  # expert SFT rows mixed into RL batches (MIX)
     experience: StorageConfig = StorageConfig()  # where explored experiences wait for the trainer
-    train_batch_size: PosInt | None = None  # experiences (or pairs) per train step; None: explorer batch x group
+    train_batch_size: PosInt | None = None  # experiences (or pairs) per train step; None: explorer batch x group (offline algorithm types preset their own)
 
 
 class SamplingConfig(Section):
@@ -172,7 +172,7 @@ class AlgorithmConfig(Section):
     advantage: dict[str, Any] = {}  # {name?, params...} of the advantage fn
     kl_loss: dict[str, Any] = {}  # {name?, coef?, params...}: KL as a loss term
     kl_penalty: dict[str, Any] = {}  # {name?, coef?, params...}: KL as reward shaping
-    entropy_loss: dict[str, Any] = {}  # {name?, params...}
+    entropy_loss: dict[str, Any] = {}  # {name?, coef?, params...}; `name: none` switches any slot off
     sample_strategy: dict[str, Any] = {}  # {name?, params...}
     value_loss: dict[str, Any] = {}  # {name?, params...}: the critic's loss (algorithms with a critic)
     dynamic_sampling: bool | None = None  # drop groups whose rewards are all equal; None: the algorithm's choice

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import itertools
 import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
@@ -134,16 +135,11 @@ def iter_arithmetic_tasks(
 
 
 def arithmetic_tasks(
-    params: ArithmeticParams, split: str = "train", count: int = 100, *, seed: int = 0,
-    system_prompt: str = CALCULATOR_PROMPT,
+    params: ArithmeticParams, split: str, count: int | None, *, seed: int = 0, system_prompt: str = CALCULATOR_PROMPT,
 ) -> list[Task]:
-    """The first ``count`` problems of ``split`` (fewer only if the split is smaller); ``""``: no system prompt."""
-    out = []
-    for task in iter_arithmetic_tasks(params, split, seed=seed, system_prompt=system_prompt):
-        if len(out) == count:
-            break
-        out.append(task)
-    return out
+    """The first ``count`` problems of ``split`` (None, or a larger count: the whole split); ``""``: no system prompt."""
+    tasks = iter_arithmetic_tasks(params, split, seed=seed, system_prompt=system_prompt)
+    return list(tasks if count is None else itertools.islice(tasks, count))
 
 
 @TASK_SOURCE.register_module("arithmetic")
@@ -152,7 +148,7 @@ def arithmetic_source(
 ) -> list[Task]:
     """Seeded 'What is 47 + 8?' problems; the eval split never overlaps train (size None: the whole split)."""
     prompt = CALCULATOR_PROMPT if system_prompt is None else system_prompt
-    return arithmetic_tasks(params, split, 10**9 if size is None else size, seed=seed, system_prompt=prompt)
+    return arithmetic_tasks(params, split, size, seed=seed, system_prompt=prompt)
 
 
 # -- reasoning-gym ------------------------------------------------------------------------------
@@ -169,9 +165,9 @@ def load_reasoning_gym() -> Any:
 
 
 def reasoning_gym_tasks(
-    dataset: str = "gsm_symbolic",
+    dataset: str,
     *,
-    count: int = 100,
+    count: int,
     seed: int = 0,
     config: Mapping[str, Any] | None = None,
     system_prompt: str | None = None,
@@ -203,6 +199,7 @@ class ReasoningGymParams:
 
     dataset: str = "gsm_symbolic"  # reasoning-gym dataset (also: generator "reasoning_gym:<dataset>")
     config: dict[str, Any] = field(default_factory=dict)  # the dataset's options (see reasoning-gym's docs)
+    unsized_count: int = 100  # tasks drawn when the dataset's `size` is unset (the generators never run out)
 
 
 EVAL_SEED_OFFSET = 10**6  # the eval split draws from another seed: its tasks differ from train's
@@ -212,9 +209,9 @@ EVAL_SEED_OFFSET = 10**6  # the eval split draws from another seed: its tasks di
 def reasoning_gym_source(
     *, split: str, size: int | None, seed: int, system_prompt: str | None, params: ReasoningGymParams
 ) -> list[Task]:
-    """reasoning-gym's procedural tasks (GSM8K-style gsm_symbolic, ...): pip install reasoning-gym (size None: 100)."""
+    """reasoning-gym's procedural tasks (GSM8K-style gsm_symbolic, ...): pip install reasoning-gym."""
     seed = seed + (EVAL_SEED_OFFSET if split == "eval" else 0)
-    return reasoning_gym_tasks(params.dataset, count=100 if size is None else size, seed=seed,
+    return reasoning_gym_tasks(params.dataset, count=params.unsized_count if size is None else size, seed=seed,
                                config=params.config, system_prompt=system_prompt)
 
 

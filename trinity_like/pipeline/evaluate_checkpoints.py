@@ -9,8 +9,7 @@ from trinity_like.errors import TrinityError
 from trinity_like.explorer.worker import ExplorerWorker
 from trinity_like.monitor.logger import MetricsLogger
 from trinity_like.pipeline.checkpoint import CheckpointManager
-from trinity_like.pipeline.data_sources import StageData
-from trinity_like.pipeline.data import task_set
+from trinity_like.pipeline.data_sources import StageData, task_set
 from trinity_like.pipeline.stage import Stage
 
 

@@ -91,7 +91,7 @@ class OfflineTrainer:
         self.stage = stage
         needs_ref = "ref_logprob" in stage.batch_needs
         self.cache = RefCache(stage.run_dir / "ref_cache.safetensors") if needs_ref else None
-        self.batch_size = stage.config.buffer.train_batch_size or stage.config.explorer.batch_size
+        self.batch_size = stage.spec.train_batch_size
 
     def batch(self, rows: list[Any]) -> Batch:
         stage = self.stage

@@ -95,7 +95,7 @@ def learn(stage: Stage, step: int, timer: PhaseTimer) -> tuple[dict[str, float],
     """
     cfg = stage.config
     with timer("sample"):
-        rows = stage.strategy.sample(experiences=stage.storage, batch_size=train_batch_size(stage),
+        rows = stage.strategy.sample(experiences=stage.storage, batch_size=stage.spec.train_batch_size,
                                      model_version=stage.model_version, expert=stage.data.expert)
     if not rows:
         raise TrinityError(f"step {step}: the buffer gave no experiences (explorer produced none?)")
@@ -109,12 +109,6 @@ def learn(stage: Stage, step: int, timer: PhaseTimer) -> tuple[dict[str, float],
         metrics.update(update(stage, step, batch, timer, prepare=prepare_rl_batch))
     stage.model_version = step
     return metrics, batch
-
-
-def train_batch_size(stage: Stage) -> int:
-    """Rows per train step: ``buffer.train_batch_size``, else everything one explore step writes."""
-    cfg = stage.config
-    return cfg.buffer.train_batch_size or cfg.explorer.batch_size * cfg.explorer.group_size
 
 
 def rollout_stats(batch: Batch, model_version: int) -> dict[str, float]:
