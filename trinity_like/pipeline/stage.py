@@ -23,7 +23,7 @@ import dataclasses
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -45,6 +45,9 @@ from trinity_like.trainer.base import TrainEngine
 from trinity_like.trainer.engines import build_engine
 from trinity_like.trainer.objective import Objective, objective_from_stage
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
 ROLES = ("both", "explore", "train", "offline")
 
 
@@ -62,7 +65,7 @@ class Stage:
     role: str  # one of ROLES
     run_dir: Path
     model_path: Path  # the starting model's folder
-    tokenizer: Any  # a transformers tokenizer (its chat template renders prompts)
+    tokenizer: PreTrainedTokenizerBase  # the model's tokenizer (its chat template renders prompts)
     data: StageData  # tasks / rows the stage reads (positions are checkpointed)
     logger: MetricsLogger
     checkpoints: CheckpointManager
