@@ -96,6 +96,15 @@ class ListSource:
     def count(self, status="available"):
         return sum(1 for s in self.status.values() if s == status)
 
+    def mark_writer_done(self):
+        pass  # claims never wait here: a list holds everything it will ever hold
+
+    def recover(self, checkpoint_step=None):
+        return {}  # nothing kept across runs
+
+    def close(self):
+        pass
+
 
 class ListExpert:
     """A list-backed ExpertSource cycling through its rows."""
