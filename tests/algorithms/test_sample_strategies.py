@@ -74,7 +74,8 @@ def test_mix_after_a_short_claim_keeps_the_ratio():
 
 
 def test_only_mix_declares_that_it_uses_expert_data():
-    assert {name: SAMPLE_STRATEGY.get(name).uses_expert_data for name in SAMPLE_STRATEGY.names()} == {
+    first_party = ("default", "mix", "staleness")  # other tests register strategies of their own
+    assert {name: SAMPLE_STRATEGY.get(name).uses_expert_data for name in first_party} == {
         "default": False, "mix": True, "staleness": False,
     }
 
