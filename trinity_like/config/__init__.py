@@ -57,7 +57,8 @@ def describe_plan(plan: RunPlan) -> str:
                 args = f" {ds.generator_args}" if ds.generator_args else ""
                 src = ds.path or f"generator {ds.generator}{args} split={ds.split}"
                 lines.append(f"  {key}: {src}" + (f" size={ds.size}" if ds.size else ""))
-        lines.append(f"  experience storage: {b.experience.storage}")
+        lines.append(f"  experience storage: {b.experience.storage}; {st.train_batch_size} "
+                     f"{'pairs' if a.schema == 'pair' else 'rows'} per train step")
         if a.use_rollout:
             e = c.explorer
             s = e.sampling
