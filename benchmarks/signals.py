@@ -11,6 +11,10 @@ from its ``metrics.jsonl``:
   and held-out answer accuracy, whichever way it goes;
 - ``rm``: held-out pairwise accuracy (chance is 50 %).
 
+A row may be a variant of another recipe, run under its own name with overrides
+(``grpo_hard``: ``grpo_arith`` on the 2-digit + 2-digit task of ``mix_hard``, the GRPO
+baseline MIX is compared with there).
+
 The smaller setting that fits this 2-core machine (documented in the table): RL recipes
 run ``--steps`` steps (default 10 instead of the recipes' 20) on the ``local`` engine
 (``--engine``; the ``verl`` engine computes the same update, see the parity test, at a
@@ -29,6 +33,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -41,9 +46,18 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 @dataclass(frozen=True)
 class Recipe:
-    name: str
+    name: str  # the row's name, and its run directory under the run root
     kind: str  # "rl" | "sft" | "dpo" | "rm"
     extra: tuple[str, ...] = ()
+    config: str | None = None  # recipe file examples/<config>.yaml when the row is a variant of another; None: name
+
+    @property
+    def file(self) -> str:
+        return f"examples/{self.config or self.name}.yaml"
+
+
+# 2-digit + 2-digit addition, the task of examples/mix_hard.yaml, for any arithmetic recipe.
+HARD_TASKS = tuple(f"buffer.{key}.generator_args={{ranges: [[10, 99], [10, 99]]}}" for key in ("tasks", "eval_tasks"))
 
 
 RECIPES = [
@@ -56,6 +70,9 @@ RECIPES = [
     Recipe("cispo", "rl"),
     Recipe("ppo", "rl"),
     Recipe("mix", "rl"),
+    Recipe("mix_bare_answers", "rl"),  # the lesson: expert data in another answer style than RL's
+    Recipe("grpo_hard", "rl", HARD_TASKS, config="grpo_arith"),  # GRPO alone on mix_hard's task
+    Recipe("mix_hard", "rl"),
     Recipe("sft", "sft"),
     Recipe("dpo", "dpo"),
     Recipe("dpo_self_pairs", "dpo"),
@@ -120,8 +137,10 @@ def run_recipe(recipe: Recipe, args: argparse.Namespace, run_root: Path, log_dir
         overrides.append(f"model.path={args.model}")
     if recipe.kind == "rl" and recipe.name != "sft_then_grpo":
         overrides.append(f"trainer.total_steps={args.steps}")
-    overrides += [e.format(run_root=run_root) for e in recipe.extra]
-    cmd = [sys.executable, "-m", "trinity_like.cli", "run", "--config", f"examples/{recipe.name}.yaml", *overrides]
+    if recipe.config:  # a variant runs under its own name (and run directory)
+        overrides.append(f"name={recipe.name}")
+    overrides += [e.replace("{run_root}", str(run_root)) for e in recipe.extra]
+    cmd = [sys.executable, "-m", "trinity_like.cli", "run", "--config", recipe.file, *overrides]
     t0 = time.perf_counter()
     with open(log_dir / f"{recipe.name}.log", "w") as log:
         proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
@@ -130,7 +149,7 @@ def run_recipe(recipe: Recipe, args: argparse.Namespace, run_root: Path, log_dir
         raise SystemExit(f"{recipe.name}: exit {proc.returncode}; see {log_dir / (recipe.name + '.log')}")
     base = run_root / recipe.name
     run_dirs = [base / "sft", base / "grpo"] if recipe.name == "sft_then_grpo" else [base]  # its two stages
-    return run_dirs, wall, ["trinity-like run --config", f"examples/{recipe.name}.yaml", *overrides]
+    return run_dirs, wall, ["trinity-like run --config", recipe.file, *map(shlex.quote, overrides)]
 
 
 def fmt(x: float) -> str:
