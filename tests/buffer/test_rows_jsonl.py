@@ -71,3 +71,11 @@ def test_jsonl_waits_for_a_line_to_be_complete(tmp_path: Path) -> None:
     with open(tmp_path / "x.jsonl", "a") as f:
         f.write(encode(Experience(tokens=[1], prompt_length=0))[1][:10])  # a writer mid-line
     assert buf.claim(1, timeout=0.02) == [] and buf.count("available") == 0
+
+
+def test_jsonl_claim_returns_what_there_is_once_the_writer_is_done(tmp_path: Path) -> None:
+    buf = JsonlStorage(params=JsonlParams(), run_dir=tmp_path)
+    buf.put([Experience(tokens=[1, 2], prompt_length=1, eid="only")])
+    buf.mark_writer_done()
+    assert [r.eid for r in buf.claim(4)] == ["only"]  # no timeout: without the mark this would wait forever
+    assert buf.recover(None) == {}  # uncommitted claims come back from the cursor on restart, nothing to move
