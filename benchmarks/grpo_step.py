@@ -397,8 +397,8 @@ def write_results(args: argparse.Namespace, command: str, runs: dict[str, list[d
         "command": command.strip(),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, torch "
-                   f"{torch.__version__}, transformers {transformers.__version__}, verl {verl.__version__}, "
-                   f"trl {import_trl().__version__}",
+                   f"{torch.__version__}, transformers {transformers.__version__}, verl {verl.__version__}"
+                   + ("" if args.no_trl else f", trl {import_trl().__version__}"),
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "load_start": load_start, "load_end": os.getloadavg()[0],
         "load_median": statistics.median(loads) if loads else float("nan"),
