@@ -10,6 +10,7 @@ from algorithms.losses import (  # noqa: F401  (importing registers)
     bradley_terry,
     cispo,
     dpo,
+    dro,
     gspo,
     importance_sampling,
     mix,

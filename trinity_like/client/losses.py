@@ -1,0 +1,108 @@
+"""Tinker's named losses as our registered policy losses, reduced by SUM as the SDK reduces them.
+
+The client's ``forward_backward(data, loss_fn, loss_fn_config)`` runs a POLICY_LOSS_FN
+entry -- the registry a recipe and a plugin use -- so a plugin's loss is callable by name
+from the client too. Tinker's names map onto entries with token-sum aggregation:
+
+===================  ===================  ===========================================  ==================================
+Tinker ``loss_fn``   registered loss      ``loss_fn_inputs`` it reads                  ``loss_fn_config`` (default)
+===================  ===================  ===========================================  ==================================
+cross_entropy        sft                  target_tokens, weights                       --
+importance_sampling  importance_sampling  target_tokens, logprobs, advantages          --
+ppo                  ppo                  target_tokens, logprobs, advantages          clip_low_threshold (0.8), clip_high_threshold (1.2)
+cispo                cispo                target_tokens, logprobs, advantages          clip_low_threshold (0.8), clip_high_threshold (1.2)
+dro                  dro                  target_tokens, logprobs, advantages          beta (0.05)
+===================  ===================  ===========================================  ==================================
+
+Any other name is looked up in POLICY_LOSS_FN as it is, with ``loss_fn_config`` as its
+params. Arrays are per position of the model input: position i predicts token i + 1; the
+``logprobs`` input holds the sampler's logprobs of the target tokens and ``advantages``
+are the caller's (no baseline or normalisation inside a loss).
+
+Example (``lp``: the learner's logprobs of the target tokens, ``[B, T]``)::
+
+    spec = loss_spec("ppo", {"clip_high_threshold": 1.28})
+    loss, metrics = call_component(spec.fn, loss_inputs("ppo", lp, arrays, mask), spec.params)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trinity_like.components import ComponentSpec, build_params
+from trinity_like.errors import ConfigError
+from trinity_like.registry import POLICY_LOSS_FN
+
+RL_INPUTS = ("target_tokens", "logprobs", "advantages")
+THRESHOLDS = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}  # the SDK's ppo defaults
+
+
+@dataclass(frozen=True)
+class TinkerLoss:
+    """How one of Tinker's loss names runs as a registered loss."""
+
+    registered: str  # POLICY_LOSS_FN name
+    inputs: tuple[str, ...]  # the Datum's loss_fn_inputs keys it reads
+    config: Mapping[str, float]  # loss_fn_config keys it takes, with their defaults
+
+    def params(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """Our params for a Tinker ``loss_fn_config``: ratio thresholds become clip widths."""
+        values = {**self.config, **config}
+        out: dict[str, Any] = {"loss_agg_mode": "token-sum"}
+        if "clip_low_threshold" in values:
+            out["clip_ratio_low"] = 1.0 - float(values.pop("clip_low_threshold"))
+            out["clip_ratio_high"] = float(values.pop("clip_high_threshold")) - 1.0
+        return {**out, **values}
+
+
+TINKER_LOSSES: dict[str, TinkerLoss] = {
+    "cross_entropy": TinkerLoss("sft", ("target_tokens", "weights"), {}),
+    "importance_sampling": TinkerLoss("importance_sampling", RL_INPUTS, {}),
+    "ppo": TinkerLoss("ppo", RL_INPUTS, THRESHOLDS),
+    "cispo": TinkerLoss("cispo", RL_INPUTS, THRESHOLDS),
+    "dro": TinkerLoss("dro", RL_INPUTS, {"beta": 0.05}),
+}
+
+
+def loss_spec(name: str, config: Mapping[str, Any] | None = None) -> ComponentSpec:
+    """The registered loss (and its params) that ``forward_backward(..., loss_fn=name)`` runs."""
+    config = dict(config or {})
+    known = TINKER_LOSSES.get(name)
+    if known is not None:
+        unknown = set(config) - set(known.config)
+        if unknown:
+            raise ConfigError(f"loss_fn_config: {name!r} takes {sorted(known.config) or 'no options'}, "
+                              f"not {sorted(unknown)}")
+        registered, values = known.registered, known.params(config)
+    elif name in POLICY_LOSS_FN:
+        registered, values = name, config
+    else:
+        raise ConfigError(f"unknown loss_fn {name!r} (Tinker's: {', '.join(TINKER_LOSSES)}; "
+                          f"registered: {', '.join(POLICY_LOSS_FN.names())})")
+    params = build_params(POLICY_LOSS_FN.get(registered), values, where=f"loss_fn_config of {name!r}")
+    return ComponentSpec("POLICY_LOSS_FN", registered, params)
+
+
+def required_arrays(name: str) -> tuple[str, ...]:
+    """The ``loss_fn_inputs`` keys a Datum must carry for ``name`` (a plugin loss: target_tokens only)."""
+    known = TINKER_LOSSES.get(name)
+    return known.inputs if known is not None else ("target_tokens",)
+
+
+def loss_inputs(name: str, logprob_BT: torch.Tensor, arrays: Mapping[str, torch.Tensor],
+                mask_BT: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The keyword inputs of the registered loss from a padded batch of Datums.
+
+    ``mask_BT`` is 1 on each datum's positions (0 on padding); cross-entropy weighs them by
+    ``weights`` instead. ``logprobs`` (the sampler's) is the losses' ``old_logprob``.
+    """
+    out = {"logprob": logprob_BT, "action_mask": arrays["weights"] * mask_BT if name == "cross_entropy" else mask_BT}
+    if "logprobs" in arrays:
+        out["old_logprob"] = arrays["logprobs"]
+    if "advantages" in arrays:
+        out["advantages"] = arrays["advantages"]
+    return out
