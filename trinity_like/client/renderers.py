@@ -29,6 +29,7 @@ Example (any tokenizer with ``<|im_start|>``/``<|im_end|>``, e.g. SmolLM2's)::
 
 from __future__ import annotations
 
+import abc
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -89,7 +90,7 @@ def _is_trained(messages: Sequence[Message], index: int, what: TrainOnWhat) -> b
     return index == len(messages) - 1  # LAST_ASSISTANT_MESSAGE
 
 
-class Renderer:
+class Renderer(abc.ABC):
     """One chat format. Subclasses define ``_header``, ``_body`` and ``_suffix`` (as text)
     and the stop handling; this class turns them into tokens, prompts and weighted examples."""
 
@@ -105,27 +106,29 @@ class Renderer:
         """The messages actually rendered (a format may add a default system prompt)."""
         return list(messages)
 
+    @abc.abstractmethod
     def _header(self, messages: Sequence[Message], index: int) -> str:
-        raise NotImplementedError
+        """Message ``index``'s role framing (never trained except under ``all_tokens``)."""
 
+    @abc.abstractmethod
     def _body(self, messages: Sequence[Message], index: int) -> str:
-        raise NotImplementedError
+        """Message ``index``'s content and its end-of-turn token."""
 
+    @abc.abstractmethod
     def _suffix(self, messages: Sequence[Message]) -> str:
         """The text that opens the assistant turn to be sampled."""
-        raise NotImplementedError
 
     def _stop_overlap(self) -> str:
         """Text that completes a string stop sequence after the last message (role_colon)."""
         return ""
 
+    @abc.abstractmethod
     def get_stop_sequences(self) -> list[int] | list[str]:
         """Token ids (or strings) at which sampling stops: the end of the assistant turn."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def parse_response(self, tokens: Sequence[int]) -> tuple[Message, bool]:
         """``(assistant message, ok)``; ``ok`` is False when the turn did not end cleanly."""
-        raise NotImplementedError
 
     # -- shared machinery ------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
