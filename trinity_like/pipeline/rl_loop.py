@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -39,6 +40,7 @@ from trinity_like.pipeline.batching import experience_batch, split_rows
 from trinity_like.pipeline.stage import Stage
 
 Batch = dict[str, torch.Tensor]
+Prepare = Callable[[Stage, Batch, PhaseTimer], dict[str, float]]  # adds what the losses read to a batch
 
 
 def run_online(stage: Stage) -> dict[str, float]:
@@ -196,7 +198,7 @@ def compute_advantages(stage: Stage, batch: Batch) -> dict[str, float]:
 
 
 # -- shared by every loop ------------------------------------------------------------------------
-def update(stage: Stage, step: int, batch: Batch, timer: PhaseTimer, *, prepare=None) -> dict[str, float]:  # noqa: ANN001
+def update(stage: Stage, step: int, batch: Batch, timer: PhaseTimer, *, prepare: Prepare | None = None) -> dict[str, float]:
     """``trainer.update_epochs`` optimiser steps of the actor (then one of the critic) on ``batch``.
 
     ``prepare(stage, batch, timer)`` first adds what the losses read (reference logprobs,
@@ -230,7 +232,7 @@ def update(stage: Stage, step: int, batch: Batch, timer: PhaseTimer, *, prepare=
 
 
 def end_step(stage: Stage, step: int, timer: PhaseTimer, t0: float, metrics: dict[str, float],
-             batch: Batch | None, evaluate=None) -> None:  # noqa: ANN001
+             batch: Batch | None, evaluate: Callable[[], dict[str, float]] | None = None) -> None:
     """Sync weights, evaluate, checkpoint and log the end of ``step``.
 
     Weights go to the explorer every ``synchronizer.interval`` steps of an online stage, and
