@@ -23,7 +23,7 @@ from trinity_like.errors import TrinityError
 from trinity_like.trainer.base import with_normalisers
 from trinity_like.models.tiny import build_tiny_model
 from trinity_like.trainer.local_engine import LocalEngine
-from trinity_like.trainer.params import ModelParams, OptimParams
+from trinity_like.trainer.params import AdamStep, ModelParams, OptimParams
 from trinity_like.trainer.verl_engine import VerlEngine, VerlParams, start_ray
 
 pytestmark = pytest.mark.slow
@@ -184,5 +184,26 @@ def test_checkpoints_resume_across_engines(engine, tiny_path, batch, tmp_path):
     diff = torch.cat([(ours[k] - theirs[k]).flatten() for k in theirs])
     update = torch.cat([(theirs[k] - before[k]).flatten() for k in theirs])
     assert float(diff.norm() / update.norm()) < 1e-3
+    for name in theirs:
+        torch.testing.assert_close(ours[name], theirs[name], rtol=0, atol=1e-5)
+
+
+def test_outputs_of_the_training_pass_and_a_per_step_adam_match_the_local_engine(engine, batch, tmp_path):
+    """The client's path: ``forward_backward(out=...)`` returns the logprobs the loss saw, and
+    ``optim_step(AdamStep)`` steps at the caller's own lr / betas / clip on both engines."""
+    engine.save(str(tmp_path / "now"))
+    local = LocalEngine(ModelParams(path=str(tmp_path / "now"), micro_batch_size=3), OPTIM)
+    local.load(str(tmp_path / "now"))
+    expected = local.compute_logprobs(batch)["logprob"]
+    adam = AdamStep(lr=2e-3, betas=(0.8, 0.9), eps=1e-8, weight_decay=0.0, grad_clip=0.0)
+    outs = [{}, {}]
+    for eng, out in zip((engine, local), outs, strict=True):
+        eng.forward_backward(batch, nll_loss, out=out)
+        assert eng.optim_step(adam)["lr"] == pytest.approx(2e-3)
+    attended = batch["attention_mask"][:, P:].bool()
+    for out in outs:
+        assert out["logprob"].shape == (B, R)
+        torch.testing.assert_close(out["logprob"][attended], expected[attended], rtol=1e-5, atol=1e-5)
+    ours, theirs = engine.state_dict(), local.state_dict()
     for name in theirs:
         torch.testing.assert_close(ours[name], theirs[name], rtol=0, atol=1e-5)

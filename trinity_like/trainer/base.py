@@ -31,6 +31,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from trinity_like.trainer.params import AdamStep
+
 Batch = dict[str, torch.Tensor]
 LossCallable = Callable[[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
 
@@ -39,15 +41,22 @@ LossCallable = Callable[[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]]
 class TrainEngine(Protocol):
     """What the trainer, the pipeline and the client API need of a train engine."""
 
-    def forward_backward(self, batch: Batch, loss_fn: LossCallable, *, need_entropy: bool = False) -> dict[str, float]:
+    def forward_backward(self, batch: Batch, loss_fn: LossCallable, *, need_entropy: bool = False,
+                         out: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
         """Run forward and backward over ``batch`` (in micro-batches); accumulate grads.
 
         Returns the loss callable's metrics reduced over micro-batches (:func:`mean_metrics`:
-        ``*_loss`` shares summed, means averaged), plus ``loss``.
+        ``*_loss`` shares summed, means averaged), plus ``loss``. ``out``, when given, is
+        filled with the detached model outputs of every row (``logprob [B, R]``, ...), the
+        ones the loss saw (the client returns them per datum).
         """
 
-    def optim_step(self) -> dict[str, float]:
-        """Clip gradients, step the optimizer and scheduler, zero grads; returns ``grad_norm``, ``lr``."""
+    def optim_step(self, adam: AdamStep | None = None) -> dict[str, float]:
+        """Clip gradients, step the optimizer and scheduler, zero grads; returns ``grad_norm``, ``lr``.
+
+        ``adam``: this step's own lr, betas, eps, weight decay and clip norm, in place of the
+        schedule's (the client's ``optim_step(AdamParams)``).
+        """
 
     def zero_grad(self) -> None:
         """Drop accumulated gradients without stepping (a skipped step)."""

@@ -48,7 +48,7 @@ from trinity_like.trainer.base import (
     micro_batches,
     with_normalisers,
 )
-from trinity_like.trainer.params import ModelParams, OptimParams, lr_factor
+from trinity_like.trainer.params import AdamStep, ModelParams, OptimParams, lr_factor
 
 OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "trainer_state.json"
@@ -144,28 +144,45 @@ class LocalEngine:
         return {"scores": self.model.score(last).squeeze(-1).float()}
 
     # -- the contract --------------------------------------------------------------
-    def forward_backward(self, batch: Batch, loss_fn: LossCallable, *, need_entropy: bool = False) -> dict[str, float]:
-        """Accumulate the gradient of ``loss_fn`` over ``batch``, one micro-batch at a time."""
+    def forward_backward(self, batch: Batch, loss_fn: LossCallable, *, need_entropy: bool = False,
+                         out: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
+        """Accumulate the gradient of ``loss_fn`` over ``batch``, one micro-batch at a time.
+
+        ``out``, when given, receives the model's outputs for every row (``logprob [B, R]``,
+        ...), detached: what the loss saw, without a second forward pass.
+        """
         if self.optimizer is None:
             raise TrinityError("forward_backward on a forward-only engine (the reference model is frozen)")
         self.model.train()
         batch = with_normalisers(batch)
-        per_micro, total = [], 0.0
+        per_micro, total, kept = [], 0.0, []
         for mb in micro_batches(batch, self.params.micro_batch_size):
-            loss, metrics = loss_fn(self._forward(mb, need_entropy), mb)
+            outputs = self._forward(mb, need_entropy)
+            loss, metrics = loss_fn(outputs, mb)
             loss.backward()
             total += float(loss.detach())
             per_micro.append(dict(metrics))
+            if out is not None:
+                kept.append({k: v.detach() for k, v in outputs.items()})
+        if out is not None:
+            out.update({k: torch.cat([part[k] for part in kept]) for k in kept[0]})
         return {**mean_metrics(per_micro), "loss": total}
 
-    def optim_step(self) -> dict[str, float]:
-        """Clip, step AdamW at the scheduled lr, zero grads. A non-finite grad norm skips the step."""
+    def optim_step(self, adam: AdamStep | None = None) -> dict[str, float]:
+        """Clip, step AdamW, zero grads. A non-finite grad norm skips the step.
+
+        The lr is the schedule's unless ``adam`` gives this step's own hyper-parameters.
+        """
         if self.optimizer is None:
             raise TrinityError("optim_step on a forward-only engine (the reference model is frozen)")
-        lr = self.optim_params.lr * lr_factor(self.step, self.optim_params)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        clip = self.optim_params.grad_clip if self.optim_params.grad_clip > 0 else float("inf")  # 0: no clipping
+        if adam is None:
+            lr, grad_clip = self.optim_params.lr * lr_factor(self.step, self.optim_params), self.optim_params.grad_clip
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+        else:
+            lr, grad_clip = adam.lr, adam.grad_clip
+            adam.apply(self.optimizer)
+        clip = grad_clip if grad_clip > 0 else float("inf")  # 0: no clipping
         grad_norm = torch.nn.utils.clip_grad_norm_(self._parameters(), max_norm=clip)
         if torch.isfinite(grad_norm):
             self.optimizer.step()

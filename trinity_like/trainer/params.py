@@ -69,6 +69,32 @@ class OptimParams:
             raise TrinityError("the cosine lr schedule needs total_steps > 0")
 
 
+@dataclass(frozen=True)
+class AdamStep:
+    """One optimiser step's own hyper-parameters, in place of the schedule's (the client's ``AdamParams``).
+
+    A caller that drives the learning rate itself (Tinker's ``optim_step(AdamParams(...))``)
+    passes one per step; the recipe path passes none and follows :class:`OptimParams`.
+    """
+
+    lr: float  # learning rate of this step
+    betas: tuple[float, float]  # AdamW moment decay rates
+    eps: float  # AdamW denominator epsilon
+    weight_decay: float  # decoupled weight decay
+    grad_clip: float  # max global gradient L2 norm; 0: no clipping
+
+    def __post_init__(self) -> None:
+        if self.lr < 0 or self.eps <= 0 or self.weight_decay < 0 or self.grad_clip < 0:
+            raise TrinityError(f"AdamStep: lr, weight_decay, grad_clip must be >= 0 and eps > 0, got {self}")
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise TrinityError(f"AdamStep: betas must be in [0, 1), got {self.betas}")
+
+    def apply(self, optimizer) -> None:
+        """Set this step's values on every param group of a torch AdamW ``optimizer``."""
+        for group in optimizer.param_groups:
+            group.update(lr=self.lr, betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
+
+
 def lr_factor(step: int, params: OptimParams) -> float:
     """Multiplier of ``params.lr`` at the 0-indexed optimiser ``step``.
 

@@ -42,7 +42,7 @@ from trinity_like.errors import TrinityError
 from trinity_like.plugins import ray_runtime_env
 from trinity_like.trainer import verl_cpu
 from trinity_like.trainer.base import Batch, LossCallable, batch_rows, mean_metrics, row_unit, slice_rows, with_normalisers
-from trinity_like.trainer.params import ModelParams, OptimParams
+from trinity_like.trainer.params import AdamStep, ModelParams, OptimParams
 
 @dataclass(frozen=True)
 class VerlParams:
@@ -239,8 +239,11 @@ class VerlEngine:
         self._loss_fn: LossCallable | None = None
 
     # -- the contract --------------------------------------------------------------
-    def forward_backward(self, batch: Batch, loss_fn: LossCallable, *, need_entropy: bool = False) -> dict[str, float]:
-        """Forward/backward on every worker; returns the full-batch loss and mean metrics."""
+    def forward_backward(self, batch: Batch, loss_fn: LossCallable, *, need_entropy: bool = False,
+                         out: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
+        """Forward/backward on every worker; returns the full-batch loss and mean metrics.
+
+        ``out``, when given, receives the outputs of every row (``logprob [B, R]``, ...)."""
         if self.params.forward_only:
             raise TrinityError("forward_backward on a forward-only engine (the reference model is frozen)")
         from trinity_like.trainer.verl_worker import VerlLossAdapter
@@ -250,15 +253,19 @@ class VerlEngine:
             self._loss_fn = loss_fn
         workers = self.verl_params.num_workers
         blocks = split_over_workers(with_normalisers(batch), workers)
-        parts = self.group.trinity_forward_backward(blocks, [need_entropy] * workers)
+        parts = self.group.trinity_forward_backward(blocks, [need_entropy] * workers, [out is not None] * workers)
+        if out is not None:
+            rows = batch_rows(batch)  # padded rows (see pad_rows) come last: drop them
+            out.update({k: torch.cat([p["outputs"][k] for p in parts])[:rows] for k in parts[0]["outputs"]})
         total = sum(loss / workers for part in parts for loss in part["losses"])  # undo the adapter's dp scaling
         per_micro = [{k: v} for part in parts for k, values in part["metrics"].items() for v in values]
         return {**mean_metrics(per_micro), "loss": total}
 
-    def optim_step(self) -> dict[str, float]:
+    def optim_step(self, adam: AdamStep | None = None) -> dict[str, float]:
+        """Clip, step AdamW (at ``adam``'s values when given, else the schedule's) and zero grads."""
         if self.params.forward_only:
             raise TrinityError("optim_step on a forward-only engine (the reference model is frozen)")
-        return self.group.trinity_optim_step()[0]
+        return self.group.trinity_optim_step(adam)[0]
 
     def zero_grad(self) -> None:
         """Drop accumulated gradients without an optimiser step."""

@@ -43,6 +43,7 @@ from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_pad
 
 from trinity_like.errors import TrinityError  # noqa: E402
 from trinity_like.trainer.base import LossCallable, conform_param_groups, row_unit  # noqa: E402
+from trinity_like.trainer.params import AdamStep  # noqa: E402
 
 def skip_verl_trl_patch_without_value_head() -> None:
     """Stop verl's model patching from importing a class that recent ``trl`` no longer has.
@@ -166,19 +167,38 @@ class TrinityVerlWorker(TinkerTrainingWorker):
 
     # -- training ------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
-    def trinity_forward_backward(self, batch: dict[str, torch.Tensor], need_entropy: bool) -> dict[str, Any]:
-        """Forward/backward over this rank's rows; grads accumulate until ``trinity_optim_step``."""
+    def trinity_forward_backward(self, batch: dict[str, torch.Tensor], need_entropy: bool,
+                                 keep_outputs: bool = False) -> dict[str, Any]:
+        """Forward/backward over this rank's rows; grads accumulate until ``trinity_optim_step``.
+
+        ``keep_outputs``: also return the padded model outputs the loss saw (``outputs``).
+        """
         td = to_verl(batch, self.engine_config.micro_batch_size_per_gpu, need_entropy, self.kind)
+        tu.assign_non_tensor(td, return_model_output=keep_outputs)
         with self.engine.train_mode(zero_grad_on_exit=False):
             out = self.engine.forward_backward_batch(td, loss_function=self.loss_fn, forward_only=False)
-        return {"losses": list(out["loss"]), "metrics": dict(out["metrics"])}
+        result = {"losses": list(out["loss"]), "metrics": dict(out["metrics"])}
+        if keep_outputs:
+            padded = model_outputs_to_padded(out["model_output"], td)
+            result["outputs"] = {k: v.detach().float().cpu() for k, v in padded.items()}
+        return result
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def trinity_optim_step(self) -> dict[str, float]:
-        """Clip + AdamW step at the current lr, then advance the scheduler; zeroes grads."""
+    def trinity_optim_step(self, adam: AdamStep | None = None) -> dict[str, float]:
+        """Clip + AdamW step, then advance the scheduler; zeroes grads.
+
+        The lr is the scheduler's unless ``adam`` sets this step's own hyper-parameters.
+        """
         with self.engine.train_mode(zero_grad_on_exit=True):
+            clip = self.engine.optimizer_config.clip_grad
+            if adam is not None:
+                adam.apply(self.engine.optimizer)
+                self.engine.optimizer_config.clip_grad = adam.grad_clip if adam.grad_clip > 0 else float("inf")
             lr = self.engine.optimizer.param_groups[0]["lr"]
-            grad_norm = self.engine.optimizer_step()
+            try:
+                grad_norm = self.engine.optimizer_step()
+            finally:
+                self.engine.optimizer_config.clip_grad = clip
             self.engine.lr_scheduler_step()
         return {"grad_norm": float(grad_norm), "lr": float(lr)}
 
