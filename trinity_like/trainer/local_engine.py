@@ -50,6 +50,7 @@ from trinity_like.trainer.base import (
 )
 from trinity_like.trainer.params import AdamStep, ModelParams, OptimParams, lr_factor
 
+TARGET_IDS = "target_ids"  # optional batch field [B, R]: the tokens to score, when not the response's own
 OPTIMIZER_FILE = "optimizer.pt"
 STATE_FILE = "trainer_state.json"
 # Optimiser state keyed by parameter name, unsharded: the format both engines write, so a
@@ -82,15 +83,18 @@ def load_model(path: str, params: ModelParams) -> nn.Module:
 
 
 def response_outputs(
-    hidden_BTH: torch.Tensor, lm_head: nn.Module, input_ids_BT: torch.Tensor, response_len: int, need_entropy: bool
+    hidden_BTH: torch.Tensor, lm_head: nn.Module, input_ids_BT: torch.Tensor, response_len: int, need_entropy: bool,
+    target_ids_BR: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """``logprob [B, R]`` (and ``entropy``) from the hidden states, running the head on R positions only.
 
     logprob = logit[target] - logsumexp(logits); entropy = logsumexp - sum softmax * logits.
+    The targets are the response tokens themselves unless ``target_ids_BR`` names others
+    (the client scores any ``target_tokens``, e.g. 0 at a prompt position).
     """
     hidden_BRH = hidden_BTH[:, -response_len - 1 : -1, :]
     logits_BRV = lm_head(hidden_BRH).float()
-    targets_BR = input_ids_BT[:, -response_len:]
+    targets_BR = input_ids_BT[:, -response_len:] if target_ids_BR is None else target_ids_BR
     lse_BR = torch.logsumexp(logits_BRV, dim=-1)
     out = {"logprob": logits_BRV.gather(-1, targets_BR.unsqueeze(-1)).squeeze(-1) - lse_BR}
     if need_entropy:
@@ -136,7 +140,8 @@ class LocalEngine:
             use_cache=False,
         ).last_hidden_state
         if self.params.kind == "lm":
-            return response_outputs(hidden, self.model.get_output_embeddings(), input_ids, response_len, need_entropy)
+            return response_outputs(hidden, self.model.get_output_embeddings(), input_ids, response_len, need_entropy,
+                                    batch.get(TARGET_IDS))
         if self.params.kind == "value":
             return {"values": self.model.score(hidden[:, -response_len - 1 : -1, :]).squeeze(-1).float()}
         rows = torch.arange(hidden.shape[0], device=hidden.device)
