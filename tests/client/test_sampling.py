@@ -9,12 +9,14 @@ import pickle
 import shutil
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
 from tinker import types
 from transformers import AutoModelForCausalLM
 
+from trinity_like.client import sampling as sampling_module
 from trinity_like.client.sampling import SamplingClient, stop_conditions
 from trinity_like.errors import TrinityError
 from trinity_like.explorer.engine import RolloutEngine, SamplingParams
@@ -238,3 +240,22 @@ def test_bad_requests_fail_in_their_result_and_the_client_stays_usable(client, i
 def test_unsupported_options_fail_at_call_time_by_name(client, ids, kw):
     with pytest.raises(ValueError, match=next(iter(kw))):
         client.sample(types.ModelInput.from_ints(ids), 1, params(), **kw)
+
+
+def test_requests_waiting_together_share_one_engine_run_and_get_their_solo_samples(client, ids, monkeypatch):
+    """Tinker code sends one sample() per prompt: queued together they decode as one batch,
+    and each still gets exactly the samples it gets alone (its own seeds)."""
+    prompts = [types.ModelInput.from_ints(ids[: 3 + i]) for i in range(4)]
+    alone = [client.sample(p, 3, params(seed=7 + i)).result(timeout=60) for i, p in enumerate(prompts)]
+    runs, gate = [], threading.Event()
+    real_run = RolloutEngine.run
+    monkeypatch.setattr(RolloutEngine, "run", lambda self, r, s: runs.append(len(r)) or real_run(self, r, s))
+    blocker = sampling_module._queue().submit(None, lambda jobs: [gate.wait(10)])  # the worker is busy
+    futures = [client.sample(p, 3, params(seed=7 + i)) for i, p in enumerate(prompts)]
+    gate.set()
+    together = [f.result(timeout=60) for f in futures]
+    assert blocker.result(timeout=10) is True and runs == [4]
+    for a, b in zip(alone, together, strict=True):
+        assert [s.tokens for s in a.sequences] == [s.tokens for s in b.sequences]
+        for x, y in zip(a.sequences, b.sequences, strict=True):
+            assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)  # batched fp32 rounding

@@ -39,8 +39,9 @@ import shutil
 import tempfile
 import threading
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +52,7 @@ from tinker import types
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from trinity_like.client.futures import RequestQueue
-from trinity_like.explorer.engine import RolloutEngine
+from trinity_like.explorer.engine import Request, RolloutEngine, sample_seed
 from trinity_like.explorer.engine import SamplingParams as EngineSampling
 from trinity_like.models.resolve import load_model, load_tokenizer, resolve_model_path
 
@@ -70,7 +70,7 @@ class _Shared:
 _LOCK = threading.Lock()  # guards _SHARED (held while a model loads)
 _SHARED: dict[tuple[str, str], _Shared] = {}
 _QUEUE_LOCK = threading.Lock()  # its own lock: submitting never waits for a model to load
-_QUEUE: RequestQueue | None = None
+_QUEUE: RequestBatcher | None = None
 
 
 def _after_fork() -> None:
@@ -83,13 +83,84 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
-def _queue() -> RequestQueue:
-    """The one queue every sampling request of this process runs on, in submission order."""
+def _queue() -> RequestBatcher:
+    """The one queue every sampling request of this process runs on."""
     global _QUEUE
     with _QUEUE_LOCK:
         if _QUEUE is None:
-            _QUEUE = RequestQueue("sampling")
+            _QUEUE = RequestBatcher()
         return _QUEUE
+
+
+@dataclass
+class _Job:
+    """A request waiting to run: ``run(jobs)`` runs it together with the others of its ``key``
+    (None: alone) and returns one result per job."""
+
+    key: Any
+    run: Callable[[list[_Job]], list[Any]]
+    args: tuple
+    future: Future = field(default_factory=Future)
+
+
+class RequestBatcher:
+    """One worker thread; requests that wait together and can share an engine call share one.
+
+    Tinker code sends one ``sample`` per prompt and reads the futures later; run one by one,
+    each would decode only its own group. Here every sample request queued while the engine
+    was busy, with the same client weights and sampling settings, joins one continuous-batching
+    run (each keeps its own seeds, so its samples are the ones it would get alone). An error
+    in a shared run is retried request by request, so it stays with the request that caused it.
+    """
+
+    def __init__(self) -> None:
+        self._ready = threading.Condition()
+        self._pending: list[_Job] = []
+        threading.Thread(target=self._loop, name="trinity-like-sampling", daemon=True).start()
+
+    def submit(self, key: Any, run: Callable[[list[_Job]], list[Any]], *args: Any) -> AwaitableConcurrentFuture:
+        job = _Job(key, run, args)
+        with self._ready:
+            self._pending.append(job)
+            self._ready.notify()
+        return AwaitableConcurrentFuture(job.future)
+
+    def _loop(self) -> None:
+        while True:
+            with self._ready:
+                while not self._pending:
+                    self._ready.wait()
+                jobs, self._pending = self._pending, []
+            groups: dict[Any, list[_Job]] = {}
+            for i, job in enumerate(jobs):
+                groups.setdefault(("alone", i) if job.key is None else job.key, []).append(job)
+            for group in groups.values():
+                self._run(group)
+
+    @staticmethod
+    def _run(group: list[_Job]) -> None:
+        live = [job for job in group if job.future.set_running_or_notify_cancel()]
+        if not live:
+            return
+        try:
+            results = live[0].run(live)
+        except BaseException as exc:  # noqa: BLE001 -- handed to the request's future, never swallowed
+            if len(live) > 1:
+                for job in live:  # find the request that fails; the others still get their answer
+                    _rerun(job)
+                return
+            live[0].future.set_exception(exc)
+            return
+        for job, result in zip(live, results, strict=True):
+            job.future.set_result(result)
+
+
+def _rerun(job: _Job) -> None:
+    """Run ``job`` alone into its existing future (already marked running)."""
+    try:
+        job.future.set_result(job.run([job])[0])
+    except BaseException as exc:  # noqa: BLE001 -- handed to the request's future
+        job.future.set_exception(exc)
 
 
 def _folder_id(folder: Path) -> str:
@@ -301,32 +372,52 @@ class SamplingClient:
             return shared.engine
 
     # -- requests (each runs on the process's sampling queue) ----------------------------------
-    def _sample(
-        self, prompt: types.ModelInput, n: int, params: types.SamplingParams, with_prompt: bool, last_n: int | None
-    ) -> types.SampleResponse:
-        if n < 1:
-            raise ValueError(f"num_samples must be >= 1, got {n}")
-        engine = self._engine()
+    @staticmethod
+    def _sample(jobs: list[_Job]) -> list[types.SampleResponse]:
+        """The sample requests ``jobs`` (one client, one set of settings) in one engine run."""
+        client = jobs[0].args[0]
+        engine = client._engine()
         model = engine.model
-        ids = prompt_ids(prompt, model.get_input_embeddings().num_embeddings)
-        context = getattr(model.config, "max_position_embeddings", None)
-        sampling = engine_sampling(params, n, len(ids), context, engine.default_stop_ids)
-        prompt_lp = prompt_logprobs(model, ids, last_n) if with_prompt else None
-        sequences = [
-            types.SampledSequence(
-                stop_reason=s.finish_reason,  # type: ignore[arg-type]  # "stop" or "length"
-                sequence_id=uuid.uuid4().hex,
-                tokens_np=np.asarray(s.token_ids, dtype=np.int32),
-                logprobs_np=np.asarray(s.logprobs, dtype=np.float32),
-            )
-            for s in engine.generate([ids], sampling)[0]
+        requests, prompt_lps = [], []
+        for job in jobs:
+            _, prompt, n, params, with_prompt, last_n = job.args
+            if n < 1:
+                raise ValueError(f"num_samples must be >= 1, got {n}")
+            ids = prompt_ids(prompt, model.get_input_embeddings().num_embeddings)
+            context = getattr(model.config, "max_position_embeddings", None)
+            sampling = engine_sampling(params, n, len(ids), context, engine.default_stop_ids)
+            # The seeds engine.generate would give this prompt alone: batching changes no sample.
+            requests.append(Request(tuple(ids), tuple(sample_seed(sampling.seed, 0, s) for s in range(n))))
+            prompt_lps.append(prompt_logprobs(model, ids, last_n) if with_prompt else None)
+        groups = engine.run(requests, sampling)
+        return [
+            types.SampleResponse(sequences=[
+                types.SampledSequence(
+                    stop_reason=s.finish_reason,  # type: ignore[arg-type]  # "stop" or "length"
+                    sequence_id=uuid.uuid4().hex,
+                    tokens_np=np.asarray(s.token_ids, dtype=np.int32),
+                    logprobs_np=np.asarray(s.logprobs, dtype=np.float32),
+                )
+                for s in group
+            ], prompt_logprobs_np=lp)
+            for group, lp in zip(groups, prompt_lps, strict=True)
         ]
-        return types.SampleResponse(sequences=sequences, prompt_logprobs_np=prompt_lp)
 
-    def _compute_logprobs(self, prompt: types.ModelInput, last_n: int | None) -> list[float | None]:
+    def _batch_key(self, params: types.SamplingParams, with_prompt: bool) -> Any:
+        """Requests with equal keys may share one engine run: same weights and settings but the seed."""
+        if with_prompt:
+            return None  # prompt logprobs run a forward of their own
+        settings = params.model_dump(exclude={"seed"})
+        stop = settings.get("stop")
+        settings["stop"] = tuple(stop) if isinstance(stop, list) else stop
+        return (self._weights_id(), str(self._base_folder), self.device, tuple(sorted(settings.items())))
+
+    @staticmethod
+    def _compute_logprobs(jobs: list[_Job]) -> list[list[float | None]]:
+        self, prompt, last_n = jobs[0].args
         model = self._engine().model
         logprob_P = prompt_logprobs(model, prompt_ids(prompt, model.get_input_embeddings().num_embeddings), last_n)
-        return [None if math.isnan(x) else x for x in logprob_P.tolist()]
+        return [[None if math.isnan(x) else x for x in logprob_P.tolist()]]
 
     # -- the SDK's methods -----------------------------------------------------------------------
     def sample(
@@ -350,8 +441,14 @@ class SamplingClient:
         )
         if prompt_logprobs_last_n is not None and not include_prompt_logprobs:
             raise ValueError("prompt_logprobs_last_n applies to prompt logprobs; set include_prompt_logprobs")
+        key = None
+        if isinstance(sampling_params, types.SamplingParams):
+            if sampling_params.seed is None:  # a fresh seed per request, drawn now
+                sampling_params = sampling_params.model_copy(update={"seed": secrets.randbits(63)})
+            key = self._batch_key(sampling_params, include_prompt_logprobs)
         return _queue().submit(
-            self._sample, prompt, num_samples, sampling_params, include_prompt_logprobs, prompt_logprobs_last_n
+            key, self._sample, self, prompt, num_samples, sampling_params, include_prompt_logprobs,
+            prompt_logprobs_last_n,
         )
 
     async def sample_async(
@@ -370,7 +467,7 @@ class SamplingClient:
         self, prompt: types.ModelInput, prompt_logprobs_last_n: int | None = None
     ) -> AwaitableConcurrentFuture[list[float | None]]:
         """Logprob of each prompt token given the ones before it (one forward, temperature 1); None at 0."""
-        return _queue().submit(self._compute_logprobs, prompt, prompt_logprobs_last_n)
+        return _queue().submit(None, self._compute_logprobs, self, prompt, prompt_logprobs_last_n)
 
     async def compute_logprobs_async(
         self, prompt: types.ModelInput, prompt_logprobs_last_n: int | None = None
