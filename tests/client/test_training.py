@@ -1,0 +1,169 @@
+"""The TrainingClient against independent oracles: a plain full forward of a copy of the
+model, hand-written losses and torch's own AdamW; errors named by datum and key."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from tinker import types
+
+from trinity_like.client.data import DataError
+from trinity_like.client.training import TrainingClient
+from trinity_like.errors import ConfigError
+from trinity_like.models.tiny import build_tiny_model
+from trinity_like.plugins import load_plugins
+from trinity_like.trainer.local_engine import LocalEngine
+from trinity_like.trainer.params import ModelParams, OptimParams
+
+load_plugins()
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory) -> str:
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=5))
+
+
+@pytest.fixture
+def client(tiny_path, tmp_path):
+    engine = LocalEngine(ModelParams(path=tiny_path, micro_batch_size=2), OptimParams())
+    c = TrainingClient(engine, base_model=tiny_path, model_id="t", run_dir=tmp_path / "run", lora=None,
+                       tokenizer=None)
+    yield c
+    c.close()
+
+
+def rl_datum(prompt, sampled, sampler_lp, advantage) -> types.Datum:
+    """As tinker-cookbook's rl_loop builds it: target 0 and zeros over the prompt positions."""
+    ob = len(prompt) - 1
+    tokens = prompt + sampled[:-1]
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens),
+        loss_fn_inputs={"target_tokens": [0] * ob + sampled, "logprobs": [0.0] * ob + sampler_lp,
+                        "advantages": [0.0] * ob + [advantage] * len(sampled)})
+
+
+def sft_datum(tokens, weights) -> types.Datum:
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights})
+
+
+def oracle_logprobs(model, datum: types.Datum) -> torch.Tensor:
+    """log p(target_i | x_0..x_i) from one plain forward of the datum alone, float64 softmax."""
+    ids = torch.tensor([datum.model_input.to_ints()])
+    logits = model(input_ids=ids).logits[0].double()
+    target = datum.loss_fn_inputs["target_tokens"].to_torch().long()
+    return torch.log_softmax(logits, -1).gather(-1, target[:, None])[:, 0]
+
+
+def assert_close_by_norm(ours: torch.Tensor, theirs: torch.Tensor, name: str, rel: float = 1e-4) -> None:
+    """fp32 against a float64 oracle: the difference is rounding, small against the whole tensor."""
+    diff, size = float((ours.double() - theirs.double()).norm()), float(theirs.double().norm())
+    assert diff <= rel * size + 1e-9, f"{name}: |diff| {diff:.3g} vs |grad| {size:.3g}"
+
+
+def grads_of(client) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in client._engine.model.named_parameters() if p.grad is not None}
+
+
+DATA = [sft_datum([3, 17, 40, 8, 99, 12], [0, 0, 1, 1, 1]), sft_datum([5, 6, 7], [1, 0.5]),
+        sft_datum([9, 10, 11, 12, 13, 14, 15, 16], [0, 0, 0, 1, 1, 1, 1])]
+
+
+def test_cross_entropy_loss_logprobs_and_gradient_equal_a_plain_forward(client):
+    oracle = copy.deepcopy(client._engine.model).double()
+    out = client.forward_backward(DATA, "cross_entropy").result(timeout=60)
+    loss = 0
+    for datum, record in zip(DATA, out.loss_fn_outputs, strict=True):
+        lp = oracle_logprobs(oracle, datum)
+        torch.testing.assert_close(record["logprobs"].to_torch().double(), lp, atol=1e-5, rtol=1e-5)
+        loss = loss - (lp * datum.loss_fn_inputs["weights"].to_torch().double()).sum()
+    assert out.metrics["loss:sum"] == pytest.approx(float(loss.detach()), rel=1e-5)
+    loss.backward()
+    ours = grads_of(client)
+    for name, param in oracle.named_parameters():
+        if param.grad is not None and name in ours:
+            assert_close_by_norm(ours[name], param.grad, name)
+
+
+def test_optim_step_is_torch_adamw_at_the_given_params(client):
+    reference = copy.deepcopy(client._engine.model)
+    start = [p.detach().clone() for p in reference.parameters()]
+    adam = types.AdamParams(learning_rate=1e-2, beta1=0.8, beta2=0.9, eps=1e-6, weight_decay=0.1)
+    fwd = client.forward_backward(DATA, "cross_entropy")
+    opt = client.optim_step(adam)  # submitted before fwd is read: requests run in call order
+    fwd.result(timeout=60)
+    assert opt.result(timeout=60).metrics["learning_rate"] == pytest.approx(1e-2)
+    torch_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.1)
+    ids = [(d.model_input.to_ints(), d.loss_fn_inputs["target_tokens"].to_torch(),
+            d.loss_fn_inputs["weights"].to_torch()) for d in DATA]
+    loss = sum(-(torch.log_softmax(reference(input_ids=torch.tensor([x])).logits[0], -1)
+                 .gather(-1, t[:, None])[:, 0] * w).sum() for x, t, w in ids)
+    loss.backward()
+    torch_opt.step()
+    # Adam's first step is about lr * sign(grad): entries whose grad is rounding noise may
+    # step either way, so the weights are compared by norm against the size of the update.
+    diff = torch.cat([(a - b).detach().flatten() for a, b in zip(client._engine.model.parameters(), reference.parameters())])
+    update = torch.cat([(b.detach() - a).flatten() for a, b in zip(start, reference.parameters())])
+    assert float(update.norm()) > 1e-2 and float(diff.norm()) < 1e-3 * float(update.norm())
+
+
+def test_importance_sampling_on_cookbook_datums_and_a_custom_loss_written_as_it(client):
+    data = [rl_datum([4, 5, 6], [7, 8, 9], [-1.0, -2.0, -0.5], 1.0),
+            rl_datum([4, 5], [10, 2], [-3.0, -0.1], -0.5)]
+    oracle = copy.deepcopy(client._engine.model).double()
+    out = client.forward_backward(data, "importance_sampling").result(timeout=60)
+    expected = 0
+    for datum in data:
+        lp = oracle_logprobs(oracle, datum)
+        old = datum.loss_fn_inputs["logprobs"].to_torch().double()
+        adv = datum.loss_fn_inputs["advantages"].to_torch().double()
+        expected = expected - (torch.exp(lp - old) * adv).sum()
+    assert out.metrics["loss:sum"] == pytest.approx(float(expected), rel=1e-5)
+    assert "kl_sample_train_k1:mean" in out.metrics and "entropy:mean" in out.metrics
+    builtin = grads_of(client)
+    client._engine.zero_grad()
+
+    def custom_is(batch, logprobs_list):
+        loss = 0
+        for datum, lp in zip(batch, logprobs_list, strict=True):
+            old, adv = datum.loss_fn_inputs["logprobs"].to_torch(), datum.loss_fn_inputs["advantages"].to_torch()
+            loss = loss - (torch.exp(lp - old) * adv).sum()
+        return loss, {"custom": 1.0}
+
+    custom = client.forward_backward_custom(data, custom_is).result(timeout=60)
+    assert custom.metrics["loss:sum"] == pytest.approx(out.metrics["loss:sum"], rel=1e-5)
+    assert custom.metrics["custom"] == 1.0
+    for name, grad in grads_of(client).items():
+        assert_close_by_norm(grad, builtin[name], name)
+
+
+def test_forward_accumulates_no_gradient(client):
+    out = client.forward(DATA, "cross_entropy").result(timeout=60)
+    assert out.metrics["loss:sum"] > 0 and not grads_of(client)
+
+
+@pytest.mark.parametrize(("data", "loss", "error", "match"), [
+    ([], "cross_entropy", DataError, "data is empty"),
+    ([sft_datum([1, 2, 3], [1.0])], "cross_entropy", DataError, r"datum 0: loss_fn_inputs\['weights'\] has shape \[1\]"),
+    ([DATA[0], types.Datum(model_input=types.ModelInput.from_ints([1, 2]), loss_fn_inputs={"target_tokens": [2, 3]})],
+     "cross_entropy", DataError, "datum 1: loss_fn_inputs has no 'weights'"),
+    ([types.Datum(model_input=types.ModelInput.from_ints([1, 2]),
+                  loss_fn_inputs={"target_tokens": [2, 3], "weights": [1.0, 1.0], "advantages": [1.0, 1.0]})],
+     "cross_entropy", DataError, "datum 0: loss_fn_inputs key 'advantages' is not an input"),
+    ([types.Datum(model_input=types.ModelInput.from_ints([1, 2]),
+                  loss_fn_inputs={"target_tokens": torch.tensor([2.0, 3.0]), "weights": [1.0, 1.0]})],
+     "cross_entropy", DataError, r"datum 0: loss_fn_inputs\['target_tokens'\] must hold integers"),
+    (DATA, "no_such_loss", ConfigError, "unknown loss_fn 'no_such_loss'.*cross_entropy.*registered"),
+])
+def test_bad_input_is_one_clear_error_from_result_and_the_client_stays_usable(client, data, loss, error, match):
+    future = client.forward_backward(data, loss)
+    with pytest.raises(error, match=match):
+        future.result(timeout=60)
+    assert client.forward_backward(DATA, "cross_entropy").result(timeout=60).metrics["loss:sum"] > 0
+
+
+def test_optim_step_rejects_what_is_not_adam_params_at_call_time(client):
+    with pytest.raises(TypeError, match="AdamParams"):
+        client.optim_step({"learning_rate": 1e-4})

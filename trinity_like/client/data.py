@@ -1,0 +1,133 @@
+"""Tinker ``Datum`` lists <-> the train engines' padded batch, checked datum by datum.
+
+A Datum is one sequence: ``model_input`` holds T tokens x_0..x_{T-1} and every
+``loss_fn_inputs`` array holds T values, one per position; position i predicts
+``target_tokens[i]`` (usually x_{i+1}) from x_0..x_i. The engines' layout (see
+:mod:`trinity_like.trainer.base`) scores R response columns from the column before each,
+so a datum becomes a row whose prompt is x_0 alone and whose R = T response columns are
+x_1..x_{T-1} plus one more column; the logits at column i then belong to position i::
+
+    input_ids       x_0 | x_1 ... x_{T-1}  t_{T-1}  pad ...     (1 + R columns)
+    target_ids          | t_0 ... t_{T-2}  t_{T-1}  0 ...       (R columns, position i -> column i)
+    response_mask       |  1  ...   1        1      0 ...
+
+The extra last column is never attended to by an earlier position, so any token serves;
+the target is used so that an engine that scores the response tokens themselves
+(``verl``) gets position T-1 right. Arrays become ``[B, R]`` batch fields of the same name
+(``weights``, ``advantages``, ``logprobs``), zero on padding.
+
+Example::
+
+    datum = tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints([5, 6, 7]),
+                               loss_fn_inputs={"target_tokens": [6, 7, 8], "weights": [0, 1, 1]})
+    batch, lengths = to_batch([datum], ("target_tokens", "weights"))
+    batch["input_ids"]   # [[5, 6, 7, 8]]
+    batch["weights"]     # [[0., 1., 1.]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import tinker
+import torch
+
+from trinity_like.errors import TrinityError
+from trinity_like.trainer.local_engine import TARGET_IDS
+
+INT_KEYS = frozenset({"target_tokens"})
+FLOAT_KEYS = frozenset({"weights", "advantages", "logprobs"})
+
+
+class DataError(TrinityError, ValueError):
+    """A Datum (or the list of them) the client cannot train on; the message names the datum and key."""
+
+
+def datum_tokens(datum: tinker.types.Datum, index: int) -> list[int]:
+    """The model input's token ids (text chunks only)."""
+    if not isinstance(datum, tinker.types.Datum):
+        raise DataError(f"datum {index}: expected tinker.types.Datum, got {type(datum).__name__}")
+    for chunk in datum.model_input.chunks:
+        if not isinstance(chunk, tinker.types.EncodedTextChunk):
+            raise DataError(f"datum {index}: model_input chunk of type {chunk.type!r} is not supported (text only)")
+    tokens = datum.model_input.to_ints()
+    if not tokens:
+        raise DataError(f"datum {index}: model_input is empty")
+    return tokens
+
+
+def datum_array(datum: tinker.types.Datum, index: int, key: str, length: int) -> np.ndarray:
+    """``loss_fn_inputs[key]`` as a 1-D numpy array of ``length`` values, of the key's kind."""
+    value = datum.loss_fn_inputs[key].to_numpy()
+    if value.ndim != 1 or value.shape[0] != length:
+        raise DataError(f"datum {index}: loss_fn_inputs[{key!r}] has shape {list(value.shape)}, "
+                        f"model_input has {length} tokens (one value per position expected)")
+    if key in INT_KEYS and not np.issubdtype(value.dtype, np.integer):
+        raise DataError(f"datum {index}: loss_fn_inputs[{key!r}] must hold integers (int64), got {value.dtype}")
+    if key in FLOAT_KEYS and not np.issubdtype(value.dtype, np.floating):
+        raise DataError(f"datum {index}: loss_fn_inputs[{key!r}] must hold floats (float32), got {value.dtype}")
+    return value
+
+
+def check_keys(datum: tinker.types.Datum, index: int, keys: Sequence[str], what: str, *, extra_ok: bool) -> None:
+    """Every key of ``keys`` is present and (unless ``extra_ok``) nothing else."""
+    given = set(datum.loss_fn_inputs)
+    missing = [k for k in keys if k not in given]
+    if missing:
+        raise DataError(f"datum {index}: loss_fn_inputs has no {missing[0]!r} ({what} needs {', '.join(keys)})")
+    extra = sorted(given - set(keys))
+    if extra and not extra_ok:
+        raise DataError(f"datum {index}: loss_fn_inputs key {extra[0]!r} is not an input of {what} "
+                        f"(it takes {', '.join(keys)})")
+
+
+def to_batch(data: Sequence[tinker.types.Datum], keys: Sequence[str], *, what: str = "this loss",
+             extra_ok: bool = False, pad_id: int = 0) -> tuple[dict[str, torch.Tensor], list[int]]:
+    """The engines' batch for ``data`` carrying the arrays ``keys``; also each datum's length T.
+
+    ``keys`` must include ``target_tokens``. Errors name the datum index and key.
+    """
+    if not isinstance(data, Sequence) or isinstance(data, (str, bytes)):
+        raise DataError(f"data must be a list of tinker.types.Datum, got {type(data).__name__}")
+    if len(data) == 0:
+        raise DataError("data is empty: forward/backward needs at least one Datum")
+    rows, lengths = [], []
+    for i, datum in enumerate(data):
+        tokens = datum_tokens(datum, i)
+        check_keys(datum, i, keys, what, extra_ok=extra_ok)
+        arrays = {k: datum_array(datum, i, k, len(tokens)) for k in keys}
+        rows.append((tokens, arrays))
+        lengths.append(len(tokens))
+    B, R = len(rows), max(lengths)
+    input_ids = torch.full((B, 1 + R), pad_id, dtype=torch.long)
+    attention = torch.zeros((B, 1 + R), dtype=torch.long)
+    fields = {k: torch.zeros((B, R), dtype=torch.float32) for k in keys if k != "target_tokens"}
+    targets = torch.zeros((B, R), dtype=torch.long)
+    for b, (tokens, arrays) in enumerate(rows):
+        T = len(tokens)
+        target = torch.from_numpy(arrays["target_tokens"].astype(np.int64))
+        input_ids[b, :T] = torch.tensor(tokens)
+        input_ids[b, T] = target[-1]
+        attention[b, : T + 1] = 1
+        targets[b, :T] = target
+        for k in fields:
+            fields[k][b, :T] = torch.from_numpy(arrays[k].astype(np.float32))
+    mask = torch.zeros((B, R), dtype=torch.float32)
+    for b, T in enumerate(lengths):
+        mask[b, :T] = 1.0
+    batch = {
+        "input_ids": input_ids,
+        "attention_mask": attention,
+        "position_ids": (attention.cumsum(-1) - 1).clamp(min=0),
+        "response_mask": mask,
+        TARGET_IDS: targets,
+        **fields,
+    }
+    return batch, lengths
+
+
+def per_datum(values_BR: torch.Tensor, lengths: Sequence[int]) -> list[tinker.types.TensorData]:
+    """Row b's first T_b values as float32 ``TensorData``, one per datum."""
+    return [tinker.types.TensorData.from_torch(values_BR[b, :T].detach().float().cpu().contiguous())
+            for b, T in enumerate(lengths)]
