@@ -1,0 +1,195 @@
+"""The ``ServiceClient``: where training and sampling clients come from, in-process.
+
+Tinker's ``ServiceClient`` talks to a remote GPU service; this one builds the same clients
+over our engines in this process -- the ``local`` train engine by default, verl's FSDP
+workers through Ray with ``train_engine="verl"`` -- on the built-in models or any local
+Hugging Face folder. Checkpoints go under ``log_dir`` (``$TRINITY_LIKE_CACHE/client`` or
+``~/.cache/trinity_like/client``), one folder per training client.
+
+Example::
+
+    from trinity_like.client import ServiceClient
+    with ServiceClient() as service:
+        print([m.model_name for m in service.get_server_capabilities().supported_models])
+        training = service.create_lora_training_client("smollm2-135m-instruct", rank=16, seed=0)
+        sampler = service.create_sampling_client(base_model="smollm2-135m-instruct")
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from tinker import types
+
+from trinity_like.client.sampling import SamplingClient
+from trinity_like.client.training import CLIENT_FILE, TrainingClient
+from trinity_like.errors import TrinityError
+from trinity_like.models.resolve import BUILTIN_MODELS, CACHE_ENV, load_tokenizer, resolve_model_path
+from trinity_like.plugins import load_plugins
+from trinity_like.trainer.params import ModelParams, OptimParams
+
+ENGINES = ("local", "verl")
+_ids = itertools.count()
+
+
+def client_dir() -> Path:
+    """Default root of the clients' checkpoints."""
+    root = os.environ.get(CACHE_ENV)
+    return (Path(root).expanduser() if root else Path.home() / ".cache" / "trinity_like") / "client"
+
+
+def model_entry(name: str, folder: Path) -> types.SupportedModel:
+    config = json.loads((folder / "config.json").read_text())
+    return types.SupportedModel(model_name=name, max_context_length=config.get("max_position_embeddings"),
+                                trainable=True, sampleable=True)
+
+
+class ServiceClient:
+    """Creates :class:`TrainingClient` and :class:`SamplingClient` objects over local engines.
+
+    ``train_engine``: "local" (in-process torch) or "verl" (``trainer_workers`` FSDP workers
+    through Ray); ``micro_batch_size`` rows per forward/backward; ``dtype`` of the weights.
+    Tinker's remote-connection options (``base_url``, ``api_key``) have nothing to connect
+    to here and are errors when set.
+    """
+
+    def __init__(self, user_metadata: dict[str, str] | None = None, project_id: str | None = None, *,
+                 log_dir: str | os.PathLike[str] | None = None, train_engine: str = "local",
+                 trainer_workers: int = 1, micro_batch_size: int = 8, dtype: str = "float32",
+                 base_url: str | None = None, api_key: str | None = None) -> None:
+        if base_url is not None or api_key is not None:
+            raise ValueError("this ServiceClient runs in-process: base_url / api_key have no server to reach")
+        if train_engine not in ENGINES:
+            raise ValueError(f"train_engine {train_engine!r} unknown; expected one of {', '.join(ENGINES)}")
+        load_plugins()  # the named losses live in the registry a recipe uses, plugins included
+        self.log_dir = Path(log_dir) if log_dir is not None else client_dir()
+        self.train_engine = train_engine
+        self.trainer_workers = trainer_workers
+        self.micro_batch_size = micro_batch_size
+        self.dtype = dtype
+        self._clients: list[TrainingClient] = []
+
+    def __enter__(self) -> ServiceClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Finish and release every training client this service created."""
+        for client in self._clients:
+            client.close()
+        self._clients.clear()
+
+    # -- what can be trained -----------------------------------------------------------------
+    def get_server_capabilities(self) -> types.GetServerCapabilitiesResponse:
+        """The built-in models (any local Hugging Face folder works too, by its path)."""
+        models = [model_entry(name, resolve_model_path(name)) for name in sorted(BUILTIN_MODELS)]
+        return types.GetServerCapabilitiesResponse(supported_models=models)
+
+    # -- training clients --------------------------------------------------------------------
+    def create_lora_training_client(self, base_model: str, rank: int = 32, seed: int | None = None,
+                                    train_mlp: bool = True, train_attn: bool = True, train_unembed: bool = True,
+                                    user_metadata: dict[str, str] | None = None,
+                                    optimizer: types.OptimizerConfig | None = None) -> TrainingClient:
+        """A training client over ``base_model`` with a fresh LoRA adapter of ``rank``.
+
+        ``rank=0`` (ours) trains every weight instead: a full fine-tune.
+        """
+        if optimizer is not None and getattr(optimizer, "type", "adamw") != "adamw":
+            raise ValueError(f"optimizer {optimizer.type!r}: only AdamW is available here")
+        if rank < 0:
+            raise ValueError(f"rank must be >= 0 (0: full fine-tune), got {rank}")
+        folder = resolve_model_path(base_model)
+        lora = None
+        if rank > 0:
+            from trinity_like.trainer.lora import LoraParams
+
+            lora = LoraParams(rank=rank, train_attn=train_attn, train_mlp=train_mlp, train_unembed=train_unembed,
+                              seed=seed if seed is not None else int(torch.seed() % 2**31))
+        elif seed is not None:
+            torch.manual_seed(seed)
+        return self._training_client(base_model, folder, lora)
+
+    def create_training_client_from_state(self, path: str, base_model: str | None = None,
+                                          user_metadata: dict[str, str] | None = None,
+                                          weights_access_token: str | None = None,
+                                          optimizer: types.OptimizerConfig | None = None) -> TrainingClient:
+        """A training client resumed from ``save_state``'s folder: its weights, a fresh optimiser."""
+        return self._from_state(path, base_model, with_optimizer=False)
+
+    def create_training_client_from_state_with_optimizer(self, path: str, base_model: str | None = None,
+                                                         user_metadata: dict[str, str] | None = None,
+                                                         weights_access_token: str | None = None,
+                                                         optimizer: types.OptimizerConfig | None = None,
+                                                         ) -> TrainingClient:
+        """A training client resumed from ``save_state``'s folder: weights and optimiser state."""
+        return self._from_state(path, base_model, with_optimizer=True)
+
+    def _from_state(self, path: str, base_model: str | None, *, with_optimizer: bool) -> TrainingClient:
+        state = Path(path)
+        note = state / CLIENT_FILE
+        if not note.is_file():
+            raise TrinityError(f"{path!r} is not a save_state checkpoint (no {CLIENT_FILE})")
+        saved = json.loads(note.read_text())
+        base = base_model or saved["base_model"]
+        lora = None
+        if saved.get("lora"):
+            from trinity_like.trainer.lora import LoraParams
+
+            lora = LoraParams(**saved["lora"])
+        client = self._training_client(base, resolve_model_path(base), lora)
+        client._load(str(state), with_optimizer)
+        return client
+
+    def _training_client(self, base_model: str, folder: Path, lora: Any) -> TrainingClient:
+        """``lora``: the adapter's LoraParams, None for a full fine-tune."""
+        extra = {} if lora is None else {"lora": lora}
+        model = ModelParams(path=str(folder), micro_batch_size=self.micro_batch_size, dtype=self.dtype, **extra)
+        if self.train_engine == "local":
+            from trinity_like.trainer.local_engine import LocalEngine
+
+            engine = LocalEngine(model, OptimParams())
+        else:
+            from trinity_like.trainer.verl_engine import VerlEngine, VerlParams
+
+            engine = VerlEngine(model, OptimParams(), VerlParams(num_workers=self.trainer_workers))
+        model_id = f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', Path(base_model).name)}-{os.getpid()}-{next(_ids)}"
+        client = TrainingClient(engine, base_model=base_model, model_id=model_id, run_dir=self.log_dir / model_id,
+                                lora=lora, tokenizer=load_tokenizer(folder),
+                                exact_targets=self.train_engine == "local")
+        self._clients.append(client)
+        return client
+
+    # -- sampling clients --------------------------------------------------------------------
+    def create_sampling_client(self, model_path: str | None = None, base_model: str | None = None,
+                               retry_config: Any = None, record_stability_info: bool = False) -> SamplingClient:
+        """A sampler over ``model_path`` (a ``save_weights_for_sampler`` folder) or ``base_model``'s own weights."""
+        if model_path is None and base_model is None:
+            raise ValueError("Either model_path or base_model must be provided")
+        if model_path is not None:
+            return SamplingClient(base_model or model_path, model_path=model_path)
+        resolve_model_path(base_model)  # an unknown model fails here, at call time
+        return SamplingClient(base_model)
+
+    # -- the SDK's async spellings -------------------------------------------------------------
+    async def get_server_capabilities_async(self) -> types.GetServerCapabilitiesResponse:
+        return self.get_server_capabilities()
+
+    async def create_lora_training_client_async(self, *args: Any, **kwargs: Any) -> TrainingClient:
+        return self.create_lora_training_client(*args, **kwargs)
+
+    async def create_training_client_from_state_async(self, *args: Any, **kwargs: Any) -> TrainingClient:
+        return self.create_training_client_from_state(*args, **kwargs)
+
+    async def create_training_client_from_state_with_optimizer_async(self, *args: Any, **kwargs: Any):
+        return self.create_training_client_from_state_with_optimizer(*args, **kwargs)
+
+    async def create_sampling_client_async(self, *args: Any, **kwargs: Any) -> SamplingClient:
+        return self.create_sampling_client(*args, **kwargs)
