@@ -75,9 +75,15 @@ def test_cross_entropy_loss_logprobs_and_gradient_equal_a_plain_forward(client):
     oracle = copy.deepcopy(client._engine.model).double()
     out = client.forward_backward(DATA, "cross_entropy").result(timeout=60)
     loss = 0
-    for datum, record in zip(DATA, out.loss_fn_outputs, strict=True):
+    scored = client.forward(DATA, "cross_entropy").result(timeout=60).loss_fn_outputs
+    for datum, record, full in zip(DATA, out.loss_fn_outputs, scored, strict=True):
         lp = oracle_logprobs(oracle, datum)
-        torch.testing.assert_close(record["logprobs"].to_torch().double(), lp, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(full["logprobs"].to_torch().double(), lp, atol=1e-5, rtol=1e-5)
+        # forward_backward leaves out the positions before the first one with loss (0.0 there)
+        start = int(torch.nonzero(datum.loss_fn_inputs["weights"].to_torch())[0])
+        got = record["logprobs"].to_torch().double()
+        assert torch.all(got[:start] == 0)
+        torch.testing.assert_close(got[start:], lp[start:], atol=1e-5, rtol=1e-5)
         loss = loss - (lp * datum.loss_fn_inputs["weights"].to_torch().double()).sum()
     assert out.metrics["loss:sum"] == pytest.approx(float(loss.detach()), rel=1e-5)
     loss.backward()

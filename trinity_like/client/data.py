@@ -28,6 +28,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import tinker
@@ -82,40 +83,65 @@ def check_keys(datum: tinker.types.Datum, index: int, keys: Sequence[str], what:
                         f"(it takes {', '.join(keys)})")
 
 
-def to_batch(data: Sequence[tinker.types.Datum], keys: Sequence[str], *, what: str = "this loss",
-             extra_ok: bool = False, pad_id: int = 0) -> tuple[dict[str, torch.Tensor], list[int]]:
-    """The engines' batch for ``data`` carrying the arrays ``keys``; also each datum's length T.
+@dataclass(frozen=True)
+class Layout:
+    """Where each datum sits in the batch: its length T and the first position scored."""
 
-    ``keys`` must include ``target_tokens``. Errors name the datum index and key.
+    lengths: tuple[int, ...]  # T per datum
+    starts: tuple[int, ...]  # first position with a logprob computed; earlier ones come back as 0.0
+
+
+def first_loss_position(arrays: dict[str, np.ndarray], length: int) -> int:
+    """The first position any float array is non-zero at (the last position when none is):
+    positions before it carry no loss, so their logits need not be computed."""
+    used = np.zeros(length, dtype=bool)
+    for key, values in arrays.items():
+        if key in FLOAT_KEYS:
+            used |= values != 0
+    hits = np.flatnonzero(used)
+    return int(hits[0]) if hits.size else length - 1
+
+
+def to_batch(data: Sequence[tinker.types.Datum], keys: Sequence[str], *, what: str = "this loss",
+             extra_ok: bool = False, score_all: bool = True, pad_id: int = 0,
+             ) -> tuple[dict[str, torch.Tensor], Layout]:
+    """The engines' batch for ``data`` carrying the arrays ``keys`` (which include ``target_tokens``).
+
+    ``score_all``: every position is scored. Otherwise a datum's leading positions that carry
+    no loss (all its arrays zero there, as over an RL prompt) join the prompt, whose logits
+    the engines never compute: the same work as the recipe path on the same sequences.
+    Errors name the datum index and key.
     """
     if not isinstance(data, Sequence) or isinstance(data, (str, bytes)):
         raise DataError(f"data must be a list of tinker.types.Datum, got {type(data).__name__}")
     if len(data) == 0:
         raise DataError("data is empty: forward/backward needs at least one Datum")
-    rows, lengths = [], []
+    rows = []
     for i, datum in enumerate(data):
         tokens = datum_tokens(datum, i)
         check_keys(datum, i, keys, what, extra_ok=extra_ok)
         arrays = {k: datum_array(datum, i, k, len(tokens)) for k in keys}
-        rows.append((tokens, arrays))
-        lengths.append(len(tokens))
-    B, R = len(rows), max(lengths)
-    input_ids = torch.full((B, 1 + R), pad_id, dtype=torch.long)
-    attention = torch.zeros((B, 1 + R), dtype=torch.long)
+        start = 0 if score_all else first_loss_position(arrays, len(tokens))
+        rows.append((tokens, arrays, start))
+    layout = Layout(tuple(len(t) for t, _, _ in rows), tuple(s for _, _, s in rows))
+    B = len(rows)
+    P = max(s + 1 for _, _, s in rows)  # prompt x_0..x_start, left-padded
+    R = max(len(t) - s for t, _, s in rows)  # scored positions start..T-1, right-padded
+    input_ids = torch.full((B, P + R), pad_id, dtype=torch.long)
+    attention = torch.zeros((B, P + R), dtype=torch.long)
     fields = {k: torch.zeros((B, R), dtype=torch.float32) for k in keys if k != "target_tokens"}
     targets = torch.zeros((B, R), dtype=torch.long)
-    for b, (tokens, arrays) in enumerate(rows):
-        T = len(tokens)
-        target = torch.from_numpy(arrays["target_tokens"].astype(np.int64))
-        input_ids[b, :T] = torch.tensor(tokens)
-        input_ids[b, T] = target[-1]
-        attention[b, : T + 1] = 1
-        targets[b, :T] = target
-        for k in fields:
-            fields[k][b, :T] = torch.from_numpy(arrays[k].astype(np.float32))
     mask = torch.zeros((B, R), dtype=torch.float32)
-    for b, T in enumerate(lengths):
-        mask[b, :T] = 1.0
+    for b, (tokens, arrays, start) in enumerate(rows):
+        T, n = len(tokens), len(tokens) - start
+        target = torch.from_numpy(arrays["target_tokens"].astype(np.int64))
+        input_ids[b, P - start - 1 : P + n - 1] = torch.tensor(tokens)
+        input_ids[b, P + n - 1] = target[-1]  # never attended to by a scored position; see the module doc
+        attention[b, P - start - 1 : P + n] = 1
+        targets[b, :n] = target[start:]
+        mask[b, :n] = 1.0
+        for k in fields:
+            fields[k][b, :n] = torch.from_numpy(arrays[k][start:].astype(np.float32))
     batch = {
         "input_ids": input_ids,
         "attention_mask": attention,
@@ -124,10 +150,14 @@ def to_batch(data: Sequence[tinker.types.Datum], keys: Sequence[str], *, what: s
         TARGET_IDS: targets,
         **fields,
     }
-    return batch, lengths
+    return batch, layout
 
 
-def per_datum(values_BR: torch.Tensor, lengths: Sequence[int]) -> list[tinker.types.TensorData]:
-    """Row b's first T_b values as float32 ``TensorData``, one per datum."""
-    return [tinker.types.TensorData.from_torch(values_BR[b, :T].detach().float().cpu().contiguous())
-            for b, T in enumerate(lengths)]
+def per_datum(values_BR: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
+    """Each datum's T values (position i at row column i - start; 0.0 before ``start``)."""
+    out = []
+    for b, (T, start) in enumerate(zip(layout.lengths, layout.starts, strict=True)):
+        values = torch.zeros(T, dtype=torch.float32)
+        values[start:] = values_BR[b, : T - start].detach().float().cpu()
+        out.append(values)
+    return out

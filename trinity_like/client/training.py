@@ -33,7 +33,7 @@ import torch
 from tinker import types
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 
-from trinity_like.client.data import DataError, per_datum, to_batch
+from trinity_like.client.data import DataError, Layout, per_datum, to_batch
 from trinity_like.client.futures import RequestQueue
 from trinity_like.client.losses import loss_inputs, loss_spec, required_arrays
 from trinity_like.client.sampling import SamplingClient
@@ -151,7 +151,7 @@ class TrainingClient:
             raise TypeError(f"loss_fn must be a loss name (str), got {type(loss_fn).__name__}; "
                             "a callable goes to forward_backward_custom")
         loss = ClientLoss(loss_fn, loss_spec(loss_fn, config))
-        batch, lengths = self._batch(data, required_arrays(loss_fn), what=repr(loss_fn))
+        batch, layout = self._batch(data, required_arrays(loss_fn), what=repr(loss_fn), score_all=not backward)
         started = time.perf_counter()
         outputs: dict[str, torch.Tensor] = {}
         if backward:
@@ -162,38 +162,40 @@ class TrainingClient:
             with torch.no_grad():
                 value, metrics = loss(outputs, batch)
             loss_sum = float(value)
-        return self._output(batch, lengths, outputs, metrics, loss_sum, time.perf_counter() - started)
+        return self._output(batch, layout, outputs, metrics, loss_sum, time.perf_counter() - started)
 
     def _run_custom(self, data: Sequence[types.Datum], loss_fn: CustomLossFn) -> types.ForwardBackwardOutput:
-        batch, lengths = self._batch(data, ("target_tokens",), what="forward_backward_custom", extra_ok=True)
+        batch, layout = self._batch(data, ("target_tokens",), what="forward_backward_custom", extra_ok=True)
         started = time.perf_counter()
-        logprob_BR = self._engine.compute_logprobs(batch)["logprob"]
-        leaves = [logprob_BR[b, :T].clone().requires_grad_(True) for b, T in enumerate(lengths)]
+        leaves = [lp.requires_grad_(True) for lp in per_datum(self._engine.compute_logprobs(batch)["logprob"], layout)]
         value, user_metrics = loss_fn(list(data), leaves)
         if not isinstance(value, torch.Tensor) or value.numel() != 1:
             raise ValueError(f"the custom loss must return (scalar tensor, metrics), got {type(value).__name__}")
         value.backward()
-        weights = torch.zeros_like(logprob_BR)
-        for b, leaf in enumerate(leaves):
-            if leaf.grad is not None:
-                weights[b, : lengths[b]] = -leaf.grad  # cross-entropy's -(w * logprob) has gradient -w
+        linear = [  # cross-entropy's -(w * logprob) has gradient -w: weights = -dloss/dlogprob
+            types.Datum(model_input=d.model_input, loss_fn_inputs={
+                "target_tokens": d.loss_fn_inputs["target_tokens"],
+                "weights": -leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)})
+            for d, leaf in zip(data, leaves, strict=True)
+        ]
+        batch, layout = self._batch(linear, ("target_tokens", "weights"), what="forward_backward_custom",
+                                    score_all=False)
         surrogate = ClientLoss("cross_entropy", loss_spec("cross_entropy"))
         outputs: dict[str, torch.Tensor] = {}
-        metrics = self._engine.forward_backward({**batch, "weights": weights}, surrogate, need_entropy=True,
-                                                out=outputs)
+        metrics = self._engine.forward_backward(batch, surrogate, need_entropy=True, out=outputs)
         metrics = {"surrogate_loss:sum": metrics.pop("loss"), **{f"{k}:mean": v for k, v in metrics.items()},
                    **{k: float(v) for k, v in dict(user_metrics).items()}}
-        return self._output(batch, lengths, outputs, metrics, float(value.detach()), time.perf_counter() - started,
+        return self._output(batch, layout, outputs, metrics, float(value.detach()), time.perf_counter() - started,
                             renamed=True)
 
-    def _batch(self, data: Sequence[types.Datum], keys: Sequence[str], *, what: str,
-               extra_ok: bool = False) -> tuple[dict[str, torch.Tensor], list[int]]:
-        batch, lengths = to_batch(data, keys, what=what, extra_ok=extra_ok)
+    def _batch(self, data: Sequence[types.Datum], keys: Sequence[str], *, what: str, extra_ok: bool = False,
+               score_all: bool = True) -> tuple[dict[str, torch.Tensor], Layout]:
+        batch, layout = to_batch(data, keys, what=what, extra_ok=extra_ok, score_all=score_all)
         if not self._exact_targets:
             check_next_token_targets(batch)
-        return batch, lengths
+        return batch, layout
 
-    def _output(self, batch, lengths, outputs, metrics, loss_sum, seconds, *, renamed=False):
+    def _output(self, batch, layout, outputs, metrics, loss_sum, seconds, *, renamed=False):
         logprob_BR = outputs["logprob"]
         mask = batch["response_mask"]
         out = {} if renamed else {f"{k}:mean": float(v) for k, v in metrics.items()}
@@ -206,7 +208,7 @@ class TrainingClient:
         out["tokens_per_s"] = float(mask.sum()) / max(seconds, 1e-9)
         return types.ForwardBackwardOutput(
             loss_fn_output_type="ArrayRecord",
-            loss_fn_outputs=[{"logprobs": lp} for lp in per_datum(logprob_BR, lengths)],
+            loss_fn_outputs=[{"logprobs": types.TensorData.from_torch(lp)} for lp in per_datum(logprob_BR, layout)],
             metrics=out,
         )
 
@@ -349,8 +351,9 @@ def check_next_token_targets(batch: Mapping[str, torch.Tensor]) -> None:
     for key in ("weights", "advantages", "logprobs"):
         if key in batch:
             used |= batch[key] != 0
-    differs = (batch[TARGET_IDS] != batch["input_ids"][:, 1:]) & mask & used
+    R = mask.shape[1]
+    differs = (batch[TARGET_IDS] != batch["input_ids"][:, -R:]) & mask & used
     if differs.any():
-        b, i = (int(x) for x in differs.nonzero()[0])
-        raise DataError(f"datum {b}: target_tokens[{i}] is not the next model_input token; the verl engine "
+        b, i = (int(x) for x in differs.nonzero()[0])  # i: the row's column, not the datum's position
+        raise DataError(f"datum {b}: a target token that carries loss is not the next model_input token; the verl engine "
                         "scores next tokens only (use the local engine for other targets)")
