@@ -1,0 +1,258 @@
+"""What the Tinker-compatible client costs over the engines it drives, interleaved in one run.
+
+Training: one GRPO batch (P prompts x G samples of the built-in arithmetic task, sampled
+once by our rollout engine, advantage = reward - group mean) is trained on repeatedly,
+one step per repetition, by two contenders that start from the same weights:
+
+- ``engine``: the recipe path -- the batch built by the pipeline's ``experience_batch``
+  (prompts left-padded, responses right-padded), the registered ``ppo`` loss (token sum,
+  clip 0.2) through an ``Objective``, ``LocalEngine.forward_backward`` + ``optim_step``;
+- ``client``: the same samples as Tinker-cookbook datums (``target_tokens`` 0 and zero
+  arrays over the prompt), ``TrainingClient.forward_backward(data, "ppo")`` +
+  ``optim_step(AdamParams)`` through futures, on its own ``LocalEngine``.
+
+Same model, dtype (fp32), micro-batch size, lr, loss and tokens: the client's extra cost is
+its request queue, its Datum checks and layout, and its per-datum outputs and diagnostics.
+
+Sampling: the same prompts, G samples each, same seeds and max tokens, through
+``RolloutEngine.generate`` (all prompts in one call) and through ``SamplingClient.sample``
+(one request per prompt, as Tinker code sends them, futures read after all are sent).
+
+Rounds alternate which contender goes first; medians and the median of per-round ratios
+are reported, with the machine's measured fp32 matmul peak for scale. Run::
+
+    python benchmarks/client.py --model tiny-random --reps 2          # smoke, seconds
+    python benchmarks/client.py --model smollm2-135m-instruct --reps 5
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+import trinity_like.client as tinker  # noqa: E402
+from trinity_like.components import ComponentSpec, build_params  # noqa: E402
+from trinity_like.experience import Experience  # noqa: E402
+from trinity_like.explorer.engine import RolloutEngine, SamplingParams  # noqa: E402
+from trinity_like.explorer.rewards import exact_match  # noqa: E402
+from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks  # noqa: E402
+from trinity_like.models.resolve import load_model, render_prompt, resolve_model_path  # noqa: E402
+from trinity_like.pipeline.batching import experience_batch  # noqa: E402
+from trinity_like.plugins import load_plugins  # noqa: E402
+from trinity_like.registry import POLICY_LOSS_FN  # noqa: E402
+from trinity_like.trainer.local_engine import LocalEngine  # noqa: E402
+from trinity_like.trainer.objective import Objective  # noqa: E402
+from trinity_like.trainer.params import ModelParams, OptimParams  # noqa: E402
+
+types = tinker.types
+OUT = Path(__file__).parent / "results"
+
+
+def matmul_peak_gflops(size: int = 1024, reps: int = 5) -> float:
+    """The machine's fp32 matmul rate now (best of ``reps``), the ceiling for dense model work."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
+
+
+def sample_batch(model, tokenizer, args) -> tuple[list[list[int]], list[list], list[str]]:
+    """Prompts (token ids), their sampled groups and answers: the batch both trainers train on."""
+    tasks = arithmetic_tasks(ArithmeticParams(), "train", args.prompts, seed=args.seed)
+    prompts = [render_prompt(tokenizer, t.messages()) for t in tasks]
+    groups = RolloutEngine(model, tokenizer).generate(
+        prompts, SamplingParams(n=args.group, max_new_tokens=args.max_tokens, seed=args.seed))
+    return prompts, groups, [t.answer for t in tasks]
+
+
+def advantages(tokenizer, groups, answers) -> list[list[float]]:
+    out = []
+    for group, answer in zip(groups, answers, strict=True):
+        rewards = [exact_match(response=tokenizer.decode(s.token_ids, skip_special_tokens=True), answer=answer)
+                   for s in group]
+        mean = sum(rewards) / len(rewards)
+        out.append([r - mean for r in rewards])
+    return out
+
+
+def engine_batch(prompts, groups, adv, pad_id: int) -> dict[str, torch.Tensor]:
+    rows = [Experience(tokens=list(p) + s.token_ids, prompt_length=len(p), logprobs=s.logprobs,
+                       advantages=[a] * len(s.token_ids))
+            for p, group, adv_G in zip(prompts, groups, adv, strict=True) for s, a in zip(group, adv_G, strict=True)]
+    batch = experience_batch(rows, pad_id)
+    batch["old_logprob"] = batch["rollout_logprob"]
+    return batch
+
+
+def client_data(prompts, groups, adv) -> list[types.Datum]:
+    data = []
+    for p, group, adv_G in zip(prompts, groups, adv, strict=True):
+        ob = len(p) - 1
+        for s, a in zip(group, adv_G, strict=True):
+            data.append(types.Datum(
+                model_input=types.ModelInput.from_ints(list(p) + s.token_ids[:-1]),
+                loss_fn_inputs={"target_tokens": [0] * ob + s.token_ids, "logprobs": [0.0] * ob + s.logprobs,
+                                "advantages": [0.0] * ob + [a] * len(s.token_ids)}))
+    return data
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def bench_training(args, folder: Path, batch, data) -> dict:
+    ppo = ComponentSpec("POLICY_LOSS_FN", "ppo", build_params(
+        POLICY_LOSS_FN.get("ppo"), {"loss_agg_mode": "token-sum", "clip_ratio_low": 0.2, "clip_ratio_high": 0.2}))
+    objective = Objective(policy_loss=ppo)
+    model = ModelParams(path=str(folder), micro_batch_size=args.micro_batch)
+    engine = LocalEngine(model, OptimParams(lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, grad_clip=0.0))
+    service = tinker.ServiceClient(micro_batch_size=args.micro_batch, log_dir=tempfile.mkdtemp())
+    client = service.create_lora_training_client(str(folder), rank=0, seed=args.seed)
+    adam = types.AdamParams(learning_rate=args.lr, beta1=0.9, beta2=0.95, eps=1e-8)
+
+    def step_engine():
+        engine.forward_backward(batch, objective)
+        engine.optim_step()
+
+    def step_client():
+        fwd = client.forward_backward(data, "ppo")
+        opt = client.optim_step(adam)
+        fwd.result(), opt.result()
+
+    times = {"engine": [], "client": []}
+    for rep in range(args.reps + 1):  # the first round warms up and is not counted
+        order = [("engine", step_engine), ("client", step_client)]
+        for name, fn in order if rep % 2 == 0 else order[::-1]:
+            t = timed(fn)
+            if rep:
+                times[name].append(t)
+        print(f"train round {rep}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items() if v), flush=True)
+    service.close()
+    tokens = int(batch["response_mask"].sum())
+    return summary(times, tokens, "client", "engine")
+
+
+def bench_sampling(args, model, tokenizer, prompts) -> dict:
+    engine = RolloutEngine(model, tokenizer)
+    sampler = tinker.SamplingClient(args.model)
+    inputs = [types.ModelInput.from_ints(p) for p in prompts]
+    params = [types.SamplingParams(max_tokens=args.max_tokens, seed=args.seed + i) for i in range(len(prompts))]
+    counts = {}
+
+    def run_engine_batched():
+        out = engine.run(*batched_requests(prompts, args))
+        counts["engine"] = sum(len(s.token_ids) for g in out for s in g)
+
+    def run_client():
+        futures = [sampler.sample(x, args.group, p) for x, p in zip(inputs, params, strict=True)]
+        counts["client"] = sum(len(s.tokens) for f in futures for s in f.result().sequences)
+
+    times = {"engine": [], "client": []}
+    for rep in range(args.reps + 1):
+        order = [("engine", run_engine_batched), ("client", run_client)]
+        for name, fn in order if rep % 2 == 0 else order[::-1]:
+            t = timed(fn)
+            if rep:
+                times[name].append(t)
+        assert counts["engine"] == counts["client"], counts  # the same samples, token for token
+        print(f"sample round {rep}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items() if v), flush=True)
+    return summary(times, counts["client"], "client", "engine")
+
+
+def batched_requests(prompts, args):
+    """The engine's own one-call form of the client's requests: prompt i with the seeds
+    ``sample(..., seed=seed + i)`` gives it."""
+    from trinity_like.explorer.engine import Request, sample_seed
+
+    requests = [Request(tuple(p), tuple(sample_seed(args.seed + i, 0, s) for s in range(args.group)))
+                for i, p in enumerate(prompts)]
+    return requests, SamplingParams(n=args.group, max_new_tokens=args.max_tokens)
+
+
+def summary(times: dict[str, list[float]], tokens: int, ours: str, base: str) -> dict:
+    med = {k: statistics.median(v) for k, v in times.items()}
+    rounds = [b / a for a, b in zip(times[ours], times[base], strict=True)]
+    return {"times": times, "median_s": med, "tokens": tokens,
+            "tokens_per_s": {k: tokens / v for k, v in med.items()},
+            "rate_ratio": med[base] / med[ours], "median_round_ratio": statistics.median(rounds)}
+
+
+def markdown(result: dict, command: str) -> str:
+    t, s, meta = result["training"], result["sampling"], result["meta"]
+    lines = [
+        "# Client overhead: TrainingClient / SamplingClient vs the engines they drive",
+        "", f"Command: `{command}`", "",
+        f"{meta['model']}, {meta['prompts']} prompts x {meta['group']} samples, up to {meta['max_tokens']} new tokens, "
+        f"micro-batch {meta['micro_batch']}, fp32, {meta['reps']} interleaved rounds after one warm-up; "
+        f"commit {meta['commit']}, {meta['when']}, load average {meta['load']:.1f}.",
+        f"Machine fp32 matmul peak (1024^3, best of 5): {meta['peak_gflops']:.1f} GFLOP/s.", "",
+        "| work | engine | client | client rate / engine rate (medians) | median of per-round ratios |",
+        "|---|---|---|---|---|",
+        f"| GRPO train step ({t['tokens']} trained tokens) | {t['median_s']['engine']:.2f} s | "
+        f"{t['median_s']['client']:.2f} s | **{t['rate_ratio']:.3f}** | {t['median_round_ratio']:.3f} |",
+        f"| sampling ({s['tokens']} tokens) | {s['tokens_per_s']['engine']:.1f} tok/s | "
+        f"{s['tokens_per_s']['client']:.1f} tok/s | **{s['rate_ratio']:.3f}** | {s['median_round_ratio']:.3f} |",
+        "", f"Per-round times (s): training {t['times']}, sampling {s['times']}.",
+        f"Model work per train step ~6 x params x tokens = {meta['train_gflop']:.0f} GFLOP: the engine reaches "
+        f"{meta['train_gflop'] / t['median_s']['engine'] / meta['peak_gflops']:.0%} of the matmul peak.", "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--group", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--micro-batch", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="results name (default: client, or client_tiny for tiny-random)")
+    args = p.parse_args(argv)
+    load_plugins()
+    folder = resolve_model_path(args.model)
+    peak = matmul_peak_gflops()
+    model, tokenizer = load_model(folder)
+    prompts, groups, answers = sample_batch(model, tokenizer, args)
+    adv = advantages(tokenizer, groups, answers)
+    batch = engine_batch(prompts, groups, adv, tokenizer.pad_token_id)
+    data = client_data(prompts, groups, adv)
+    sampling = bench_sampling(args, model, tokenizer, prompts)
+    del model
+    training = bench_training(args, folder, batch, data)
+    params = sum(t.numel() for t in load_model(folder)[0].parameters())
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    meta = {**vars(args), "peak_gflops": peak, "commit": commit, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "load": os.getloadavg()[0], "python": platform.python_version(), "torch": torch.__version__,
+            "train_gflop": 6 * params * training["tokens"] / 1e9}
+    result = {"meta": meta, "training": training, "sampling": sampling}
+    name = args.out or ("client_tiny" if args.model == "tiny-random" else "client")
+    command = "python benchmarks/client.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    OUT.mkdir(exist_ok=True)
+    (OUT / f"{name}.json").write_text(json.dumps(result, indent=1))
+    (OUT / f"{name}.md").write_text(markdown(result, command.strip()))
+    print(markdown(result, command.strip()))
+
+
+if __name__ == "__main__":
+    main()
