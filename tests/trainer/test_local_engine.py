@@ -160,7 +160,7 @@ def test_save_load_round_trip_is_byte_identical_and_resumes_identically(tiny_pat
 
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt")
     assert (tmp_path / "ckpt" / "tokenizer_config.json").is_file()
-    saved_weights = load_file(str(next((tmp_path / "ckpt").glob("*.safetensors"))))
+    saved_weights = load_file(str(tmp_path / "ckpt" / "model.safetensors"))
     for name, tensor in saved_weights.items():
         assert torch.equal(loaded.state_dict()[name], tensor)
 

@@ -39,6 +39,11 @@ class ModelConfig(Section):
     max_response_tokens: PosInt = 64  # upper bound on generated / trained response tokens
     critic_path: str | None = None  # initial weights of the value model (PPO); None: same as `path`
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"  # attention kernel for HF models
+    lora_rank: NonNegInt = 0  # LoRA adapter rank of the policy (Hu et al. 2021); 0: train every weight (a critic always does)
+    lora_alpha: PosFloat = 32.0  # LoRA scale: updates are (alpha / rank) * B A; fixed 32 as Tinker, so lr barely moves with rank
+    lora_train_attn: bool = True  # LoRA on the attention projections (q, k, v, o)
+    lora_train_mlp: bool = True  # LoRA on the MLP projections (gate, up, down)
+    lora_train_unembed: bool = True  # LoRA on the output layer (lm_head); a tied one is untied in the merged weights
 
 
 class DatasetConfig(Section):

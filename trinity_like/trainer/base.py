@@ -12,6 +12,18 @@ plus per-row / per-token fields the components asked for (``old_logprob [B, R]``
 ``advantages [B, R]``, ``ref_logprob [B, R]``, ``rewards [B]``, ``is_expert [B]``, ...).
 Letters: B batch rows, P prompt columns, R response columns, T = P + R.
 
+Checkpoints (:meth:`TrainEngine.save`), the same layout from every engine so that one
+engine resumes another's, and nothing pickled:
+
+    config.json, *.safetensors, tokenizer   the model, a Hugging Face folder (full weights)
+    adapter_model.safetensors,              or, with LoRA, peft's adapter folder (the frozen
+      adapter_config.json                     base stays where base_model.json says)
+    base_model.json                         {"base_model": folder trained from, "lora": params or null}
+    optimizer.safetensors                   torch's full optimiser state: one tensor per (parameter
+                                              name, entry); param groups in the file's metadata
+    trainer_state.json                      {"step": optimiser steps taken} (places the lr schedule)
+    rng_state.safetensors                   torch RNG state (``cpu``; per rank on verl)
+
 A *loss callable* maps ``(outputs, batch) -> (loss, metrics)`` where ``outputs`` holds
 what the model produced for the response columns: ``logprob [B, R]`` for a language
 model (``entropy [B, R]`` when asked for), ``values [B, R]`` for a value model (read at the
@@ -26,11 +38,14 @@ gradients add up to the full-batch gradient (the batch carries the global normal
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from trinity_like.errors import TrinityError
 from trinity_like.trainer.params import AdamStep
 
 Batch = dict[str, torch.Tensor]
@@ -75,10 +90,11 @@ class TrainEngine(Protocol):
         when the engine's workers live in Ray (the explorer actor fetches it directly)."""
 
     def save(self, path: str) -> None:
-        """Write a Hugging Face folder (safetensors, config, tokenizer) plus optimizer state."""
+        """Write a checkpoint folder, safetensors and JSON only (no pickle; see "Checkpoints" below)."""
 
-    def load(self, path: str) -> None:
-        """Restore weights and optimizer state written by :meth:`save`."""
+    def load(self, path: str, *, with_optimizer: bool = True) -> None:
+        """Restore what :meth:`save` wrote: weights, and with ``with_optimizer`` the optimiser
+        state, step count and RNG state (else a fresh optimiser at step 0)."""
 
     def close(self) -> None:
         """Release workers and memory."""
@@ -173,14 +189,95 @@ def mean_metrics(per_micro: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def conform_param_groups(saved: dict, optimizer: torch.optim.Optimizer) -> dict:
-    """A saved full optimiser state whose param-group keys are exactly ``optimizer``'s.
+def conform_param_groups(saved: dict, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> dict:
+    """A saved full optimiser state whose param groups are exactly ``optimizer``'s.
 
-    The engines' optimisers differ only in bookkeeping keys (verl's ``LambdaLR`` adds
-    ``initial_lr``); the hyper-parameters themselves come from the saved state.
+    The engines' optimisers differ in bookkeeping keys (verl's ``LambdaLR`` adds
+    ``initial_lr``) and, with LoRA, in what they hold (verl's AdamW holds the frozen base
+    too, the local one the adapter alone): each group takes its keys and its parameters --
+    by name, in the optimiser's own order, which is how torch pairs them with the state --
+    from ``optimizer``, and its hyper-parameters from the saved state.
     """
+    names = {id(p): name for name, p in model.named_parameters()}
     groups = []
     for saved_group, current in zip(saved["param_groups"], optimizer.param_groups, strict=True):
         groups.append({k: saved_group.get(k, v) for k, v in current.items() if k != "params"})
-        groups[-1]["params"] = saved_group["params"]
+        groups[-1]["params"] = [names[id(p)] for p in current["params"]]
     return {**saved, "param_groups": groups}
+
+
+# -- checkpoint files (the layout in the module docstring) --------------------------------
+OPTIMIZER_FILE = "optimizer.safetensors"
+LEGACY_OPTIMIZER_FILE = "optimizer.pt"  # the pickled format before; never read
+STATE_FILE = "trainer_state.json"
+RNG_FILE = "rng_state.safetensors"
+_SEP = "/"  # tensor name = "<parameter name>/<entry>" (entries such as exp_avg hold no "/")
+
+
+def save_optimizer_state(state: Mapping[str, Any], file: Path) -> None:
+    """Write torch's full optimiser state dict (keyed by parameter name) as safetensors.
+
+    Each tensor entry becomes one tensor ``<name>/<entry>`` (``...q_proj.weight/exp_avg``);
+    non-tensor entries and the param groups go to the file's metadata as JSON (tuples such
+    as ``betas`` as lists, restored by :func:`load_optimizer_state`).
+    """
+    from safetensors.torch import save_file
+
+    tensors, scalars = {}, {}
+    for name, entries in state["state"].items():
+        for key, value in entries.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{name}{_SEP}{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(name, {})[key] = value
+    groups = [{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()} for g in state["param_groups"]]
+    save_file(tensors, str(file), metadata={"param_groups": json.dumps(groups), "scalars": json.dumps(scalars)})
+
+
+def load_optimizer_state(file: Path) -> dict[str, Any]:
+    """The optimiser state dict :func:`save_optimizer_state` wrote."""
+    from safetensors import safe_open
+
+    state: dict[str, dict[str, Any]] = {}
+    with safe_open(str(file), framework="pt") as f:
+        metadata = f.metadata()
+        for key in f.keys():
+            name, _, entry = key.rpartition(_SEP)
+            state.setdefault(name, {})[entry] = f.get_tensor(key)
+    for name, entries in json.loads(metadata["scalars"]).items():
+        state.setdefault(name, {}).update(entries)
+    groups = [{k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in g.items()}
+              for g in json.loads(metadata["param_groups"])]
+    return {"state": state, "param_groups": groups}
+
+
+def check_no_legacy_optimizer(folder: Path) -> None:
+    """A checkpoint of the pickled format: one clear error instead of a silently fresh optimiser."""
+    if (folder / LEGACY_OPTIMIZER_FILE).is_file() and not (folder / OPTIMIZER_FILE).is_file():
+        raise TrinityError(f"{folder}: optimiser state in the old pickled format ({LEGACY_OPTIMIZER_FILE}) is "
+                           f"not read; load the weights alone (with_optimizer=False)")
+
+
+def write_trainer_state(folder: Path, step: int) -> None:
+    (folder / STATE_FILE).write_text(json.dumps({"step": step}))
+
+
+def read_trainer_state(folder: Path) -> int:
+    """Optimiser steps a checkpoint had taken (0 when it says nothing)."""
+    file = folder / STATE_FILE
+    return int(json.loads(file.read_text())["step"]) if file.is_file() else 0
+
+
+def rng_state() -> dict[str, torch.Tensor]:
+    """This process's torch RNG state as tensors: ``cpu``, and ``cuda`` (the current device) once CUDA is in use."""
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: Mapping[str, torch.Tensor]) -> None:
+    """Restore what :func:`rng_state` returned (a ``cuda`` entry only where CUDA is available)."""
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

@@ -21,6 +21,11 @@ builds, so a critic folder moves between the engines and loads in ``transformers
 (``AutoModelForTokenClassification``). Started from a causal-LM folder, the head is new,
 initialised from ``head_seed``.
 
+LoRA (``ModelParams(lora=LoraParams(rank=8))``, :mod:`~trinity_like.trainer.lora`): the
+model is a ``peft`` LoRA model and the optimiser holds the adapter's parameters alone;
+:meth:`LocalEngine.state_dict` merges the adapter into plain Hugging Face weights and
+:meth:`LocalEngine.save` writes peft's adapter folder instead of the full model.
+
 Example::
 
     engine = LocalEngine(ModelParams(path="tiny"), OptimParams(lr=1e-4))
@@ -31,28 +36,36 @@ Example::
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
 from trinity_like.errors import TrinityError
+from trinity_like.trainer import lora as lora_lib
 from trinity_like.trainer.base import (
+    OPTIMIZER_FILE,
+    RNG_FILE,
     Batch,
     LossCallable,
+    check_no_legacy_optimizer,
     conform_param_groups,
+    load_optimizer_state,
     mean_metrics,
     micro_batches,
+    read_trainer_state,
+    rng_state,
+    save_optimizer_state,
+    set_rng_state,
     with_normalisers,
+    write_trainer_state,
 )
 from trinity_like.trainer.params import AdamStep, ModelParams, OptimParams, lr_factor
 
 TARGET_IDS = "target_ids"  # optional batch field [B, R]: the tokens to score, when not the response's own
-OPTIMIZER_FILE = "optimizer.pt"
-STATE_FILE = "trainer_state.json"
 # Optimiser state keyed by parameter name, unsharded: the format both engines write, so a
 # checkpoint saved by one engine resumes on the other.
 FULL = StateDictOptions(full_state_dict=True)
@@ -115,14 +128,22 @@ class LocalEngine:
         self.params = model
         self.optim_params = optim
         self.model = load_model(model.path, model)
+        if model.adapter is not None:
+            self.model = lora_lib.apply_lora(self.model, model.adapter, base_path=model.path)
         self.tokenizer_path = model.path
         self.step = 0  # optimiser steps taken; drives the lr schedule
         self.optimizer = None if model.forward_only else self._build_optimizer()
         self.model.train(not model.forward_only)
 
     # -- construction --------------------------------------------------------------
+    @property
+    def hf_model(self) -> nn.Module:
+        """The transformers model itself (with peft's LoRA layers inside when an adapter trains)."""
+        return self.model.get_base_model() if self.params.adapter is not None else self.model
+
     def _parameters(self) -> list[nn.Parameter]:
-        return list(self.model.parameters())
+        """What the optimiser steps: every weight, or the adapter's alone with LoRA."""
+        return [p for p in self.model.parameters() if p.requires_grad]
 
     def _build_optimizer(self) -> torch.optim.Optimizer:
         o = self.optim_params
@@ -133,20 +154,21 @@ class LocalEngine:
         """What the model produces for the response columns of one micro-batch."""
         input_ids = batch["input_ids"]
         response_len = batch["response_mask"].shape[1]
-        hidden = self.model.base_model(
+        model = self.hf_model
+        hidden = model.base_model(
             input_ids=input_ids,
             attention_mask=batch["attention_mask"],
             position_ids=batch["position_ids"],
             use_cache=False,
         ).last_hidden_state
         if self.params.kind == "lm":
-            return response_outputs(hidden, self.model.get_output_embeddings(), input_ids, response_len, need_entropy,
+            return response_outputs(hidden, model.get_output_embeddings(), input_ids, response_len, need_entropy,
                                     batch.get(TARGET_IDS))
         if self.params.kind == "value":
-            return {"values": self.model.score(hidden[:, -response_len - 1 : -1, :]).squeeze(-1).float()}
+            return {"values": model.score(hidden[:, -response_len - 1 : -1, :]).squeeze(-1).float()}
         rows = torch.arange(hidden.shape[0], device=hidden.device)
         last = hidden[rows, last_token_index(batch["attention_mask"])]
-        return {"scores": self.model.score(last).squeeze(-1).float()}
+        return {"scores": model.score(last).squeeze(-1).float()}
 
     # -- the contract --------------------------------------------------------------
     def forward_backward(self, batch: Batch, loss_fn: LossCallable, *, need_entropy: bool = False,
@@ -215,39 +237,76 @@ class LocalEngine:
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Full weights on CPU under Hugging Face names."""
-        return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        """Full weights on CPU under the base model's Hugging Face names; with LoRA, merged
+        (``W + (alpha / rank) B A``, see :mod:`~trinity_like.trainer.lora`), the model untouched."""
+        state = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        lora = self.params.adapter
+        return state if lora is None else lora_lib.merged_state_dict(state, lora)
 
     def export_weights(self) -> dict[str, torch.Tensor]:
         """The weights for an explorer: in-process, the state dict itself."""
         return self.state_dict()
 
     def save(self, path: str) -> None:
-        """A Hugging Face folder (safetensors, config, tokenizer) plus optimiser state and step count."""
+        """A checkpoint folder (layout in :mod:`~trinity_like.trainer.base`): the Hugging Face
+        folder, or peft's adapter folder with LoRA, plus optimiser, step and RNG state."""
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(out, safe_serialization=True)
-        if (Path(self.tokenizer_path) / "tokenizer_config.json").is_file():
-            AutoTokenizer.from_pretrained(self.tokenizer_path).save_pretrained(out)
+        lora = self.params.adapter
+        if lora is None:
+            self.model.save_pretrained(out, safe_serialization=True)
+            if (Path(self.tokenizer_path) / "tokenizer_config.json").is_file():
+                AutoTokenizer.from_pretrained(self.tokenizer_path).save_pretrained(out)
+        else:
+            _, adapter = lora_lib.split_state({k: v for k, v in self.model.state_dict().items() if ".lora_" in k})
+            lora_lib.write_adapter(out, adapter, self.model.peft_config[lora_lib.ADAPTER_NAME])
+        lora_lib.write_base_note(out, self.params.path, lora)
         if self.optimizer is not None:
-            torch.save(get_optimizer_state_dict(self.model, self.optimizer, options=FULL), out / OPTIMIZER_FILE)
-        (out / STATE_FILE).write_text(json.dumps({"step": self.step}))
+            save_optimizer_state(get_optimizer_state_dict(self.model, self.optimizer, options=FULL), out / OPTIMIZER_FILE)
+        save_file(rng_state(), str(out / RNG_FILE))
+        write_trainer_state(out, self.step)
 
-    def load(self, path: str) -> None:
-        """Restore what :meth:`save` wrote: weights, optimiser state and step count."""
-        self.model = load_model(path, self.params)
-        self.tokenizer_path = path
-        state_file = Path(path) / STATE_FILE
-        self.step = json.loads(state_file.read_text())["step"] if state_file.is_file() else 0
+    def load(self, path: str, *, with_optimizer: bool = True) -> None:
+        """Restore what :meth:`save` wrote: the weights (the adapter, with LoRA), and with
+        ``with_optimizer`` the optimiser state, step count and RNG state; without it the
+        optimiser starts fresh at step 0."""
+        folder = Path(path)
+        lora_lib.check_checkpoint(folder, self.params.adapter)
+        if self.params.adapter is not None:
+            adapter = lora_lib.adapter_to_peft_state(lora_lib.read_adapter(folder))
+            copy_adapter(self.model, adapter, str(folder))
+        else:
+            self.model = load_model(path, self.params)
+            self.tokenizer_path = path
+        self.step = 0
         if self.optimizer is not None:
             self.optimizer = self._build_optimizer()
-            opt_file = Path(path) / OPTIMIZER_FILE
-            if opt_file.is_file():
-                state = conform_param_groups(torch.load(opt_file, weights_only=True), self.optimizer)
-                set_optimizer_state_dict(self.model, self.optimizer, state, options=FULL)
+        if with_optimizer:
+            check_no_legacy_optimizer(folder)
+            self.step = read_trainer_state(folder)
+            if self.optimizer is not None and (folder / OPTIMIZER_FILE).is_file():
+                state = load_optimizer_state(folder / OPTIMIZER_FILE)
+                if state["state"]:  # a checkpoint before the first step holds no moments: fresh is the same
+                    state = conform_param_groups(state, self.optimizer, self.model)
+                    set_optimizer_state_dict(self.model, self.optimizer, state, options=FULL)
+            if (folder / RNG_FILE).is_file():
+                set_rng_state(load_file(str(folder / RNG_FILE)))
         self.model.train(not self.params.forward_only)
 
     def close(self) -> None:
         """Drop the model and optimiser so their memory can be freed."""
         self.model = None
         self.optimizer = None
+
+
+def copy_adapter(model: nn.Module, adapter: dict[str, torch.Tensor], where: str) -> None:
+    """Copy ``adapter`` (peft parameter names) into ``model``'s LoRA parameters; they must match exactly."""
+    own = {k: v for k, v in model.named_parameters() if ".lora_" in k}
+    missing, unexpected = sorted(set(own) - set(adapter)), sorted(set(adapter) - set(own))
+    wrong = sorted(k for k in set(own) & set(adapter) if own[k].shape != adapter[k].shape)
+    if missing or unexpected or wrong:
+        raise TrinityError(f"{where}: the adapter does not fit this model (missing {missing[:3]}, unexpected "
+                           f"{unexpected[:3]}, other shapes {wrong[:3]})")
+    with torch.no_grad():
+        for name, param in own.items():
+            param.copy_(adapter[name])

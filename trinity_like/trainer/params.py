@@ -20,6 +20,7 @@ from typing import get_args
 from trinity_like.config.schema import Config, Dtype, ModelConfig, OptimizerConfig, Scheduler, TrainerConfig
 from trinity_like.config.schema import field_default as _default
 from trinity_like.errors import TrinityError
+from trinity_like.trainer.lora import LoraParams
 
 MODEL_KINDS = ("lm", "value", "reward")
 SCHEDULES = get_args(Scheduler)
@@ -38,14 +39,23 @@ class ModelParams:
     forward_only: bool = False  # a frozen model (the reference policy): no optimiser, no grads
     gradient_checkpointing: bool = False  # recompute activations in backward to save memory
     head_seed: int = _default(Config, "seed")  # seed of the scalar head's initialisation when the folder has none
+    lora: LoraParams | None = None  # LoRA adapters on a trainable LM (rank 0 or None: every weight trains)
 
     def __post_init__(self) -> None:
+        if self.adapter is not None and (self.kind != "lm" or self.forward_only):
+            what = "a frozen model" if self.forward_only else f"a {self.kind} model"
+            raise TrinityError(f"LoRA adapts a trainable language model, not {what}")
         if self.kind not in MODEL_KINDS:
             raise TrinityError(f"model kind {self.kind!r} unknown; expected one of {', '.join(MODEL_KINDS)}")
         if self.dtype not in DTYPES:
             raise TrinityError(f"dtype {self.dtype!r} unknown; expected one of {', '.join(DTYPES)}")
         if self.micro_batch_size < 1:
             raise TrinityError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
+
+    @property
+    def adapter(self) -> LoraParams | None:
+        """The LoRA params when an adapter is trained (rank > 0), else None."""
+        return self.lora if self.lora is not None and self.lora.enabled else None
 
 
 @dataclass(frozen=True)
@@ -120,9 +130,22 @@ def optim_params(config: Config, *, critic: bool = False) -> OptimParams:
 
 
 def model_params(config: Config, path: str, *, kind: str = "lm", forward_only: bool = False) -> ModelParams:
-    """How a train engine holds the model folder ``path`` for a recipe."""
+    """How a train engine holds the model folder ``path`` for a recipe.
+
+    ``model.lora_rank > 0`` puts a LoRA adapter (seeded by the recipe's ``seed``) on the
+    trained policy; a frozen reference is the base model itself and a critic trains every
+    weight. A reward model with LoRA is an error rather than a silently full fine-tune.
+    """
     m = config.model
+    lora = None
+    if m.lora_rank > 0:
+        if kind == "reward":
+            raise TrinityError("model.lora_rank: LoRA adapts a language-model policy; a reward model trains "
+                               "every weight here (set model.lora_rank: 0)")
+        if kind == "lm" and not forward_only:
+            lora = LoraParams(rank=m.lora_rank, alpha=m.lora_alpha, train_attn=m.lora_train_attn,
+                              train_mlp=m.lora_train_mlp, train_unembed=m.lora_train_unembed, seed=config.seed)
     return ModelParams(
         path=path, kind=kind, micro_batch_size=config.trainer.micro_batch_size, dtype=m.dtype,
-        attn_implementation=m.attn_implementation, forward_only=forward_only, head_seed=config.seed,
+        attn_implementation=m.attn_implementation, forward_only=forward_only, head_seed=config.seed, lora=lora,
     )

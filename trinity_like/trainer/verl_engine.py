@@ -40,6 +40,7 @@ from trinity_like.config.schema import ClusterConfig, Config
 from trinity_like.config.schema import field_default as _default
 from trinity_like.errors import TrinityError
 from trinity_like.plugins import ray_runtime_env
+from trinity_like.trainer import lora as lora_lib
 from trinity_like.trainer import verl_cpu
 from trinity_like.trainer.base import Batch, LossCallable, batch_rows, mean_metrics, row_unit, slice_rows, with_normalisers
 from trinity_like.trainer.params import AdamStep, ModelParams, OptimParams
@@ -154,6 +155,15 @@ def split_over_workers(batch: Batch, workers: int) -> list[Batch]:
     return [slice_rows(batch, i * step, (i + 1) * step) for i in range(workers)]
 
 
+def lora_target_modules(model: ModelParams) -> list[str]:
+    """peft's ``target_modules`` for the adapter, found on a weightless (meta) copy of the model."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model.path))
+    return lora_lib.target_modules(meta, model.adapter)
+
+
 def worker_config(model: ModelParams, optim: OptimParams, verl: VerlParams, use_gpu: bool):
     """verl's ``TrainingWorkerConfig`` for our params: fp32 unless asked, no remove-padding, no compile."""
     from verl.trainer.config import CheckpointConfig
@@ -163,11 +173,18 @@ def worker_config(model: ModelParams, optim: OptimParams, verl: VerlParams, use_
     # a frozen model is stored in ``dtype`` itself.
     dtype = "fp32" if model.dtype == "float32" else "bf16"
     master = dtype if model.forward_only else "fp32"
+    lora = model.adapter
+    adapter = {} if lora is None else {
+        # verl wraps its model with peft's LoRA on these layers (_build_lora_module); the
+        # workers then set our seeded initial adapter (trinity_init_adapter)
+        "lora_rank": lora.rank, "lora_alpha": lora.alpha, "target_modules": lora_target_modules(model),
+    }
     model_config = HFModelConfig(
         path=model.path,
         override_config={"attn_implementation": model.attn_implementation},
         use_remove_padding=False,
         enable_gradient_checkpointing=model.gradient_checkpointing,
+        **adapter,
     )
     engine_config = FSDPEngineConfig(
         strategy=verl.strategy,
@@ -228,7 +245,8 @@ class VerlEngine:
         worker_env = dict(ray_runtime_env()["env_vars"])
         if not self.use_gpu:
             worker_env.update(verl_cpu.worker_env())
-        worker_cls = RayClassWithInitArgs(cls=ray.remote(TrinityVerlWorker), config=config, kind=model.kind)
+        worker_cls = RayClassWithInitArgs(cls=ray.remote(TrinityVerlWorker), config=config, kind=model.kind,
+                                          lora=model.adapter)
         self.group = RayWorkerGroup(
             resource_pool=self.pool,
             ray_cls_with_init=worker_cls,
@@ -236,6 +254,8 @@ class VerlEngine:
             device_name="cuda" if self.use_gpu else "cpu",
         )
         self.group.reset()  # verl builds the model, FSDP wrapping, optimiser and scheduler here
+        if model.adapter is not None:
+            self.group.trinity_init_adapter()  # the local engine's seeded start, in place of verl's own draw
         self._loss_fn: LossCallable | None = None
 
     # -- the contract --------------------------------------------------------------
@@ -289,10 +309,14 @@ class VerlEngine:
         return self.group.trinity_state_ref()[0][0]
 
     def save(self, path: str) -> None:
-        self.group.trinity_save(str(Path(path).resolve()))
+        """The checkpoint layout of :mod:`~trinity_like.trainer.base`, written by rank 0."""
+        self.group.trinity_save(str(Path(path).resolve()), self.params.path)
 
-    def load(self, path: str) -> None:
-        self.group.trinity_load(str(Path(path).resolve()))
+    def load(self, path: str, *, with_optimizer: bool = True) -> None:
+        """Weights (the adapter, with LoRA) and, with ``with_optimizer``, optimiser, step and RNG state."""
+        folder = Path(path).resolve()
+        lora_lib.check_checkpoint(folder, self.params.adapter)  # one clear error here, not a worker's traceback
+        self.group.trinity_load(str(folder), with_optimizer)
 
     def close(self) -> None:
         """Kill the workers, and Ray itself when this engine started it."""

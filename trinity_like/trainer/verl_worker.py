@@ -27,7 +27,7 @@ if verl_cpu.requested():
     verl_cpu.install()
 
 import torch.distributed as dist  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 from torch.distributed.checkpoint.state_dict import (  # noqa: E402
     StateDictOptions,
@@ -42,7 +42,22 @@ from verl.workers.engine_workers_tinker import TinkerTrainingWorker  # noqa: E40
 from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding  # noqa: E402
 
 from trinity_like.errors import TrinityError  # noqa: E402
-from trinity_like.trainer.base import LossCallable, conform_param_groups, row_unit  # noqa: E402
+from trinity_like.trainer import lora as lora_lib  # noqa: E402
+from trinity_like.trainer.base import (  # noqa: E402
+    OPTIMIZER_FILE,
+    RNG_FILE,
+    LossCallable,
+    check_no_legacy_optimizer,
+    conform_param_groups,
+    load_optimizer_state,
+    read_trainer_state,
+    rng_state,
+    row_unit,
+    save_optimizer_state,
+    set_rng_state,
+    write_trainer_state,
+)
+from trinity_like.trainer.lora import LoraParams  # noqa: E402
 from trinity_like.trainer.params import AdamStep  # noqa: E402
 
 def skip_verl_trl_patch_without_value_head() -> None:
@@ -70,8 +85,7 @@ def skip_verl_trl_patch_without_value_head() -> None:
 
 skip_verl_trl_patch_without_value_head()
 
-OPTIMIZER_FILE = "optimizer.pt"  # full (unsharded) optimiser state keyed by parameter name, as the local engine
-STATE_FILE = "trainer_state.json"  # {"step": optimiser steps taken}, which places the lr schedule
+MODEL_WEIGHTS = "model*.safetensors"  # a Hugging Face folder's weight files (one, or shards)
 SCALARS_KEY = "trinity_scalars"  # the batch's 0-dim fields (JSON), carried as non-tensor data
 KIND_KEY = "trinity_kind"  # ModelParams.kind: "lm", "value" or "reward"
 
@@ -151,10 +165,11 @@ class VerlLossAdapter:
 class TrinityVerlWorker(TinkerTrainingWorker):
     """verl's FSDP training worker, started on gloo when there is no GPU, with our entry points."""
 
-    def __init__(self, config: Any, kind: str) -> None:
+    def __init__(self, config: Any, kind: str, lora: LoraParams | None = None) -> None:
         from trinity_like.plugins import load_plugins
 
         self.kind = kind
+        self.lora = lora  # the adapter verl's peft model trains (config.model_config's lora_rank > 0), else None
         load_plugins()  # loss callables resolve registered components by name in this process
         if verl_cpu.requested() and not dist.is_initialized():
             # verl would start "cpu:gloo,cpu:gloo"; a plain gloo group is what FSDP2 needs here.
@@ -217,19 +232,40 @@ class TrinityVerlWorker(TinkerTrainingWorker):
         return {k: v.float().cpu() for k, v in model_outputs_to_padded(out["model_output"], td).items()}
 
     # -- weights and checkpoints ---------------------------------------------------
-    def _full_state(self, keep: bool = True, skip_tied: bool = False) -> dict[str, torch.Tensor]:
-        """Unsharded weights (a collective: every rank must call it); ``keep=False`` on the
-        ranks that only take part in the gathers. ``skip_tied`` leaves out the output
-        embedding when it is the input embedding (a reader re-ties it)."""
-        tied = skip_tied and getattr(self.model_config.hf_config, "tie_word_embeddings", False)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def trinity_init_adapter(self) -> None:
+        """Put the adapter at our seeded start (:func:`~trinity_like.trainer.lora.initial_adapter`),
+        in place of the one verl's peft drew from its own RNG: the same start as the local engine."""
+        shapes = {name: value.shape for name, value in self.engine.module.state_dict().items() if ".lora_" in name}
+        full = lora_lib.initial_adapter_from_shapes(shapes, self.lora)
+        set_model_state_dict(self.engine.module, full, options=StateDictOptions(full_state_dict=True, strict=False))
+
+    def _gathered_state(self, keep: bool = True) -> dict[str, torch.Tensor]:
+        """The module's unsharded state dict as it names it (peft's names with LoRA); a
+        collective: every rank calls it, ``keep=False`` on the ranks that only take part."""
         full = {}
         for name, param in self.engine.module.state_dict().items():
             if isinstance(param, DTensor):
                 value = param.full_tensor().detach()  # a fresh tensor: no copy needed
             else:
                 value = param.detach().cpu().clone() if keep else None
-            if keep and not (tied and name == "lm_head.weight"):
+            if keep:
                 full[name] = value.cpu()
+        return full
+
+    def _full_state(self, keep: bool = True, skip_tied: bool = False) -> dict[str, torch.Tensor]:
+        """Full weights under plain Hugging Face names, an adapter merged into them (a
+        collective, as :meth:`_gathered_state`). ``skip_tied`` leaves out the output embedding
+        when it is the input embedding (a reader re-ties it) -- never when a trained adapter
+        on it parts the two (:func:`~trinity_like.trainer.lora.unties_embeddings`)."""
+        config = self.model_config.hf_config
+        tied = skip_tied and getattr(config, "tie_word_embeddings", False) and not lora_lib.unties_embeddings(
+            self.lora, config)
+        full = self._gathered_state(keep)
+        if keep and self.lora is not None:
+            full = lora_lib.merged_state_dict(full, self.lora)
+        if tied:
+            full.pop("lm_head.weight", None)
         return full
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -248,22 +284,43 @@ class TrinityVerlWorker(TinkerTrainingWorker):
         full = self._full_state(keep=self.rank == 0, skip_tied=True)
         return [ray.put(full)] if self.rank == 0 else None
 
+    def _trainable_names(self) -> set[str]:
+        return {name for name, p in self.engine.module.named_parameters() if p.requires_grad}
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def trinity_save(self, path: str) -> None:
-        """Rank 0 writes a Hugging Face folder, the full optimiser state and the step count."""
-        full = self._full_state()
+    def trinity_save(self, path: str, base_model: str) -> None:
+        """Rank 0 writes the checkpoint folder (layout in :mod:`~trinity_like.trainer.base`):
+        a Hugging Face folder or peft's adapter folder, the full optimiser state, the step
+        count and every rank's RNG state."""
+        raw = self._gathered_state(keep=self.rank == 0)
         optim = None
         if self.engine.optimizer is not None:
             options = StateDictOptions(full_state_dict=True, cpu_offload=True)
             optim = get_optimizer_state_dict(self.engine.module, self.engine.optimizer, options=options)
+            trainable = self._trainable_names()  # verl's AdamW also holds the frozen base: leave it out
+            for group in optim.get("param_groups", []):  # (only rank 0 holds the gathered state)
+                group["params"] = [name for name in group["params"] if name in trainable]
+        rngs = [None] * dist.get_world_size()
+        dist.all_gather_object(rngs, rng_state())
         if self.rank == 0:
-            self._write_folder(Path(path), full, optim)
+            out = Path(path)
+            out.mkdir(parents=True, exist_ok=True)
+            if self.lora is None:
+                self._write_folder(out, raw)
+            else:
+                _, adapter = lora_lib.split_state({k: v for k, v in raw.items() if ".lora_" in k})
+                config = self.engine.module.peft_config[lora_lib.ADAPTER_NAME]
+                lora_lib.write_adapter(out, adapter, config)
+            lora_lib.write_base_note(out, base_model, self.lora)
+            if optim is not None:
+                save_optimizer_state(optim, out / OPTIMIZER_FILE)
+            save_file(rng_files(rngs), str(out / RNG_FILE))
+            write_trainer_state(out, self.engine.lr_scheduler.last_epoch if self.engine.lr_scheduler else 0)
         dist.barrier()
 
-    def _write_folder(self, out: Path, full: dict[str, torch.Tensor], optim: dict | None) -> None:
+    def _write_folder(self, out: Path, full: dict[str, torch.Tensor]) -> None:
         from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
-        out.mkdir(parents=True, exist_ok=True)
         config = self.model_config.hf_config
         auto = AutoModelForCausalLM if self.config.model_type == "language_model" else AutoModelForTokenClassification
         with torch.device("meta"):
@@ -271,9 +328,6 @@ class TrinityVerlWorker(TinkerTrainingWorker):
         model.load_state_dict(full, assign=True, strict=True)
         model.save_pretrained(out, safe_serialization=True)
         self.model_config.tokenizer.save_pretrained(out)
-        if optim is not None:
-            torch.save(optim, out / OPTIMIZER_FILE)
-        (out / STATE_FILE).write_text(json.dumps({"step": self.engine.lr_scheduler.last_epoch}))
 
     def _set_schedule_step(self, step: int) -> None:
         """Put verl's ``LambdaLR`` at optimiser step ``step``, and the lr with it."""
@@ -284,12 +338,19 @@ class TrinityVerlWorker(TinkerTrainingWorker):
             group["lr"] = lr
         scheduler._last_lr = lrs
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def trinity_load(self, path: str) -> None:
-        """Every rank reads the folder written by ``trinity_save`` and keeps its own shard."""
-        folder = Path(path)
+    def _load_weights(self, folder: Path) -> None:
+        """The checkpoint's weights into the shards: the full model, or the adapter with LoRA."""
+        lora_lib.check_checkpoint(folder, self.lora)  # the driver checked it too (a clearer error there)
+        if self.lora is not None:
+            full = lora_lib.adapter_to_peft_state(lora_lib.read_adapter(folder))
+            own = {name for name in self.engine.module.state_dict() if ".lora_" in name}
+            if set(full) != own:
+                raise TrinityError(f"{folder}: the adapter does not fit this model (missing "
+                                   f"{sorted(own - set(full))[:3]}, unexpected {sorted(set(full) - own)[:3]})")
+            set_model_state_dict(self.engine.module, full, options=StateDictOptions(full_state_dict=True, strict=False))
+            return
         full = {}
-        for file in sorted(folder.glob("*.safetensors")):
+        for file in sorted(folder.glob(MODEL_WEIGHTS)):
             full.update(load_file(str(file)))
         options = StateDictOptions(full_state_dict=True, strict=False)
         result = set_model_state_dict(self.engine.module, full, options=options)
@@ -297,12 +358,46 @@ class TrinityVerlWorker(TinkerTrainingWorker):
         missing = set(result.missing_keys) - tied
         if missing or result.unexpected_keys:
             unexpected = sorted(result.unexpected_keys)
-            raise TrinityError(f"checkpoint {path}: missing weights {sorted(missing)}, unexpected {unexpected}")
-        if self.engine.optimizer is not None and (folder / OPTIMIZER_FILE).is_file():
-            optim = conform_param_groups(torch.load(folder / OPTIMIZER_FILE, weights_only=True), self.engine.optimizer)
-            set_optimizer_state_dict(
-                self.engine.module, self.engine.optimizer, optim, options=StateDictOptions(full_state_dict=True)
-            )
-        if self.engine.lr_scheduler is not None and (folder / STATE_FILE).is_file():
-            self._set_schedule_step(json.loads((folder / STATE_FILE).read_text())["step"])
+            raise TrinityError(f"checkpoint {folder}: missing weights {sorted(missing)}, unexpected {unexpected}")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def trinity_load(self, path: str, with_optimizer: bool = True) -> None:
+        """Every rank reads the folder written by ``trinity_save`` and keeps its own shard;
+        without ``with_optimizer`` the optimiser restarts (no moments, schedule at step 0)."""
+        folder = Path(path)
+        self._load_weights(folder)
+        optimizer, scheduler = self.engine.optimizer, self.engine.lr_scheduler
+        if optimizer is not None:
+            optimizer.state.clear()
+        if scheduler is not None:
+            self._set_schedule_step(0)
+        if with_optimizer:
+            check_no_legacy_optimizer(folder)
+            if optimizer is not None and (folder / OPTIMIZER_FILE).is_file():
+                optim = load_optimizer_state(folder / OPTIMIZER_FILE)
+                if optim["state"]:  # a checkpoint before the first step holds no moments: fresh is the same
+                    optim = conform_param_groups(optim, optimizer, self.engine.module)
+                    set_optimizer_state_dict(
+                        self.engine.module, optimizer, optim, options=StateDictOptions(full_state_dict=True)
+                    )
+            if scheduler is not None:
+                self._set_schedule_step(read_trainer_state(folder))
+            if (folder / RNG_FILE).is_file():
+                set_rng_state(rank_rng(load_file(str(folder / RNG_FILE)), self.rank))
         dist.barrier()
+
+
+def rng_files(per_rank: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Every rank's RNG state in one file: rank 0's under its plain keys (``cpu``, as the local
+    engine writes), rank r's under ``rank<r>.<key>``."""
+    out = dict(per_rank[0])
+    for rank, state in enumerate(per_rank[1:], start=1):
+        out.update({f"rank{rank}.{k}": v for k, v in state.items()})
+    return out
+
+
+def rank_rng(saved: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
+    """This rank's RNG state from :func:`rng_files` (a file with one state gives it to every rank)."""
+    prefix = f"rank{rank}."
+    own = {k.removeprefix(prefix): v for k, v in saved.items() if k.startswith(prefix)}
+    return own or {k: v for k, v in saved.items() if not k.startswith("rank")}

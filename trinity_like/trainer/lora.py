@@ -1,0 +1,351 @@
+"""LoRA adapters on a train engine's model, and the plain weights they merge into.
+
+LoRA (Hu et al. 2021, arXiv:2106.09685) freezes a pretrained weight W ``[out, in]`` and
+trains a low-rank update beside it: ``y = W x + (alpha / rank) * B A x`` with A
+``[rank, in]`` and B ``[out, rank]``. ``ModelParams(lora=LoraParams(rank=8))`` makes an
+engine wrap its model in a ``peft`` LoRA model on the layers the flags select:
+
+- ``train_attn``: the attention projections (Llama / Qwen2: q_proj, k_proj, v_proj, o_proj);
+- ``train_mlp``: the MLP projections (gate_proj, up_proj, down_proj);
+- ``train_unembed``: the output layer (lm_head).
+
+Layers are found by where they sit, not from a list of names per architecture: a linear
+layer under a module named for attention (``attn``, ``attention``) or for the MLP
+(``mlp``, ``feed_forward``, ``ffn``), and the model's output embedding. Only A and B get
+gradients and optimiser state; W stays bitwise as loaded.
+
+``alpha`` defaults to 32 whatever the rank (Tinker's convention): with the 1/rank scale
+the best learning rate hardly moves with the rank (Schulman et al., "LoRA Without Regret",
+Thinking Machines 2025), so a recipe can change the rank without retuning ``lr``.
+
+Initialisation is a function of ``seed`` alone: A ~ U(-1/sqrt(in), 1/sqrt(in)) (the
+paper's and peft's default, kaiming-uniform with a = sqrt(5)), drawn layer after layer in
+model order from one generator, and B = 0, so training starts exactly at the base model
+and two engines (local, verl) given the same seed start from the same adapter.
+
+Weights leave an engine merged: :func:`merged_state_dict` is ``W + (alpha / rank) B A``
+under the base model's plain Hugging Face names -- what a sampler loads and runs at no
+extra cost per token -- computed from the adapter without touching the training model.
+
+Tied embeddings. SmolLM2 and the tiny test models use one matrix as input embedding and
+output layer. With ``train_unembed`` the merged output layer differs from the input
+embedding, so merged weights carry both (``lm_head.weight`` and
+``model.embed_tokens.weight``) and only a model whose output layer is its own can hold
+them: :func:`unties_embeddings` tells a reader whether that is the case,
+:func:`merged_config` is the config to build or save such a model with
+(``tie_word_embeddings=False``), and :func:`untie_output_embeddings` turns an already
+loaded tied model (a sampler built from the base folder) into one.
+
+On disk an adapter is peft's own layout (:func:`write_adapter`):
+``adapter_model.safetensors`` + ``adapter_config.json``, which
+``peft.PeftModel.from_pretrained(base, folder)`` loads; engines add ``base_model.json``
+(:data:`BASE_MODEL_FILE`: the base folder and these params).
+
+Example::
+
+    from transformers import AutoModelForCausalLM
+    from trinity_like.models.tiny import build_tiny_model
+
+    base = AutoModelForCausalLM.from_pretrained(build_tiny_model("/tmp/tiny", seed=0))
+    params = LoraParams(rank=4, seed=0)
+    model = apply_lora(base, params)                         # a peft model; only A and B train
+    merged = merged_state_dict(model.state_dict(), params)   # plain names: W + (alpha / rank) B A
+    plain = AutoModelForCausalLM.from_config(merged_config(model.config, params))
+    plain.load_state_dict(merged)                            # the same logprobs as `model`
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trinity_like.config.schema import Config, ModelConfig
+from trinity_like.config.schema import field_default as _default
+from trinity_like.errors import TrinityError
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's file of A and B
+ADAPTER_CONFIG = "adapter_config.json"  # peft's LoraConfig
+BASE_MODEL_FILE = "base_model.json"  # {"base_model": folder trained from, "lora": LoraParams fields or null}
+PEFT_PREFIX = "base_model.model."  # what peft puts before the wrapped model's own names
+ADAPTER_NAME = "default"  # peft's name of the one adapter (in memory; files leave it out)
+ATTENTION_WORDS = ("attn", "attention")  # a linear layer under a module so named is an attention projection
+MLP_WORDS = ("mlp", "feed_forward", "ffn")  # ... an MLP projection
+
+
+@dataclass(frozen=True)
+class LoraParams:
+    """Which layers get a LoRA adapter, its rank, scale and initial seed."""
+
+    rank: int = _default(ModelConfig, "lora_rank")  # adapter rank r; 0: no adapter, every weight trains
+    alpha: float = _default(ModelConfig, "lora_alpha")  # scale numerator: the update is (alpha / rank) * B A
+    train_attn: bool = _default(ModelConfig, "lora_train_attn")  # adapters on the attention projections
+    train_mlp: bool = _default(ModelConfig, "lora_train_mlp")  # adapters on the MLP projections
+    train_unembed: bool = _default(ModelConfig, "lora_train_unembed")  # an adapter on the output layer
+    seed: int = _default(Config, "seed")  # seeds A's initialisation (B starts at 0)
+
+    def __post_init__(self) -> None:
+        if self.rank < 0:
+            raise TrinityError(f"LoRA rank must be >= 0 (0: train every weight), got {self.rank}")
+        if self.alpha <= 0:
+            raise TrinityError(f"LoRA alpha must be > 0, got {self.alpha}")
+        if self.rank > 0 and not (self.train_attn or self.train_mlp or self.train_unembed):
+            raise TrinityError("LoRA with train_attn, train_mlp and train_unembed all off has nothing to train")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether there is an adapter at all (rank > 0)."""
+        return self.rank > 0
+
+    @property
+    def scaling(self) -> float:
+        """The factor of B A in the update: alpha / rank."""
+        return self.alpha / self.rank
+
+    def same_adapter(self, other: LoraParams) -> bool:
+        """Whether ``other`` describes adapters of the same shape and scale (the seed aside)."""
+        return dataclasses.replace(self, seed=0) == dataclasses.replace(other, seed=0)
+
+
+# -- which layers ---------------------------------------------------------------------
+def _group(name: str) -> str | None:
+    """"attn" or "mlp" for a layer under a module named for either, else None."""
+    parents = name.split(".")[:-1]
+    if any(word in part for part in parents for word in ATTENTION_WORDS):
+        return "attn"
+    if any(word in part for part in parents for word in MLP_WORDS):
+        return "mlp"
+    return None
+
+
+def target_layers(model: nn.Module, params: LoraParams) -> list[str]:
+    """Full names of the linear layers of ``model`` (a transformers causal LM) that get adapters."""
+    output = model.get_output_embeddings()
+    wanted = {"attn": params.train_attn, "mlp": params.train_mlp, "unembed": params.train_unembed}
+    found, chosen = set(), []
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        group = "unembed" if module is output else _group(name)
+        if group is None:
+            continue
+        found.add(group)
+        if wanted[group]:
+            chosen.append(name)
+    missing = [g for g, on in wanted.items() if on and g not in found]
+    if missing:
+        raise TrinityError(f"LoRA: {type(model).__name__} has no linear {' or '.join(missing)} layers to adapt "
+                           f"(looked for modules named {ATTENTION_WORDS + MLP_WORDS} and the output embedding)")
+    return chosen
+
+
+def target_modules(model: nn.Module, params: LoraParams) -> list[str]:
+    """peft's ``target_modules`` for :func:`target_layers`: their last names (``q_proj``) when
+    those select exactly these layers (peft matches a name by suffix), else the full names."""
+    layers = target_layers(model, params)
+    leaves = sorted({name.rsplit(".", 1)[-1] for name in layers})
+    selected = {name for name, _ in model.named_modules() if name and name.rsplit(".", 1)[-1] in leaves}
+    return leaves if selected == set(layers) else sorted(layers)
+
+
+def lora_config(model: nn.Module, params: LoraParams, base_path: str | None = None):
+    """peft's ``LoraConfig`` for ``params`` on ``model``: no dropout, no bias, plain 1/rank scaling."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=params.rank, lora_alpha=params.alpha, target_modules=target_modules(model, params),
+        lora_dropout=0.0, bias="none", task_type="CAUSAL_LM", base_model_name_or_path=base_path,
+    )
+
+
+def initial_adapter_from_shapes(shapes: Mapping[str, Any], params: LoraParams) -> dict[str, torch.Tensor]:
+    """The adapter at step 0 for peft parameter names -> shapes, in model order: each
+    A ~ U(-1/sqrt(in), 1/sqrt(in)) drawn in turn from one generator seeded by ``params.seed``,
+    each B = 0. (verl's sharded workers call this with their global shapes.)"""
+    generator = torch.Generator().manual_seed(params.seed)
+    out = {}
+    for name, shape in shapes.items():
+        if f".lora_A.{ADAPTER_NAME}." in name:
+            bound = 1.0 / shape[1] ** 0.5
+            out[name] = torch.empty(tuple(shape)).uniform_(-bound, bound, generator=generator)
+        elif f".lora_B.{ADAPTER_NAME}." in name:
+            out[name] = torch.zeros(tuple(shape))
+    return out
+
+
+def initial_adapter(peft_model: nn.Module, params: LoraParams) -> dict[str, torch.Tensor]:
+    """:func:`initial_adapter_from_shapes` for ``peft_model``'s parameters (shapes only: meta is fine)."""
+    return initial_adapter_from_shapes({n: p.shape for n, p in peft_model.named_parameters()}, params)
+
+
+def wrap_with_peft(model: nn.Module, params: LoraParams, base_path: str | None = None):
+    """``model`` wrapped by peft with freshly created (not yet seeded) adapters; the global RNG is left as it was."""
+    from peft import get_peft_model
+
+    config = lora_config(model, params, base_path)
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        # peft warns when an adapter sits on a tied output layer: here that is the point (see above)
+        warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
+        return get_peft_model(model, config)
+
+
+def apply_lora(model: nn.Module, params: LoraParams, base_path: str | None = None):
+    """``model`` as a peft LoRA model on the layers ``params`` selects, initialised from ``params.seed``."""
+    peft_model = wrap_with_peft(model, params, base_path)
+    named = dict(peft_model.named_parameters())
+    with torch.no_grad():
+        for name, value in initial_adapter(peft_model, params).items():
+            named[name].copy_(value)
+    return peft_model
+
+
+# -- merging --------------------------------------------------------------------------
+def split_state(state: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A peft model's state dict -> (base weights under plain names, adapter under peft's file names).
+
+    ``base_model.model.<layer>.base_layer.weight`` -> ``<layer>.weight``;
+    ``base_model.model.<layer>.lora_A.default.weight`` -> ``base_model.model.<layer>.lora_A.weight``.
+    """
+    base, adapter = {}, {}
+    for key, value in state.items():
+        name = key.removeprefix(PEFT_PREFIX)
+        layer, sep, rest = name.partition(".lora_")
+        if sep:
+            which, _, leaf = rest.partition(".")
+            adapter[f"{PEFT_PREFIX}{layer}.lora_{which}.{leaf.removeprefix(ADAPTER_NAME + '.')}"] = value
+        else:
+            base[name.replace(".base_layer.", ".")] = value
+    return base, adapter
+
+
+def adapter_layers(adapter: Mapping[str, torch.Tensor]) -> list[str]:
+    """The layer names an adapter (peft's file names) holds A and B for."""
+    suffix = ".lora_A.weight"
+    return [k.removeprefix(PEFT_PREFIX).removesuffix(suffix) for k in adapter if k.endswith(suffix)]
+
+
+def merge_adapter(base: Mapping[str, torch.Tensor], adapter: Mapping[str, torch.Tensor],
+                  scaling: float) -> dict[str, torch.Tensor]:
+    """``base`` with ``W + scaling * B A`` in place of each adapted layer's W (in float32, cast back).
+
+    Merged tensors are new; the others are ``base``'s own.
+    """
+    out = dict(base)
+    for layer in adapter_layers(adapter):
+        a, b = adapter[f"{PEFT_PREFIX}{layer}.lora_A.weight"], adapter[f"{PEFT_PREFIX}{layer}.lora_B.weight"]
+        w = base[f"{layer}.weight"]
+        out[f"{layer}.weight"] = (w.float() + (b.float() @ a.float()) * scaling).to(w.dtype)
+    return out
+
+
+def merged_state_dict(peft_state: Mapping[str, torch.Tensor], params: LoraParams) -> dict[str, torch.Tensor]:
+    """A peft LoRA model's state dict merged into plain Hugging Face weights (see :func:`merge_adapter`)."""
+    base, adapter = split_state(peft_state)
+    return merge_adapter(base, adapter, params.scaling)
+
+
+def adapter_to_peft_state(adapter: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """peft's file names -> the in-memory parameter names (``lora_A.weight`` -> ``lora_A.default.weight``)."""
+    out = {}
+    for key, value in adapter.items():
+        head, _, rest = key.partition(".lora_")
+        which, _, leaf = rest.partition(".")
+        out[f"{head}.lora_{which}.{ADAPTER_NAME}.{leaf}"] = value
+    return out
+
+
+# -- tied embeddings ------------------------------------------------------------------
+def unties_embeddings(params: LoraParams | None, config: Any) -> bool:
+    """Whether weights merged under ``params`` need a model whose output layer is not its input
+    embedding: an adapter on the output layer of a model ``config`` says is tied."""
+    return (params is not None and params.enabled and params.train_unembed
+            and bool(getattr(config, "tie_word_embeddings", False)))
+
+
+def merged_config(config: Any, params: LoraParams | None) -> Any:
+    """A copy of a transformers ``config`` that holds merged weights: ``tie_word_embeddings=False``
+    when :func:`unties_embeddings`, else the same values."""
+    out = copy.deepcopy(config)
+    if unties_embeddings(params, config):
+        out.tie_word_embeddings = False
+    return out
+
+
+def untie_output_embeddings(model: nn.Module) -> nn.Module:
+    """Give a loaded tied model an output layer of its own (a copy of the shared matrix), in
+    place, so it can load merged weights whose ``lm_head.weight`` differs; returns ``model``."""
+    output, inputs = model.get_output_embeddings(), model.get_input_embeddings()
+    if output is not None and inputs is not None and output.weight is inputs.weight:
+        output.weight = nn.Parameter(output.weight.detach().clone(), requires_grad=output.weight.requires_grad)
+    model.config.tie_word_embeddings = False
+    return model
+
+
+# -- files ----------------------------------------------------------------------------
+def write_adapter(folder: Path, adapter: Mapping[str, torch.Tensor], config: Any) -> None:
+    """peft's adapter layout: ``adapter_model.safetensors`` (file names) + ``adapter_config.json``."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in adapter.items()}
+    save_file(tensors, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    config.save_pretrained(str(folder))
+
+
+def read_adapter(folder: Path) -> dict[str, torch.Tensor]:
+    """The adapter tensors of a folder :func:`write_adapter` (or peft) wrote, under peft's file names."""
+    from safetensors.torch import load_file
+
+    file = folder / ADAPTER_WEIGHTS
+    if not file.is_file():
+        raise TrinityError(f"{folder}: no {ADAPTER_WEIGHTS} (not a LoRA checkpoint)")
+    return load_file(str(file))
+
+
+def is_adapter_folder(folder: str | Path) -> bool:
+    """Whether ``folder`` holds a LoRA adapter (peft's ``adapter_config.json``)."""
+    return (Path(folder) / ADAPTER_CONFIG).is_file()
+
+
+def write_base_note(folder: Path, base_model: str, params: LoraParams | None) -> None:
+    """``base_model.json``: the folder training started from and the adapter's params (null: full weights)."""
+    lora = dataclasses.asdict(params) if params is not None and params.enabled else None
+    (folder / BASE_MODEL_FILE).write_text(json.dumps({"base_model": base_model, "lora": lora}, indent=1))
+
+
+def read_base_note(folder: str | Path) -> tuple[str, LoraParams | None]:
+    """(base model folder, adapter params or None) of a checkpoint; one clear error when there is no note."""
+    note = Path(folder) / BASE_MODEL_FILE
+    if not note.is_file():
+        raise TrinityError(f"{folder}: no {BASE_MODEL_FILE} (not a checkpoint written by a train engine)")
+    data = json.loads(note.read_text())
+    return data["base_model"], (LoraParams(**data["lora"]) if data.get("lora") else None)
+
+
+def check_checkpoint(folder: Path, params: LoraParams | None) -> None:
+    """One clear error unless ``folder`` is a checkpoint an engine training ``params`` (None:
+    every weight) can load: a Hugging Face folder for a full engine, an adapter of the same
+    shape and scale for a LoRA one."""
+    adapter = is_adapter_folder(folder)
+    if not adapter and not (folder / "config.json").is_file():
+        why = "does not exist" if not folder.exists() else f"holds neither config.json nor {ADAPTER_CONFIG}"
+        raise TrinityError(f"checkpoint {folder} {why}")
+    if params is None and adapter:
+        raise TrinityError(f"{folder} holds a LoRA adapter, and this engine trains every weight: build it with "
+                           f"the LoRA params of the checkpoint's {BASE_MODEL_FILE}")
+    if params is not None and not adapter:
+        raise TrinityError(f"{folder} holds full weights, not a LoRA adapter (no {ADAPTER_CONFIG}), and this engine "
+                           f"trains a rank-{params.rank} adapter")
+    if params is not None and (folder / BASE_MODEL_FILE).is_file():
+        _, saved = read_base_note(folder)
+        if saved is None or not saved.same_adapter(params):
+            raise TrinityError(f"{folder}: its adapter ({saved}) is not the one this engine trains ({params})")
+
