@@ -4,6 +4,7 @@
     trinity-like validate recipe.yaml [key.path=value ...]
     trinity-like list [REGISTRY | models]
     trinity-like plot RUN_DIR [--out FILE]
+    trinity-like export CHECKPOINT --out DIR [--base MODEL]
     trinity-like version
 
 A user error (bad recipe, bad data, unknown name, failing plugin) prints one line and
@@ -59,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("run_dir", help="run directory, e.g. runs/grpo_arith")
     plot.add_argument("--out", help="PNG path (default: <run_dir>/metrics.png)")
     plot.add_argument("--debug", action="store_true", help="show tracebacks")
+
+    exp = sub.add_parser("export", help="write a checkpoint as a plain Hugging Face folder (a LoRA adapter merged into its base)")
+    exp.add_argument("checkpoint", help="a train engine's checkpoint folder (or a run's checkpoints/step_N)")
+    exp.add_argument("--out", required=True, help="new folder to write (must not exist, or be empty)")
+    exp.add_argument("--base", help="base model of a LoRA checkpoint, when not where its base_model.json says")
+    exp.add_argument("--debug", action="store_true", help="show tracebacks")
 
     sub.add_parser("version", help="print versions")
     return parser
@@ -131,7 +138,20 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "validate": cmd_validate, "list": cmd_list, "plot": cmd_plot, "version": cmd_version}
+def cmd_export(args: argparse.Namespace) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers.utils import logging as hf_logging
+
+    from trinity_like.trainer.lora import export_checkpoint
+
+    hf_logging.disable_progress_bar()  # the one line printed is the folder written
+
+    print(export_checkpoint(args.checkpoint, args.out, args.base))
+    return 0
+
+
+COMMANDS = {"run": cmd_run, "validate": cmd_validate, "list": cmd_list, "plot": cmd_plot, "export": cmd_export,
+            "version": cmd_version}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

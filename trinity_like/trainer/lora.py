@@ -39,7 +39,9 @@ loaded tied model (a sampler built from the base folder) into one.
 On disk an adapter is peft's own layout (:func:`write_adapter`):
 ``adapter_model.safetensors`` + ``adapter_config.json``, which
 ``peft.PeftModel.from_pretrained(base, folder)`` loads; engines add ``base_model.json``
-(:data:`BASE_MODEL_FILE`: the base folder and these params).
+(:data:`BASE_MODEL_FILE`: the base folder and these params). ``trinity-like export
+CHECKPOINT --out DIR`` (:func:`export_checkpoint`) merges such a checkpoint into its base
+as a plain Hugging Face folder, untied where :func:`unties_embeddings` says so.
 
 Example::
 
@@ -349,3 +351,83 @@ def check_checkpoint(folder: Path, params: LoraParams | None) -> None:
         if saved is None or not saved.same_adapter(params):
             raise TrinityError(f"{folder}: its adapter ({saved}) is not the one this engine trains ({params})")
 
+
+
+# -- export ---------------------------------------------------------------------------
+TRAINING_FILES = (BASE_MODEL_FILE, "optimizer.safetensors", "rng_state.safetensors", "trainer_state.json",
+                  "optimizer.pt")  # what a checkpoint holds beside the model: left out of an export
+
+
+def checkpoint_model_folder(path: Path) -> Path:
+    """The model checkpoint in ``path``: ``path`` itself, or the ``model`` folder of a run's
+    checkpoint (``runs/<name>/checkpoints/step_000010``)."""
+    if not is_adapter_folder(path) and not (path / "config.json").is_file() and (path / "model").is_dir():
+        return path / "model"
+    return path
+
+
+def export_checkpoint(checkpoint: str | Path, out: str | Path, base: str | None = None) -> Path:
+    """Write a train engine's checkpoint as a plain Hugging Face folder at ``out``.
+
+    A LoRA checkpoint is merged into its base model (``base_model.json``, or ``base``: a
+    folder or built-in id), float32, with ``tie_word_embeddings=False`` when the adapter
+    parts the output layer from the input embedding (:func:`merged_config`); the base's
+    tokenizer and generation config come along. A full-weights checkpoint is copied without
+    its training state (optimiser, RNG, step). Everything is written into a temporary folder
+    beside ``out`` and renamed into place, so a failure leaves nothing half-written; an
+    ``out`` that exists must be an empty folder.
+    """
+    src, dest = checkpoint_model_folder(Path(checkpoint)), Path(out)
+    adapter = is_adapter_folder(src)
+    if not adapter and not (src / "config.json").is_file():
+        why = "does not exist" if not src.exists() else f"is not a checkpoint (no config.json, no {ADAPTER_CONFIG})"
+        raise TrinityError(f"{src} {why}")
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise TrinityError(f"{dest} already exists and is not an empty folder; choose another --out")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    import os
+    import shutil
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    try:
+        if adapter:
+            _write_merged(src, tmp, base)
+        else:
+            for item in src.iterdir():
+                if item.name not in TRAINING_FILES:
+                    (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
+        if dest.exists():
+            dest.rmdir()  # empty, checked above
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def _write_merged(src: Path, out: Path, base: str | None) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trinity_like.models.resolve import resolve_model_path
+
+    noted, params = read_base_note(src)
+    if params is None:
+        raise TrinityError(f"{src}: {BASE_MODEL_FILE} names no LoRA params for its adapter")
+    base_path = resolve_model_path(base) if base is not None else Path(noted)
+    if not (base_path / "config.json").is_file():
+        raise TrinityError(f"base model {base_path} of {src} not found (pass --base FOLDER)")
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    adapter = read_adapter(src)
+    state = model.state_dict()
+    unknown = [layer for layer in adapter_layers(adapter) if f"{layer}.weight" not in state]
+    if unknown:
+        raise TrinityError(f"{src}: the adapter does not fit base model {base_path} (no layer {unknown[0]})")
+    merged = merge_adapter(state, adapter, params.scaling)
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(merged_config(model.config, params))
+    plain.load_state_dict(merged, assign=True, strict=True)
+    plain.generation_config = model.generation_config
+    plain.save_pretrained(out, safe_serialization=True)
+    if (base_path / "tokenizer_config.json").is_file():
+        AutoTokenizer.from_pretrained(base_path).save_pretrained(out)
