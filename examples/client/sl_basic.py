@@ -12,8 +12,8 @@ prompts, right when the reply is exactly the reference answer.
 
 Result on 2 shared CPU cores with the defaults (rank 32, lr 3e-4, 32 steps of 16, two
 epochs): held-out CE per answer token 2.673 -> 0.234 (0.543, 0.424, 0.267 at steps 8, 16,
-24), exact answers 0.0% -> 62.5% of 64, in 5.9 min of training (7 min in all). Before, the
-model writes "25 + 4 = 70"; after, "29".
+24), exact answers 0.0% -> 62.5% of 64, in 4.2 min of training (5 min in all; 5.9 and 7
+when the machine was busier). Before, the model writes "25 + 4 = 70"; after, "29".
 """
 
 from __future__ import annotations
