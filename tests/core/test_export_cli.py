@@ -68,6 +68,10 @@ def test_lora_checkpoint_exports_a_merged_folder_with_the_engines_logprobs(tiny_
 
     names = {p.name for p in (tmp_path / "plain").iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer_config.json"} <= names
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (tmp_path / "plain").stat().st_mode & 0o777 == 0o777 & ~mask  # not the temporary folder's 0700
+    assert (tmp_path / "plain" / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~mask
     assert not names & TRAINING_FILES and not any(n.startswith("adapter") for n in names)
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "plain")
     assert model.config.tie_word_embeddings is not train_unembed  # the merged output layer is its own

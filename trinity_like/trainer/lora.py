@@ -397,6 +397,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, base: str | None 
             for item in src.iterdir():
                 if item.name not in TRAINING_FILES:
                     (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
+        _usual_permissions(tmp)
         if dest.exists():
             dest.rmdir()  # empty, checked above
         os.replace(tmp, dest)
@@ -404,6 +405,17 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, base: str | None 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return dest
+
+
+def _usual_permissions(root: Path) -> None:
+    """What a plain ``mkdir`` / ``open`` would have given under the umask (the temporary
+    folder, and files some writers create through temporary files, start private)."""
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in [root, *root.rglob("*")]:
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
 
 
 def _write_merged(src: Path, out: Path, base: str | None) -> None:
