@@ -1,0 +1,63 @@
+"""LoRA as a recipe option: the ``model.lora_*`` keys, what reaches the engines, and the
+combinations a recipe cannot run yet, each refused in one line before anything trains."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trinity_like.config import load_plan
+from trinity_like.config.schema import Config
+from trinity_like.errors import ConfigError, TrinityError
+from trinity_like.models.tiny import build_tiny_model
+from trinity_like.trainer.engines import build_engine
+from trinity_like.trainer.local_engine import LocalEngine
+from trinity_like.trainer.lora import LoraParams
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory) -> str:
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=3))
+
+
+def test_recipe_keys_validate_and_typos_are_errors():
+    plan = load_plan(EXAMPLES / "grpo_arith.yaml", ["model.lora_rank=8", "model.lora_alpha=16",
+                                                     "model.lora_train_unembed=false"])
+    m = plan.stages[0].config.model
+    assert (m.lora_rank, m.lora_alpha, m.lora_train_attn, m.lora_train_mlp, m.lora_train_unembed) == (
+        8, 16.0, True, True, False)
+    with pytest.raises(ConfigError, match="did you mean 'lora_rank'"):
+        load_plan(EXAMPLES / "grpo_arith.yaml", ["model.lora_rnak=8"])
+    with pytest.raises(ConfigError, match="model.lora_rank"):
+        load_plan(EXAMPLES / "grpo_arith.yaml", ["model.lora_rank=-1"])
+
+
+def test_a_stage_cannot_start_from_a_lora_stage(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load_plan(EXAMPLES / "sft_then_grpo.yaml", ["model.lora_rank=8"])
+    msg = str(info.value)
+    assert "stages.1: would start from the previous stage's final checkpoint, a LoRA adapter" in msg
+    assert "\n" not in msg and msg.startswith(str(EXAMPLES / "sft_then_grpo.yaml"))
+
+
+def test_build_engine_trains_an_adapter_on_the_policy_only(tiny_path):
+    cfg = Config.model_validate({"seed": 5, "trainer": {"engine": "local"},
+                                 "model": {"lora_rank": 4, "lora_train_unembed": False}})
+    actor = build_engine(cfg, tiny_path)
+    assert isinstance(actor, LocalEngine)
+    assert actor.params.lora == LoraParams(rank=4, train_unembed=False, seed=5)
+    adapted = {n for n, _ in actor.model.named_parameters() if ".lora_A." in n}
+    assert adapted and not any("lm_head" in n for n in adapted)
+    assert build_engine(cfg, tiny_path, forward_only=True).params.lora is None
+    assert build_engine(cfg, tiny_path, kind="value", critic=True).params.lora is None
+
+
+def test_an_adapter_on_a_tied_output_layer_is_refused_for_the_explorer(tiny_path):
+    """The recipe's explorer loads the tied base: merged weights with a trained lm_head would
+    silently overwrite its input embedding too (tests/trainer/test_lora.py shows it)."""
+    cfg = Config.model_validate({"trainer": {"engine": "local"}, "model": {"lora_rank": 4}})
+    with pytest.raises(TrinityError, match="set model.lora_train_unembed=false"):
+        build_engine(cfg, tiny_path)
