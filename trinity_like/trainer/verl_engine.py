@@ -7,6 +7,8 @@ ranks -- nccl on GPUs, gloo on CPU through ``verl_cpu``. The same class serves t
 (``kind="lm"``), the reference policy (``forward_only=True``: no optimiser is built), a
 critic (``kind="value"``: verl's value-model engine, a one-label token classifier) and a
 reward model (``kind="reward"``: the same engine, read at each sequence's last token).
+With ``ModelParams.lora`` the actor trains a LoRA adapter through verl's own peft support,
+from the same seeded start as the local engine (``tests/trainer/test_verl_engine.py``).
 
 Our loss callable runs inside verl's training step: ``set_loss_fn`` ships it (wrapped in
 ``VerlLossAdapter``) to every worker, and verl's ``forward_backward_batch`` calls it per

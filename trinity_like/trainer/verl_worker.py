@@ -4,7 +4,12 @@ our loss adapter, and the conversions between our padded layout and verl's paddi
 The worker is verl 0.9.1's ``TinkerTrainingWorker`` (``TrainingWorker`` with split
 forward/backward and optimiser steps, exactly our contract) plus a few methods the
 driver needs: forward/backward and inference on our padded batches, the optimiser step
-followed by the lr-scheduler step, gathering full weights, and HF-folder save/load.
+followed by the lr-scheduler step, gathering full weights, and checkpoint save/load.
+
+LoRA: verl wraps its model in peft's LoRA (``HFModelConfig.lora_rank``, built in
+``FSDPEngine._build_lora_module``); the worker then sets our seeded initial adapter,
+merges the adapter into plain full weights for weight sync (:mod:`~trinity_like.trainer.lora`)
+and saves and loads peft's adapter folder, the frozen base staying as verl loaded it.
 
 Import order matters: in a worker started with ``VERL_PLATFORM=cpu``, ``verl_cpu.install()``
 must run before any other verl module resolves its platform, so it is the first thing
