@@ -1,8 +1,13 @@
 """LoRA as a recipe option: the ``model.lora_*`` keys, what reaches the engines, and the
-combinations a recipe cannot run yet, each refused in one line before anything trains."""
+combinations a recipe cannot run yet, each refused in one line before anything trains, and
+an adapter on a tied output layer run end to end."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,9 +60,18 @@ def test_build_engine_trains_an_adapter_on_the_policy_only(tiny_path):
     assert build_engine(cfg, tiny_path, kind="value", critic=True).params.lora is None
 
 
-def test_an_adapter_on_a_tied_output_layer_is_refused_for_the_explorer(tiny_path):
-    """The recipe's explorer loads the tied base: merged weights with a trained lm_head would
-    silently overwrite its input embedding too (tests/trainer/test_lora.py shows it)."""
-    cfg = Config.model_validate({"trainer": {"engine": "local"}, "model": {"lora_rank": 4}})
-    with pytest.raises(TrinityError, match="set model.lora_train_unembed=false"):
-        build_engine(cfg, tiny_path)
+def test_a_grpo_recipe_trains_an_adapter_on_a_tied_output_layer_end_to_end(tmp_path):
+    """tiny-random ties its output layer; with lora_train_unembed (the default) the merged
+    weights carry a trained lm_head and the explorer unties its model to hold them: the run
+    finishes and its samples come from the trained weights (rollout logprobs match the trainer's)."""
+    cmd = [sys.executable, "-m", "trinity_like.cli", "run", "--config", str(EXAMPLES / "grpo_arith.yaml"),
+           f"run_root={tmp_path}", "model.path=tiny-random", "trainer.engine=local", "trainer.total_steps=2",
+           "trainer.micro_batch_size=8", "explorer.batch_size=2", "explorer.group_size=4", "monitor.progress=false",
+           "buffer.eval_tasks.size=4", "model.lora_rank=4", "trainer.optimizer.lr=0.05",
+           # rewards that differ within a group on a random model: responses with an even length
+           "explorer.reward_fn=format", "explorer.reward_args.pattern=(..)*"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "grpo_arith" / "metrics.jsonl").read_text().splitlines()]
+    diffs = [r["rollout_logprob_diff"] for r in rows if "rollout_logprob_diff" in r]
+    assert diffs and max(diffs) < 1e-4  # step 2 sampled from the synced, untied, merged weights

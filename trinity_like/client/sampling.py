@@ -55,7 +55,6 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from trinity_like.explorer.engine import Request, RolloutEngine, sample_seed
 from trinity_like.explorer.engine import SamplingParams as EngineSampling
 from trinity_like.models.resolve import load_model, load_tokenizer, resolve_model_path
-from trinity_like.trainer.lora import untie_output_embeddings
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf", ".index.json")  # not copied beside new weights
 
@@ -200,18 +199,6 @@ def check_shapes(model: PreTrainedModel, weights: Mapping[str, torch.Tensor]) ->
         if name in expected and tuple(tensor.shape) != tuple(expected[name].shape):
             shapes = f"{tuple(tensor.shape)}, the model's is {tuple(expected[name].shape)}"
             raise ValueError(f"weights[{name!r}] has shape {shapes}")
-
-
-def distinct_output_layer(model: PreTrainedModel, weights: Mapping[str, torch.Tensor]) -> bool:
-    """Whether ``weights`` give a tied ``model`` an output layer that is not its input embedding
-    (merged weights of an adapter that trained the unembedding): the model must be untied first,
-    or loading one of the two would overwrite the other."""
-    output, inputs = model.get_output_embeddings(), model.get_input_embeddings()
-    if output is None or output.weight is not inputs.weight:
-        return False
-    found = [weights[n] for n, p in model.named_parameters(remove_duplicate=False)
-             if p is inputs.weight and n in weights]
-    return len(found) == 2 and not torch.equal(found[0], found[1])
 
 
 def stop_conditions(stop: str | Any | None, eos_ids: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -380,8 +367,6 @@ class SamplingClient:
                 folder = self._model_path or self._base_folder
                 weights = self._weights if self._weights is not None else read_weights(folder)
                 check_shapes(shared.engine.model, weights)
-                if distinct_output_layer(shared.engine.model, weights):
-                    untie_output_embeddings(shared.engine.model)  # a LoRA-trained lm_head of a tied model
                 shared.engine.update_weights(weights, version=self.version, strict=True)
                 shared.loaded = wanted
             return shared.engine

@@ -17,28 +17,8 @@ Ray are imported only for the ``verl`` engine, so the ``local`` one starts witho
 from __future__ import annotations
 
 from trinity_like.config.schema import Config
-from trinity_like.errors import TrinityError
-from trinity_like.trainer import lora as lora_lib
 from trinity_like.trainer.base import TrainEngine
-from trinity_like.trainer.params import ModelParams, model_params, optim_params
-
-
-def check_explorer_can_sample(model: ModelParams) -> None:
-    """A recipe's explorer (and its checkpoint evaluation) loads the base model folder as it
-    is and copies the trainer's merged weights into it; a tied base cannot hold an output
-    layer that an adapter parted from the input embedding -- the copy would silently overwrite
-    the input embedding too -- so that combination is an error until the explorer unties its
-    model (:func:`~trinity_like.trainer.lora.untie_output_embeddings`)."""
-    if model.adapter is None or not model.adapter.train_unembed:
-        return
-    from transformers import AutoConfig
-
-    if lora_lib.unties_embeddings(model.adapter, AutoConfig.from_pretrained(model.path)):
-        raise TrinityError(
-            f"model.lora_train_unembed: {model.path} ties its output layer to its input embeddings, and the "
-            "explorer samples from that tied model, which cannot hold a separately trained output layer; "
-            "set model.lora_train_unembed=false (the client API and `trinity-like export` support it)"
-        )
+from trinity_like.trainer.params import model_params, optim_params
 
 
 def build_engine(config: Config, path: str, *, kind: str = "lm", forward_only: bool = False,
@@ -49,7 +29,6 @@ def build_engine(config: Config, path: str, *, kind: str = "lm", forward_only: b
     scores); ``critic`` takes the optimiser from ``trainer.critic_optimizer``.
     """
     model = model_params(config, path, kind=kind, forward_only=forward_only)
-    check_explorer_can_sample(model)
     optim = optim_params(config, critic=critic)
     if config.trainer.engine == "local":
         from trinity_like.trainer.local_engine import LocalEngine
