@@ -4,6 +4,7 @@ checkpoints that resume exactly, and call-time errors."""
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,8 +57,9 @@ def test_sampler_logprobs_equal_the_learners_for_the_same_weights_and_tokens(ser
         torch.testing.assert_close(out["logprobs"].to_torch()[ob:], torch.tensor(seq.logprobs), atol=1e-4, rtol=0)
 
 
-def test_save_state_and_load_state_with_optimizer_resume_exactly(service, tmp_path):
-    training = service.create_lora_training_client("tiny-random", rank=0, seed=0)
+@pytest.mark.parametrize("rank", [0, 4])
+def test_save_state_and_load_state_with_optimizer_resume_exactly(service, tmp_path, rank):
+    training = service.create_lora_training_client("tiny-random", rank=rank, seed=0)
     data = sft_data(training.get_tokenizer(), ["a b c d", "e f g"])
     adam = types.AdamParams(learning_rate=1e-3)
 
@@ -77,6 +79,9 @@ def test_save_state_and_load_state_with_optimizer_resume_exactly(service, tmp_pa
     assert not all(torch.equal(ours[k], weights_only._engine.state_dict()[k]) for k in ours)
     with pytest.raises(FileExistsError, match="overwrite=True"):
         training.save_state("after-1").result(timeout=60)
+    saved = {f.name for f in Path(path).iterdir()}
+    assert not any(name.endswith((".pt", ".bin", ".pkl")) for name in saved)  # safetensors and JSON only
+    assert ("adapter_model.safetensors" in saved) == (rank > 0) and "optimizer.safetensors" in saved
 
 
 def test_save_weights_for_sampler_is_a_folder_a_sampler_and_a_pickle_read(service):
