@@ -43,3 +43,13 @@ def test_bench_mode_evaluates_every_checkpoint(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "grpo_arith" / "bench" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert all(0.0 <= r["eval/accuracy"] <= 1.0 for r in rows)
+
+
+def test_bench_mode_evaluates_lora_checkpoints_merged_into_their_base(tmp_path):
+    lora = ["model.lora_rank=4", "checkpoint.keep_last=5"]
+    run(tmp_path, "trainer.total_steps=2", *lora)
+    assert (tmp_path / "grpo_arith" / "checkpoints" / "step_000002" / "model" / "adapter_config.json").exists()
+    plan = load_plan(RECIPE, [f"run_root={tmp_path}", *TINY, *lora, "mode=bench"])
+    assert run_plan(plan) == 0
+    rows = [json.loads(line) for line in (tmp_path / "grpo_arith" / "bench" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 
 from trinity_like.config import ResolvedStage
@@ -10,6 +12,7 @@ from trinity_like.explorer.worker import ExplorerWorker
 from trinity_like.monitor.logger import MetricsLogger
 from trinity_like.pipeline.checkpoint import CheckpointManager
 from trinity_like.pipeline.data_sources import StageData, task_set
+from trinity_like.trainer.lora import export_checkpoint, is_adapter_folder
 from trinity_like.pipeline.stage import Stage
 
 
@@ -29,10 +32,13 @@ def run_bench(spec: ResolvedStage) -> dict[str, float]:
     logger = MetricsLogger(str(run_dir / "bench"), cfg.monitor.backends, total_steps=len(found), start_step=0,
                            progress=cfg.monitor.progress, desc=f"bench {cfg.name}")
     last: dict[str, float] = {}
+    merged = Path(tempfile.mkdtemp(prefix="bench-merged-"))
     try:
         for path in found:
             CheckpointManager.verify(path)
             model = path / "model"
+            if is_adapter_folder(model):  # a LoRA run's checkpoint: evaluate adapter merged into its base
+                model = export_checkpoint(model, merged / path.name)
             stage = Stage(spec=spec, role="explore", run_dir=run_dir, model_path=model, tokenizer=load_tokenizer(model),
                           data=data, logger=logger, checkpoints=checkpoints, explorer=ExplorerWorker(cfg, str(model)))
             step = int(CheckpointManager.read_state(path)["step"])
@@ -43,4 +49,5 @@ def run_bench(spec: ResolvedStage) -> dict[str, float]:
             stage.explorer.close()
     finally:
         logger.close()
+        shutil.rmtree(merged, ignore_errors=True)
     return last
