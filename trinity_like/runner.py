@@ -2,7 +2,7 @@
 
 A later stage starts from the final weights of the stage before it (SFT warm-up, then
 GRPO): unless a stage names its own ``model.path``, it is pointed at the previous stage's
-last checkpoint.
+last checkpoint (a LoRA stage's adapter merged into its base first).
 """
 
 from __future__ import annotations
@@ -21,10 +21,19 @@ def _chain(stage: ResolvedStage, previous: Path | None, user_set_model: bool) ->
 
 
 def _final_model(stage: ResolvedStage) -> Path | None:
+    """The model folder the next stage starts from: the last checkpoint's, or, for a LoRA
+    stage, its adapter merged into the base (``<run_dir>/merged/<step>``, written once)."""
     from trinity_like.pipeline.checkpoint import CheckpointManager
+    from trinity_like.trainer.lora import export_checkpoint, is_adapter_folder
 
     latest = CheckpointManager(Path(stage.config.run_dir())).latest()
-    return latest / "model" if latest is not None else None
+    if latest is None:
+        return None
+    model = latest / "model"
+    if not is_adapter_folder(model):
+        return model
+    merged = Path(stage.config.run_dir()) / "merged" / latest.name
+    return merged if (merged / "config.json").is_file() else export_checkpoint(model, merged)
 
 
 def run_stage(spec: ResolvedStage) -> dict[str, float]:

@@ -40,14 +40,6 @@ def test_recipe_keys_validate_and_typos_are_errors():
         load_plan(EXAMPLES / "grpo_arith.yaml", ["model.lora_rank=-1"])
 
 
-def test_a_stage_cannot_start_from_a_lora_stage(tmp_path):
-    with pytest.raises(ConfigError) as info:
-        load_plan(EXAMPLES / "sft_then_grpo.yaml", ["model.lora_rank=8"])
-    msg = str(info.value)
-    assert "stages.1: would start from the previous stage's final checkpoint, a LoRA adapter" in msg
-    assert "\n" not in msg and msg.startswith(str(EXAMPLES / "sft_then_grpo.yaml"))
-
-
 def test_build_engine_trains_an_adapter_on_the_policy_only(tiny_path):
     cfg = Config.model_validate({"seed": 5, "trainer": {"engine": "local"},
                                  "model": {"lora_rank": 4, "lora_train_unembed": False}})

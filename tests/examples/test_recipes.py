@@ -118,3 +118,12 @@ def test_grpo_tis_runs_with_the_example_plugin_installed(tmp_path):
     assert [r["step"] for r in steps] == [1, 2]
     # the plugin's loss ran: its own metric is logged beside the policy loss
     assert all("policy_loss" in r and "tis/truncated_frac" in r for r in steps), steps
+
+
+def test_a_stage_starts_from_a_lora_stage_merged_into_its_base(tmp_path):
+    """SFT with a LoRA adapter, then GRPO from it: the runner merges the adapter into its base
+    (runs/<name>/sft/merged/step_N) and the next stage starts from that plain folder."""
+    sft, grpo = run_recipe("sft_then_grpo.yaml", tmp_path, ["model.lora_rank=4"])
+    merged = sft / "merged" / "step_000002"
+    assert (merged / "config.json").is_file() and any(merged.glob("*.safetensors"))
+    assert metrics_of(grpo)[-1]["step"] == 2

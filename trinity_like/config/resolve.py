@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -415,12 +414,4 @@ def load_plan(path: str | Path, overrides: list[str] | None = None, plugins: lis
         stage = resolve_stage(d, Locator(raw, i, over), base)
         own = i in (None, 0) or "path" in ((over or {}).get("model") or {})
         stages.append(dataclasses.replace(stage, own_model=own))
-    for i, (before, stage) in enumerate(itertools.pairwise(stages), start=1):
-        rank = before.config.model.lora_rank
-        if not stage.own_model and rank > 0:  # it would fail only once the stage before had trained
-            raise ConfigError(
-                f"{raw.where(('stages', i))}: stages.{i}: would start from the previous stage's final checkpoint, "
-                f"a LoRA adapter (model.lora_rank {rank}), which a stage cannot start from; give it its own "
-                f"model.path (`trinity-like export` turns a checkpoint into a plain model folder)"
-            )
     return RunPlan(source=raw.path, stages=stages, plugins=loaded_plugins())
