@@ -35,7 +35,7 @@ import tinker
 import torch
 
 from trinity_like.errors import TrinityError
-from trinity_like.trainer.local_engine import TARGET_IDS
+from trinity_like.trainer.base import TARGET_IDS
 
 INT_KEYS = frozenset({"target_tokens"})
 FLOAT_KEYS = frozenset({"weights", "advantages", "logprobs"})
@@ -133,7 +133,7 @@ def to_batch(data: Sequence[tinker.types.Datum], keys: Sequence[str], *, what: s
     targets = torch.zeros((B, R), dtype=torch.long)
     mask = torch.zeros((B, R), dtype=torch.float32)
     for b, (tokens, arrays, start) in enumerate(rows):
-        T, n = len(tokens), len(tokens) - start
+        n = len(tokens) - start  # scored positions start..T-1
         target = torch.from_numpy(arrays["target_tokens"].astype(np.int64))
         input_ids[b, P - start - 1 : P + n - 1] = torch.tensor(tokens)
         input_ids[b, P + n - 1] = target[-1]  # never attended to by a scored position; see the module doc
@@ -161,3 +161,18 @@ def per_datum(values_BR: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
         values[start:] = values_BR[b, : T - start].detach().float().cpu()
         out.append(values)
     return out
+
+
+def check_next_token_targets(batch: dict[str, torch.Tensor]) -> None:
+    """For an engine that scores each position's next input token (``verl``): the targets
+    must be those tokens wherever the datum's arrays are non-zero (masked positions are free)."""
+    mask = batch["response_mask"].bool()
+    used = torch.zeros_like(mask)
+    for key in FLOAT_KEYS & set(batch):
+        used |= batch[key] != 0
+    R = mask.shape[1]
+    differs = (batch[TARGET_IDS] != batch["input_ids"][:, -R:]) & mask & used
+    if differs.any():
+        b = int(differs.nonzero()[0][0])
+        raise DataError(f"datum {b}: a target token that carries loss is not the next model_input token; the verl "
+                        "engine scores next tokens only (use the local engine for other targets)")

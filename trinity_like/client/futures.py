@@ -13,12 +13,17 @@ result, as Tinker code does::
 
 An exception inside a request is raised by that request's ``.result()`` and nowhere else:
 later requests still run.
+
+:class:`RequestBatcher` is the sampling side's queue: requests waiting together that can
+share one engine call run as one (each still gets its own answer).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
@@ -39,3 +44,74 @@ class RequestQueue:
     def close(self) -> None:
         """Finish the queued requests, then stop the worker."""
         self._pool.shutdown(wait=True)
+
+
+@dataclass
+class Job:
+    """A request waiting to run: ``run(jobs)`` runs it together with the others of its ``key``
+    (None: alone) and returns one result per job."""
+
+    key: Any
+    run: Callable[[list[Job]], list[Any]]
+    args: tuple
+    future: Future = field(default_factory=Future)
+
+
+class RequestBatcher:
+    """One worker thread; requests that wait together and can share an engine call share one.
+
+    Tinker code sends one ``sample`` per prompt and reads the futures later; run one by one,
+    each would decode only its own group. Here every sample request queued while the engine
+    was busy, with the same client weights and sampling settings, joins one continuous-batching
+    run (each keeps its own seeds, so its samples are the ones it would get alone). An error
+    in a shared run is retried request by request, so it stays with the request that caused it.
+    """
+
+    def __init__(self) -> None:
+        self._ready = threading.Condition()
+        self._pending: list[Job] = []
+        threading.Thread(target=self._loop, name="trinity-like-sampling", daemon=True).start()
+
+    def submit(self, key: Any, run: Callable[[list[Job]], list[Any]], *args: Any) -> AwaitableConcurrentFuture:
+        job = Job(key, run, args)
+        with self._ready:
+            self._pending.append(job)
+            self._ready.notify()
+        return AwaitableConcurrentFuture(job.future)
+
+    def _loop(self) -> None:
+        while True:
+            with self._ready:
+                while not self._pending:
+                    self._ready.wait()
+                jobs, self._pending = self._pending, []
+            groups: dict[Any, list[Job]] = {}
+            for i, job in enumerate(jobs):
+                groups.setdefault(("alone", i) if job.key is None else job.key, []).append(job)
+            for group in groups.values():
+                self._run(group)
+
+    @staticmethod
+    def _run(group: list[Job]) -> None:
+        live = [job for job in group if job.future.set_running_or_notify_cancel()]
+        if not live:
+            return
+        try:
+            results = live[0].run(live)
+        except BaseException as exc:  # noqa: BLE001 -- handed to the request's future, never swallowed
+            if len(live) > 1:
+                for job in live:  # find the request that fails; the others still get their answer
+                    _rerun(job)
+                return
+            live[0].future.set_exception(exc)
+            return
+        for job, result in zip(live, results, strict=True):
+            job.future.set_result(result)
+
+
+def _rerun(job: Job) -> None:
+    """Run ``job`` alone into its existing future (already marked running)."""
+    try:
+        job.future.set_result(job.run([job])[0])
+    except BaseException as exc:  # noqa: BLE001 -- handed to the request's future
+        job.future.set_exception(exc)

@@ -39,9 +39,8 @@ import shutil
 import tempfile
 import threading
 import uuid
-from collections.abc import Callable, Mapping
-from concurrent.futures import Future
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +51,7 @@ from tinker import types
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from trinity_like.client.futures import Job, RequestBatcher
 from trinity_like.explorer.engine import Request, RolloutEngine, sample_seed
 from trinity_like.explorer.engine import SamplingParams as EngineSampling
 from trinity_like.models.resolve import load_model, load_tokenizer, resolve_model_path
@@ -90,77 +90,6 @@ def _queue() -> RequestBatcher:
         if _QUEUE is None:
             _QUEUE = RequestBatcher()
         return _QUEUE
-
-
-@dataclass
-class _Job:
-    """A request waiting to run: ``run(jobs)`` runs it together with the others of its ``key``
-    (None: alone) and returns one result per job."""
-
-    key: Any
-    run: Callable[[list[_Job]], list[Any]]
-    args: tuple
-    future: Future = field(default_factory=Future)
-
-
-class RequestBatcher:
-    """One worker thread; requests that wait together and can share an engine call share one.
-
-    Tinker code sends one ``sample`` per prompt and reads the futures later; run one by one,
-    each would decode only its own group. Here every sample request queued while the engine
-    was busy, with the same client weights and sampling settings, joins one continuous-batching
-    run (each keeps its own seeds, so its samples are the ones it would get alone). An error
-    in a shared run is retried request by request, so it stays with the request that caused it.
-    """
-
-    def __init__(self) -> None:
-        self._ready = threading.Condition()
-        self._pending: list[_Job] = []
-        threading.Thread(target=self._loop, name="trinity-like-sampling", daemon=True).start()
-
-    def submit(self, key: Any, run: Callable[[list[_Job]], list[Any]], *args: Any) -> AwaitableConcurrentFuture:
-        job = _Job(key, run, args)
-        with self._ready:
-            self._pending.append(job)
-            self._ready.notify()
-        return AwaitableConcurrentFuture(job.future)
-
-    def _loop(self) -> None:
-        while True:
-            with self._ready:
-                while not self._pending:
-                    self._ready.wait()
-                jobs, self._pending = self._pending, []
-            groups: dict[Any, list[_Job]] = {}
-            for i, job in enumerate(jobs):
-                groups.setdefault(("alone", i) if job.key is None else job.key, []).append(job)
-            for group in groups.values():
-                self._run(group)
-
-    @staticmethod
-    def _run(group: list[_Job]) -> None:
-        live = [job for job in group if job.future.set_running_or_notify_cancel()]
-        if not live:
-            return
-        try:
-            results = live[0].run(live)
-        except BaseException as exc:  # noqa: BLE001 -- handed to the request's future, never swallowed
-            if len(live) > 1:
-                for job in live:  # find the request that fails; the others still get their answer
-                    _rerun(job)
-                return
-            live[0].future.set_exception(exc)
-            return
-        for job, result in zip(live, results, strict=True):
-            job.future.set_result(result)
-
-
-def _rerun(job: _Job) -> None:
-    """Run ``job`` alone into its existing future (already marked running)."""
-    try:
-        job.future.set_result(job.run([job])[0])
-    except BaseException as exc:  # noqa: BLE001 -- handed to the request's future
-        job.future.set_exception(exc)
 
 
 def _folder_id(folder: Path) -> str:
@@ -373,7 +302,7 @@ class SamplingClient:
 
     # -- requests (each runs on the process's sampling queue) ----------------------------------
     @staticmethod
-    def _sample(jobs: list[_Job]) -> list[types.SampleResponse]:
+    def _sample(jobs: list[Job]) -> list[types.SampleResponse]:
         """The sample requests ``jobs`` (one client, one set of settings) in one engine run."""
         client = jobs[0].args[0]
         engine = client._engine()
@@ -413,7 +342,7 @@ class SamplingClient:
         return (self._weights_id(), str(self._base_folder), self.device, tuple(sorted(settings.items())))
 
     @staticmethod
-    def _compute_logprobs(jobs: list[_Job]) -> list[list[float | None]]:
+    def _compute_logprobs(jobs: list[Job]) -> list[list[float | None]]:
         self, prompt, last_n = jobs[0].args
         model = self._engine().model
         logprob_P = prompt_logprobs(model, prompt_ids(prompt, model.get_input_embeddings().num_embeddings), last_n)

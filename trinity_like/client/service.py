@@ -21,17 +21,17 @@ import itertools
 import json
 import os
 import re
+import secrets
 from pathlib import Path
 from typing import Any
 
-import torch
 from tinker import types
 
 from trinity_like.client.sampling import SamplingClient
-from trinity_like.client.training import CLIENT_FILE, TrainingClient
-from trinity_like.errors import TrinityError
+from trinity_like.client.training import TrainingClient
 from trinity_like.models.resolve import BUILTIN_MODELS, CACHE_ENV, load_tokenizer, resolve_model_path
 from trinity_like.plugins import load_plugins
+from trinity_like.trainer.lora import LoraParams, read_base_note
 from trinity_like.trainer.params import ModelParams, OptimParams
 
 ENGINES = ("local", "verl")
@@ -108,13 +108,9 @@ class ServiceClient:
             raise ValueError(f"rank must be >= 0 (0: full fine-tune), got {rank}")
         folder = resolve_model_path(base_model)
         lora = None
-        if rank > 0:
-            from trinity_like.trainer.lora import LoraParams
-
+        if rank > 0:  # seed None: a fresh adapter draw (without reseeding torch's global generator)
             lora = LoraParams(rank=rank, train_attn=train_attn, train_mlp=train_mlp, train_unembed=train_unembed,
-                              seed=seed if seed is not None else int(torch.seed() % 2**31))
-        elif seed is not None:
-            torch.manual_seed(seed)
+                              seed=seed if seed is not None else secrets.randbits(31))
         return self._training_client(base_model, folder, lora)
 
     def create_training_client_from_state(self, path: str, base_model: str | None = None,
@@ -133,25 +129,15 @@ class ServiceClient:
         return self._from_state(path, base_model, with_optimizer=True)
 
     def _from_state(self, path: str, base_model: str | None, *, with_optimizer: bool) -> TrainingClient:
-        state = Path(path)
-        note = state / CLIENT_FILE
-        if not note.is_file():
-            raise TrinityError(f"{path!r} is not a save_state checkpoint (no {CLIENT_FILE})")
-        saved = json.loads(note.read_text())
-        base = base_model or saved["base_model"]
-        lora = None
-        if saved.get("lora"):
-            from trinity_like.trainer.lora import LoraParams
-
-            lora = LoraParams(**saved["lora"])
+        saved_base, lora = read_base_note(path)
+        base = base_model or saved_base
         client = self._training_client(base, resolve_model_path(base), lora)
-        client._load(str(state), with_optimizer)
+        client._load(str(path), with_optimizer)
         return client
 
-    def _training_client(self, base_model: str, folder: Path, lora: Any) -> TrainingClient:
-        """``lora``: the adapter's LoraParams, None for a full fine-tune."""
-        extra = {} if lora is None else {"lora": lora}
-        model = ModelParams(path=str(folder), micro_batch_size=self.micro_batch_size, dtype=self.dtype, **extra)
+    def _training_client(self, base_model: str, folder: Path, lora: LoraParams | None) -> TrainingClient:
+        """``lora``: the adapter's params, None for a full fine-tune."""
+        model = ModelParams(path=str(folder), micro_batch_size=self.micro_batch_size, dtype=self.dtype, lora=lora)
         if self.train_engine == "local":
             from trinity_like.trainer.local_engine import LocalEngine
 

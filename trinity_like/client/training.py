@@ -20,8 +20,6 @@ Example (the SDK's own loop, unchanged but for the import)::
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,15 +31,15 @@ import torch
 from tinker import types
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 
-from trinity_like.client.data import DataError, Layout, per_datum, to_batch
+from trinity_like.client.data import Layout, check_next_token_targets, per_datum, to_batch
 from trinity_like.client.futures import RequestQueue
 from trinity_like.client.losses import loss_inputs, loss_spec, required_arrays
 from trinity_like.client.sampling import SamplingClient
 from trinity_like.components import ComponentSpec, call_component
 from trinity_like.trainer.base import TrainEngine
+from trinity_like.trainer.lora import BASE_MODEL_FILE
 from trinity_like.trainer.params import AdamStep
 
-CLIENT_FILE = "client.json"  # in a save_state folder: the base model and LoRA settings to resume with
 CustomLossFn = Callable[[list[types.Datum], list[torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
 
 
@@ -162,6 +160,7 @@ class TrainingClient:
             with torch.no_grad():
                 value, metrics = loss(outputs, batch)
             loss_sum = float(value)
+        metrics = {f"{k}:mean": float(v) for k, v in metrics.items()}
         return self._output(batch, layout, outputs, metrics, loss_sum, time.perf_counter() - started)
 
     def _run_custom(self, data: Sequence[types.Datum], loss_fn: CustomLossFn) -> types.ForwardBackwardOutput:
@@ -185,8 +184,7 @@ class TrainingClient:
         metrics = self._engine.forward_backward(batch, surrogate, need_entropy=True, out=outputs)
         metrics = {"surrogate_loss:sum": metrics.pop("loss"), **{f"{k}:mean": v for k, v in metrics.items()},
                    **{k: float(v) for k, v in dict(user_metrics).items()}}
-        return self._output(batch, layout, outputs, metrics, float(value.detach()), time.perf_counter() - started,
-                            renamed=True)
+        return self._output(batch, layout, outputs, metrics, float(value.detach()), time.perf_counter() - started)
 
     def _batch(self, data: Sequence[types.Datum], keys: Sequence[str], *, what: str, extra_ok: bool = False,
                score_all: bool = True) -> tuple[dict[str, torch.Tensor], Layout]:
@@ -195,13 +193,11 @@ class TrainingClient:
             check_next_token_targets(batch)
         return batch, layout
 
-    def _output(self, batch, layout, outputs, metrics, loss_sum, seconds, *, renamed=False):
+    def _output(self, batch, layout, outputs, metrics, loss_sum, seconds):
+        """The response: per-datum logprobs, ``metrics`` (named as they are reported) and the diagnostics."""
         logprob_BR = outputs["logprob"]
         mask = batch["response_mask"]
-        out = {} if renamed else {f"{k}:mean": float(v) for k, v in metrics.items()}
-        if renamed:
-            out.update(metrics)
-        out["loss:sum"] = float(loss_sum)
+        out = {**metrics, "loss:sum": float(loss_sum)}
         out.update(sampler_diagnostics(logprob_BR, batch))
         if "entropy" in outputs:
             out["entropy:mean"] = entropy_mean(outputs["entropy"], mask)
@@ -239,10 +235,7 @@ class TrainingClient:
 
     def _save(self, kind: str, name: str, overwrite: bool) -> types.SaveWeightsResponse:
         folder = self._checkpoint_folder(kind, name, overwrite)
-        self._engine.save(str(folder))
-        note = {"base_model": self.base_model, "lora": dataclasses.asdict(self._lora) if self._lora else None,
-                "optimizer_steps": self._version}
-        (folder / CLIENT_FILE).write_text(json.dumps(note, indent=1))
+        self._engine.save(str(folder))  # its base_model.json says what to resume it on
         return types.SaveWeightsResponse(path=str(folder))
 
     def _checkpoint_folder(self, kind: str, name: str, overwrite: bool) -> Path:
@@ -262,8 +255,8 @@ class TrainingClient:
         return self._queue.submit(self._load, path, True)
 
     def _load(self, path: str, with_optimizer: bool) -> types.LoadWeightsResponse:
-        if not (Path(path) / CLIENT_FILE).is_file():
-            raise FileNotFoundError(f"{path!r} is not a save_state checkpoint (no {CLIENT_FILE})")
+        if not (Path(path) / BASE_MODEL_FILE).is_file():
+            raise FileNotFoundError(f"{path!r} is not a save_state checkpoint (no {BASE_MODEL_FILE})")
         self._engine.load(str(path), with_optimizer=with_optimizer)
         return types.LoadWeightsResponse(path=str(path))
 
@@ -339,21 +332,3 @@ class TrainingClient:
 
     async def get_info_async(self) -> types.GetInfoResponse:
         return self._info
-
-
-def check_next_token_targets(batch: Mapping[str, torch.Tensor]) -> None:
-    """For an engine that scores each position's next input token (``verl``): the targets
-    must be those tokens wherever the datum's arrays are non-zero (masked positions are free)."""
-    from trinity_like.trainer.local_engine import TARGET_IDS
-
-    mask = batch["response_mask"].bool()
-    used = torch.zeros_like(mask)
-    for key in ("weights", "advantages", "logprobs"):
-        if key in batch:
-            used |= batch[key] != 0
-    R = mask.shape[1]
-    differs = (batch[TARGET_IDS] != batch["input_ids"][:, -R:]) & mask & used
-    if differs.any():
-        b, i = (int(x) for x in differs.nonzero()[0])  # i: the row's column, not the datum's position
-        raise DataError(f"datum {b}: a target token that carries loss is not the next model_input token; the verl engine "
-                        "scores next tokens only (use the local engine for other targets)")

@@ -38,6 +38,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from trinity_like.errors import TrinityError
 from trinity_like.explorer.kv_cache import PrefillCache, SlotCache, use_attention
 from trinity_like.explorer.sampling import greedy_tokens, sample_tokens, uniforms
+from trinity_like.models.tied import gives_tied_output_its_own, untie_output_embeddings
 
 TIMING_KEYS = ("prefill", "decode_forward", "sampling", "cache", "bookkeeping")
 
@@ -142,26 +143,6 @@ def _stop_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None)
     return tuple(sorted(ids))
 
 
-def gives_tied_output_its_own(model: PreTrainedModel, state_dict: Mapping[str, torch.Tensor]) -> bool:
-    """Whether ``state_dict`` holds different values for the output layer and the input
-    embedding of a model that ties them (the merged weights of an adapter on the output
-    layer): loaded as they are, the later of the two would overwrite the other."""
-    inputs = model.get_input_embeddings()
-    output = model.get_output_embeddings()
-    if inputs is None or output is None or output.weight is not inputs.weight:
-        return False
-    values = [state_dict[n] for n, p in model.named_parameters(remove_duplicate=False)
-              if p is inputs.weight and n in state_dict]
-    return len(values) == 2 and not torch.equal(values[0], values[1])
-
-
-def untie_output_layer(model: PreTrainedModel) -> None:
-    """Give ``model``'s output layer a matrix of its own (a copy of the shared one), in place."""
-    output = model.get_output_embeddings()
-    output.weight = torch.nn.Parameter(output.weight.detach().clone(), requires_grad=False)
-    model.config.tie_word_embeddings = False
-
-
 class RolloutEngine:
     """Samples responses from a Hugging Face causal LM; see the module docstring."""
 
@@ -198,7 +179,7 @@ class RolloutEngine:
         by one. ``strict=False`` accepts a partial update (e.g. only the trained layers).
         """
         if gives_tied_output_its_own(self.model, state_dict):
-            untie_output_layer(self.model)  # merged LoRA weights that trained a tied lm_head
+            untie_output_embeddings(self.model)  # merged LoRA weights that trained a tied lm_head
         with torch.no_grad():
             result = self.model.load_state_dict(dict(state_dict), strict=False)
         missing = set(result.missing_keys) - self._tied_keys()  # a tied copy follows its source

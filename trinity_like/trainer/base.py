@@ -9,7 +9,9 @@ tensors, B rows, prompts left-padded to P columns and responses right-padded to 
     response_mask  [B, R]    float  1 on real response tokens that are trained on
 
 plus per-row / per-token fields the components asked for (``old_logprob [B, R]``,
-``advantages [B, R]``, ``ref_logprob [B, R]``, ``rewards [B]``, ``is_expert [B]``, ...).
+``advantages [B, R]``, ``ref_logprob [B, R]``, ``rewards [B]``, ``is_expert [B]``, ...), and
+optionally ``target_ids [B, R]`` (:data:`TARGET_IDS`): the tokens to score in place of the
+response tokens themselves (the client's ``target_tokens``; the ``local`` engine reads it).
 Letters: B batch rows, P prompt columns, R response columns, T = P + R.
 
 Checkpoints (:meth:`TrainEngine.save`), the same layout from every engine so that one
@@ -136,6 +138,8 @@ def slice_rows(batch: Batch, start: int, stop: int) -> Batch:
     """Rows ``start:stop`` of every per-row field; 0-dim fields (normalisers) are shared."""
     return {k: (v if v.dim() == 0 else v[start:stop]) for k, v in batch.items()}
 
+
+TARGET_IDS = "target_ids"  # optional batch field [B, R]: the tokens to score, when not the response's own
 
 # A 0-dim batch field: how many consecutive rows form one example that a loss reads
 # together (2 for preference pairs: chosen, rejected). Engines split batches only at

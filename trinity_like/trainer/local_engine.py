@@ -49,6 +49,7 @@ from trinity_like.trainer import lora as lora_lib
 from trinity_like.trainer.base import (
     OPTIMIZER_FILE,
     RNG_FILE,
+    TARGET_IDS,
     Batch,
     LossCallable,
     check_no_legacy_optimizer,
@@ -65,7 +66,6 @@ from trinity_like.trainer.base import (
 )
 from trinity_like.trainer.params import AdamStep, ModelParams, OptimParams, lr_factor
 
-TARGET_IDS = "target_ids"  # optional batch field [B, R]: the tokens to score, when not the response's own
 # Optimiser state keyed by parameter name, unsharded: the format both engines write, so a
 # checkpoint saved by one engine resumes on the other.
 FULL = StateDictOptions(full_state_dict=True)

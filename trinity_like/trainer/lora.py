@@ -33,7 +33,8 @@ embedding, so merged weights carry both (``lm_head.weight`` and
 ``model.embed_tokens.weight``) and only a model whose output layer is its own can hold
 them: :func:`unties_embeddings` tells a reader whether that is the case,
 :func:`merged_config` is the config to build or save such a model with
-(``tie_word_embeddings=False``), and :func:`untie_output_embeddings` turns an already
+(``tie_word_embeddings=False``), and :func:`untie_output_embeddings` (from
+:mod:`trinity_like.models.tied`, which the rollout engine uses too) turns an already
 loaded tied model (a sampler built from the base folder) into one.
 
 On disk an adapter is peft's own layout (:func:`write_adapter`):
@@ -73,6 +74,7 @@ from torch import nn
 from trinity_like.config.schema import Config, ModelConfig
 from trinity_like.config.schema import field_default as _default
 from trinity_like.errors import TrinityError
+from trinity_like.models.tied import untie_output_embeddings  # noqa: F401  (re-exported beside merged_config)
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # peft's file of A and B
 ADAPTER_CONFIG = "adapter_config.json"  # peft's LoraConfig
@@ -279,16 +281,6 @@ def merged_config(config: Any, params: LoraParams | None) -> Any:
     if unties_embeddings(params, config):
         out.tie_word_embeddings = False
     return out
-
-
-def untie_output_embeddings(model: nn.Module) -> nn.Module:
-    """Give a loaded tied model an output layer of its own (a copy of the shared matrix), in
-    place, so it can load merged weights whose ``lm_head.weight`` differs; returns ``model``."""
-    output, inputs = model.get_output_embeddings(), model.get_input_embeddings()
-    if output is not None and inputs is not None and output.weight is inputs.weight:
-        output.weight = nn.Parameter(output.weight.detach().clone(), requires_grad=output.weight.requires_grad)
-    model.config.tie_word_embeddings = False
-    return model
 
 
 # -- files ----------------------------------------------------------------------------
