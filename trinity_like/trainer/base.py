@@ -102,17 +102,6 @@ class TrainEngine(Protocol):
         """Release workers and memory."""
 
 
-def response_logprobs(logits_BTV: torch.Tensor, input_ids_BT: torch.Tensor, response_len: int) -> torch.Tensor:
-    """Logprobs ``[B, R]`` of the last ``response_len`` tokens given logits over all positions.
-
-    Position t's logits predict token t+1, so response token j (column P+j) is scored by
-    the logits at column P+j-1.
-    """
-    logits = logits_BTV[:, -response_len - 1 : -1, :].float()
-    targets = input_ids_BT[:, -response_len:]
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-
-
 def with_normalisers(batch: Batch) -> Batch:
     """``batch`` plus the global normalisers ``num_tokens`` and ``num_seqs`` (0-dim float tensors).
 

@@ -3,10 +3,9 @@
 For prototyping, the client API and unit tests; it runs the same loss callables as the
 ``verl`` engine and steps to the same weights (``tests/trainer/test_verl_engine.py``).
 
-Efficiency on CPU: a language model's vocabulary (49k for SmolLM2) makes the LM head the
-most expensive layer, so the engine runs the backbone over the whole sequence but the
-head only over the R positions that predict response tokens, and takes logprobs as
-``gather - logsumexp`` instead of materialising a ``log_softmax`` over ``[B, T, V]``.
+The forward is :mod:`~trinity_like.trainer.forward`'s, the ``verl`` workers' too: each
+distinct prompt of a micro-batch runs once with its responses packed after it, and the
+LM head runs only on the positions that predict response tokens, in chunks.
 
 Model kinds (:class:`~trinity_like.trainer.params.ModelParams` ``kind``):
 
@@ -49,7 +48,6 @@ from trinity_like.trainer import lora as lora_lib
 from trinity_like.trainer.base import (
     OPTIMIZER_FILE,
     RNG_FILE,
-    TARGET_IDS,
     Batch,
     LossCallable,
     check_no_legacy_optimizer,
@@ -64,6 +62,7 @@ from trinity_like.trainer.base import (
     with_normalisers,
     write_trainer_state,
 )
+from trinity_like.trainer.forward import model_outputs, packing_metrics
 from trinity_like.trainer.params import AdamStep, ModelParams, OptimParams, lr_factor
 
 # Optimiser state keyed by parameter name, unsharded: the format both engines write, so a
@@ -95,32 +94,6 @@ def load_model(path: str, params: ModelParams) -> nn.Module:
     return model
 
 
-def response_outputs(
-    hidden_BTH: torch.Tensor, lm_head: nn.Module, input_ids_BT: torch.Tensor, response_len: int, need_entropy: bool,
-    target_ids_BR: torch.Tensor | None = None,
-) -> dict[str, torch.Tensor]:
-    """``logprob [B, R]`` (and ``entropy``) from the hidden states, running the head on R positions only.
-
-    logprob = logit[target] - logsumexp(logits); entropy = logsumexp - sum softmax * logits.
-    The targets are the response tokens themselves unless ``target_ids_BR`` names others
-    (the client scores any ``target_tokens``, e.g. 0 at a prompt position).
-    """
-    hidden_BRH = hidden_BTH[:, -response_len - 1 : -1, :]
-    logits_BRV = lm_head(hidden_BRH).float()
-    targets_BR = input_ids_BT[:, -response_len:] if target_ids_BR is None else target_ids_BR
-    lse_BR = torch.logsumexp(logits_BRV, dim=-1)
-    out = {"logprob": logits_BRV.gather(-1, targets_BR.unsqueeze(-1)).squeeze(-1) - lse_BR}
-    if need_entropy:
-        out["entropy"] = lse_BR - (torch.softmax(logits_BRV, dim=-1) * logits_BRV).sum(-1)
-    return out
-
-
-def last_token_index(attention_mask_BT: torch.Tensor) -> torch.Tensor:
-    """Index ``[B]`` of each row's last attended token (responses are right-padded)."""
-    cols = torch.arange(attention_mask_BT.shape[1], device=attention_mask_BT.device)
-    return (attention_mask_BT.bool() * cols).amax(dim=1)
-
-
 class LocalEngine:
     """An in-process train engine implementing :class:`~trinity_like.trainer.base.TrainEngine`."""
 
@@ -150,25 +123,10 @@ class LocalEngine:
         return torch.optim.AdamW(self._parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, eps=o.eps)
 
     # -- forward -------------------------------------------------------------------
-    def _forward(self, batch: Batch, need_entropy: bool) -> dict[str, torch.Tensor]:
-        """What the model produces for the response columns of one micro-batch."""
-        input_ids = batch["input_ids"]
-        response_len = batch["response_mask"].shape[1]
-        model = self.hf_model
-        hidden = model.base_model(
-            input_ids=input_ids,
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
-            use_cache=False,
-        ).last_hidden_state
-        if self.params.kind == "lm":
-            return response_outputs(hidden, model.get_output_embeddings(), input_ids, response_len, need_entropy,
-                                    batch.get(TARGET_IDS))
-        if self.params.kind == "value":
-            return {"values": model.score(hidden[:, -response_len - 1 : -1, :]).squeeze(-1).float()}
-        rows = torch.arange(hidden.shape[0], device=hidden.device)
-        last = hidden[rows, last_token_index(batch["attention_mask"])]
-        return {"scores": model.score(last).squeeze(-1).float()}
+    def _forward(self, batch: Batch, need_entropy: bool, stats: dict[str, float] | None = None) -> dict[str, torch.Tensor]:
+        """What the model produces for the response columns of one micro-batch (:mod:`~trinity_like.trainer.forward`)."""
+        return model_outputs(self.hf_model, batch, self.params.kind, need_entropy=need_entropy,
+                             share_prompts=self.params.share_prompts, stats=stats)
 
     # -- the contract --------------------------------------------------------------
     def forward_backward(self, batch: Batch, loss_fn: LossCallable, *, need_entropy: bool = False,
@@ -182,9 +140,9 @@ class LocalEngine:
             raise TrinityError("forward_backward on a forward-only engine (the reference model is frozen)")
         self.model.train()
         batch = with_normalisers(batch)
-        per_micro, total, kept = [], 0.0, []
+        per_micro, total, kept, stats = [], 0.0, [], {}
         for mb in micro_batches(batch, self.params.micro_batch_size):
-            outputs = self._forward(mb, need_entropy)
+            outputs = self._forward(mb, need_entropy, stats)
             loss, metrics = loss_fn(outputs, mb)
             loss.backward()
             total += float(loss.detach())
@@ -193,7 +151,7 @@ class LocalEngine:
                 kept.append({k: v.detach() for k, v in outputs.items()})
         if out is not None:
             out.update({k: torch.cat([part[k] for part in kept]) for k in kept[0]})
-        return {**mean_metrics(per_micro), "loss": total}
+        return {**mean_metrics(per_micro), **packing_metrics(stats), "loss": total}
 
     def optim_step(self, adam: AdamStep | None = None) -> dict[str, float]:
         """Clip, step AdamW, zero grads. A non-finite grad norm skips the step.

@@ -34,6 +34,7 @@ class ModelParams:
     path: str  # Hugging Face folder (config, safetensors, tokenizer) to start from
     kind: str = "lm"  # "lm": logprobs of the response; "value": values [B, R]; "reward": scores [B]
     micro_batch_size: int = _default(TrainerConfig, "micro_batch_size")  # rows per forward/backward (per verl worker)
+    share_prompts: bool = _default(TrainerConfig, "share_prompts")  # each distinct prompt once per micro-batch (trainer/forward.py)
     dtype: str = _default(ModelConfig, "dtype")  # local: the parameters; verl: compute over fp32 masters
     attn_implementation: str = _default(ModelConfig, "attn_implementation")  # transformers attention kernel
     forward_only: bool = False  # a frozen model (the reference policy): no optimiser, no grads
@@ -146,6 +147,7 @@ def model_params(config: Config, path: str, *, kind: str = "lm", forward_only: b
             lora = LoraParams(rank=m.lora_rank, alpha=m.lora_alpha, train_attn=m.lora_train_attn,
                               train_mlp=m.lora_train_mlp, train_unembed=m.lora_train_unembed, seed=config.seed)
     return ModelParams(
-        path=path, kind=kind, micro_batch_size=config.trainer.micro_batch_size, dtype=m.dtype,
+        path=path, kind=kind, micro_batch_size=config.trainer.micro_batch_size,
+        share_prompts=config.trainer.share_prompts, dtype=m.dtype,
         attn_implementation=m.attn_implementation, forward_only=forward_only, head_seed=config.seed, lora=lora,
     )
