@@ -217,7 +217,7 @@ def model_outputs(model: nn.Module, batch: Batch, kind: str, *, need_entropy: bo
 def packing_metrics(stats: dict[str, float]) -> dict[str, float]:
     """A step's ``perf/train_tokens`` (real tokens the backbone ran) and ``perf/padded_fraction``
     (padding's share of what it ran) from the ``stats`` :func:`model_outputs` accumulated."""
-    if not stats:
+    if not stats.get("grid"):
         return {}
     return {"perf/train_tokens": float(stats["tokens"]), "perf/padded_fraction": 1.0 - stats["tokens"] / stats["grid"]}
 

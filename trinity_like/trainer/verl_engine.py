@@ -10,9 +10,10 @@ reward model (``kind="reward"``: the same engine, read at each sequence's last t
 With ``ModelParams.lora`` the actor trains a LoRA adapter through verl's own peft support,
 from the same seeded start as the local engine (``tests/trainer/test_verl_engine.py``).
 
-Our loss callable runs inside verl's training step: ``set_loss_fn`` ships it (wrapped in
-``VerlLossAdapter``) to every worker, and verl's ``forward_backward_batch`` calls it per
-micro-batch. The batch is split into ``num_workers`` equal row blocks on the driver.
+Our loss callable runs in the workers: ``set_loss_fn`` ships it to every worker, which
+calls it per micro-batch on the outputs of our forward (:mod:`~trinity_like.trainer.forward`,
+run inside verl's FSDP module). The batch is split into ``num_workers`` equal row blocks
+on the driver.
 
 Ray starts locally (``ray.init`` with ``num_cpus``) unless ``ray_address`` names a cluster
 or Ray is already initialised in this process. The engine that started Ray shuts it down
@@ -45,6 +46,7 @@ from trinity_like.plugins import ray_runtime_env
 from trinity_like.trainer import lora as lora_lib
 from trinity_like.trainer import verl_cpu
 from trinity_like.trainer.base import Batch, LossCallable, batch_rows, mean_metrics, row_unit, slice_rows, with_normalisers
+from trinity_like.trainer.forward import packing_metrics
 from trinity_like.trainer.params import AdamStep, ModelParams, OptimParams
 
 @dataclass(frozen=True)
@@ -248,7 +250,7 @@ class VerlEngine:
         if not self.use_gpu:
             worker_env.update(verl_cpu.worker_env())
         worker_cls = RayClassWithInitArgs(cls=ray.remote(TrinityVerlWorker), config=config, kind=model.kind,
-                                          lora=model.adapter)
+                                          lora=model.adapter, share_prompts=model.share_prompts)
         self.group = RayWorkerGroup(
             resource_pool=self.pool,
             ray_cls_with_init=worker_cls,
@@ -268,10 +270,8 @@ class VerlEngine:
         ``out``, when given, receives the outputs of every row (``logprob [B, R]``, ...)."""
         if self.params.forward_only:
             raise TrinityError("forward_backward on a forward-only engine (the reference model is frozen)")
-        from trinity_like.trainer.verl_worker import VerlLossAdapter
-
         if loss_fn is not self._loss_fn:
-            self.group.set_loss_fn(VerlLossAdapter(loss_fn))
+            self.group.set_loss_fn(loss_fn)
             self._loss_fn = loss_fn
         workers = self.verl_params.num_workers
         blocks = split_over_workers(with_normalisers(batch), workers)
@@ -279,9 +279,10 @@ class VerlEngine:
         if out is not None:
             rows = batch_rows(batch)  # padded rows (see pad_rows) come last: drop them
             out.update({k: torch.cat([p["outputs"][k] for p in parts])[:rows] for k in parts[0]["outputs"]})
-        total = sum(loss / workers for part in parts for loss in part["losses"])  # undo the adapter's dp scaling
+        total = sum(loss / workers for part in parts for loss in part["losses"])  # undo the workers' dp scaling
         per_micro = [{k: v} for part in parts for k, values in part["metrics"].items() for v in values]
-        return {**mean_metrics(per_micro), "loss": total}
+        stats = {k: sum(part["stats"].get(k, 0) for part in parts) for k in ("tokens", "grid")}
+        return {**mean_metrics(per_micro), **packing_metrics(stats), "loss": total}
 
     def optim_step(self, adam: AdamStep | None = None) -> dict[str, float]:
         """Clip, step AdamW (at ``adam``'s values when given, else the schedule's) and zero grads."""

@@ -1,10 +1,16 @@
-"""What runs inside each Ray worker of the ``verl`` engine: verl's FSDP training worker,
-our loss adapter, and the conversions between our padded layout and verl's padding-free one.
+"""What runs inside each Ray worker of the ``verl`` engine: verl's FSDP training worker with
+our model forward.
 
 The worker is verl 0.9.1's ``TinkerTrainingWorker`` (``TrainingWorker`` with split
 forward/backward and optimiser steps, exactly our contract) plus a few methods the
 driver needs: forward/backward and inference on our padded batches, the optimiser step
 followed by the lr-scheduler step, gathering full weights, and checkpoint save/load.
+
+verl builds, shards (FSDP2), steps and checkpoints the model; the forward is ours
+(:mod:`~trinity_like.trainer.forward`, the local engine's): each group's prompt once, the
+head only on response positions. It runs as the FSDP root module's forward
+(:func:`~trinity_like.trainer.forward.as_forward`), so FSDP's unshard, reshard and
+gradient reduction wrap it exactly as they wrap verl's own forward step.
 
 LoRA: verl wraps its model in peft's LoRA (``HFModelConfig.lora_rank``, built in
 ``FSDPEngine._build_lora_module``); the worker then sets our seeded initial adapter,
@@ -18,9 +24,9 @@ this module does.
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Mapping
+from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +39,6 @@ if verl_cpu.requested():
 
 import torch.distributed as dist  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
-from tensordict import TensorDict  # noqa: E402
 from torch.distributed.checkpoint.state_dict import (  # noqa: E402
     StateDictOptions,
     get_optimizer_state_dict,
@@ -42,9 +47,7 @@ from torch.distributed.checkpoint.state_dict import (  # noqa: E402
 )
 from torch.distributed.tensor import DTensor  # noqa: E402
 from verl.single_controller.base.decorator import Dispatch, register  # noqa: E402
-from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.workers.engine_workers_tinker import TinkerTrainingWorker  # noqa: E402
-from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding  # noqa: E402
 
 from trinity_like.errors import TrinityError  # noqa: E402
 from trinity_like.trainer import lora as lora_lib  # noqa: E402
@@ -55,13 +58,14 @@ from trinity_like.trainer.base import (  # noqa: E402
     check_no_legacy_optimizer,
     conform_param_groups,
     load_optimizer_state,
+    micro_batches,
     read_trainer_state,
     rng_state,
-    row_unit,
     save_optimizer_state,
     set_rng_state,
     write_trainer_state,
 )
+from trinity_like.trainer.forward import as_forward, model_outputs  # noqa: E402
 from trinity_like.trainer.lora import LoraParams  # noqa: E402
 from trinity_like.trainer.params import AdamStep  # noqa: E402
 
@@ -91,90 +95,16 @@ def skip_verl_trl_patch_without_value_head() -> None:
 skip_verl_trl_patch_without_value_head()
 
 MODEL_WEIGHTS = "model*.safetensors"  # a Hugging Face folder's weight files (one, or shards)
-SCALARS_KEY = "trinity_scalars"  # the batch's 0-dim fields (JSON), carried as non-tensor data
-KIND_KEY = "trinity_kind"  # ModelParams.kind: "lm", "value" or "reward"
-
-
-def largest_divisor_at_most(n: int, cap: int, unit: int = 1) -> int:
-    """The largest multiple d of ``unit`` with d <= cap (or d = unit) dividing n: verl's
-    micro-batches must split a rank's rows exactly, and only between whole examples."""
-    return max(d for d in range(unit, max(min(n, cap), unit) + 1, unit) if n % d == 0)
-
-
-def to_verl(batch: Mapping[str, torch.Tensor], micro_batch_size: int, need_entropy: bool, kind: str) -> TensorDict:
-    """Our padded batch -> verl's padding-free TensorDict (``left_right_2_no_padding``, as its trainer does).
-
-    ``prompts``/``responses`` are added because verl's ``no_padding_2_padding`` reads the
-    prompt and response lengths from them; 0-dim fields (the global normalisers) travel as
-    non-tensor data, since a TensorDict is split along the batch dimension.
-    """
-    rows = batch["input_ids"].shape[0]
-    response_len = batch["response_mask"].shape[1]
-    tensors = {k: v for k, v in batch.items() if v.dim() > 0}
-    tensors["prompts"] = batch["input_ids"][:, :-response_len]
-    tensors["responses"] = batch["input_ids"][:, -response_len:]
-    td = TensorDict(tensors, batch_size=[rows])
-    td = left_right_2_no_padding(td)
-    scalars = {k: float(v) for k, v in batch.items() if v.dim() == 0}
-    tu.assign_non_tensor(
-        td,
-        temperature=1.0,
-        calculate_entropy=need_entropy,
-        use_dynamic_bsz=False,
-        use_remove_padding=False,
-        micro_batch_size_per_gpu=largest_divisor_at_most(rows, micro_batch_size, row_unit(batch)),
-        **{SCALARS_KEY: json.dumps(scalars), KIND_KEY: kind},
-    )
-    return td
-
-
-def from_verl(data: TensorDict) -> dict[str, torch.Tensor]:
-    """One micro-batch of verl's TensorDict -> our padded batch (dense fields, normalisers)."""
-    batch = {k: v for k, v in data.items() if isinstance(v, torch.Tensor) and not v.is_nested}
-    for key, value in json.loads(tu.get_non_tensor_data(data, SCALARS_KEY, "{}")).items():
-        batch[key] = torch.tensor(value)
-    return batch
-
-
-def last_token_values(values: torch.Tensor) -> torch.Tensor:
-    """``scores [B]``: each sequence's value at its last token (padding-free nested layout)."""
-    return values.values()[values.offsets()[1:] - 1]
-
-
-def model_outputs_to_padded(model_output: Mapping[str, torch.Tensor], data: TensorDict) -> dict[str, torch.Tensor]:
-    """verl's padding-free ``log_probs``/``entropy``/``values`` -> our ``[B, R]`` (or ``scores [B]``)."""
-    if tu.get_non_tensor_data(data, KIND_KEY, "lm") == "reward":
-        return {"scores": last_token_values(model_output["values"])}
-    names = {"log_probs": "logprob", "entropy": "entropy", "values": "values"}
-    return {ours: no_padding_2_padding(model_output[k], data) for k, ours in names.items() if k in model_output}
-
-
-class VerlLossAdapter:
-    """Wraps our ``(outputs, batch) -> (loss, metrics)`` as verl's ``(model_output, data, dp_group)``.
-
-    Gradient scaling: our callable returns the micro-batch's share of the full-batch loss
-    (it divides by the global ``num_tokens``/``num_seqs``). FSDP averages gradients over the
-    ``dp_size`` data-parallel ranks, so the share is multiplied by ``dp_size``: the mean over
-    ranks of ``dp_size * sum(shares on the rank)`` is the sum of all shares, the full-batch
-    loss. (verl's own ``ppo_loss`` scales by ``dp_size`` for the same reason.)
-    """
-
-    def __init__(self, loss_fn: LossCallable) -> None:
-        self.loss_fn = loss_fn
-
-    def __call__(self, model_output: Mapping[str, torch.Tensor], data: TensorDict, dp_group: Any = None):
-        loss, metrics = self.loss_fn(model_outputs_to_padded(model_output, data), from_verl(data))
-        return loss * data["dp_size"], dict(metrics)
-
 
 class TrinityVerlWorker(TinkerTrainingWorker):
     """verl's FSDP training worker, started on gloo when there is no GPU, with our entry points."""
 
-    def __init__(self, config: Any, kind: str, lora: LoraParams | None = None) -> None:
+    def __init__(self, config: Any, kind: str, lora: LoraParams | None = None, share_prompts: bool = True) -> None:
         from trinity_like.plugins import load_plugins
 
         self.kind = kind
         self.lora = lora  # the adapter verl's peft model trains (config.model_config's lora_rank > 0), else None
+        self.share_prompts = share_prompts  # each distinct prompt once per micro-batch (trainer/forward.py)
         load_plugins()  # loss callables resolve registered components by name in this process
         if verl_cpu.requested() and not dist.is_initialized():
             # verl would start "cpu:gloo,cpu:gloo"; a plain gloo group is what FSDP2 needs here.
@@ -186,22 +116,61 @@ class TrinityVerlWorker(TinkerTrainingWorker):
         super().__init__(config)
 
     # -- training ------------------------------------------------------------------
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def set_loss_fn(self, loss_fn: LossCallable) -> None:
+        """The loss callable (:mod:`~trinity_like.trainer.base`) the next forward/backward calls run."""
+        self.loss_fn = loss_fn
+
+    def _run(self, batch: dict[str, torch.Tensor], need_entropy: bool, *, train: bool,
+             keep_outputs: bool) -> dict[str, Any]:
+        """Our forward (:mod:`~trinity_like.trainer.forward`) over this rank's rows, micro-batch
+        by micro-batch, run as the FSDP root module's forward so that FSDP unshards, reshards
+        and reduces gradients around it as around verl's own; with ``train``, each
+        micro-batch's loss is backpropagated (gradients synchronised after the last one).
+
+        Gradient scaling: the loss callable returns the micro-batch's share of the full-batch
+        loss (it divides by the global ``num_tokens``/``num_seqs``) and FSDP averages gradients
+        over the ``dp`` ranks, so the share is multiplied by ``dp``: the mean over ranks of
+        ``dp * sum(shares on the rank)`` is the full-batch loss (verl's ``ppo_loss`` does the same).
+        """
+        engine, root = self.engine, self.engine.module
+        model = root.get_base_model() if self.lora is not None else root  # the transformers model
+        dtype = getattr(engine, "_autocast_dtype", torch.float32)
+        autocast = nullcontext() if dtype == torch.float32 else torch.autocast(device_type="cpu" if verl_cpu.requested()
+                                                                                 else "cuda", dtype=dtype)
+        device = next(root.parameters()).device
+        parts = micro_batches(batch, self.engine_config.micro_batch_size_per_gpu)
+        dp, stats, losses, metrics, kept = dist.get_world_size(), {}, [], {}, []
+        for i, mb in enumerate(parts):
+            mb = {k: v.to(device) for k, v in mb.items()}
+            last = i == len(parts) - 1
+            sync = engine._gradient_sync_context(is_last_micro_batch=last) if train else nullcontext()
+            with sync, autocast, as_forward(root, partial(model_outputs, model, mb, self.kind, need_entropy=need_entropy,
+                                                          share_prompts=self.share_prompts, stats=stats)):
+                outputs = root()
+                if train:
+                    loss, mb_metrics = self.loss_fn(outputs, mb)
+                    (loss * dp).backward()
+                    losses.append(float(loss.detach()) * dp)
+                    for k, v in mb_metrics.items():
+                        metrics.setdefault(k, []).append(v)
+            if keep_outputs:
+                kept.append({k: v.detach().float().cpu() for k, v in outputs.items()})
+        result = {"losses": losses, "metrics": metrics, "stats": stats}
+        if keep_outputs:
+            result["outputs"] = {k: torch.cat([part[k] for part in kept]) for k in kept[0]}
+        return result
+
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def trinity_forward_backward(self, batch: dict[str, torch.Tensor], need_entropy: bool,
                                  keep_outputs: bool = False) -> dict[str, Any]:
         """Forward/backward over this rank's rows; grads accumulate until ``trinity_optim_step``.
 
-        ``keep_outputs``: also return the padded model outputs the loss saw (``outputs``).
+        Returns each micro-batch's loss and metrics, the packing ``stats`` and, with
+        ``keep_outputs``, the outputs the loss saw (``outputs``, ``[rows, R]`` each).
         """
-        td = to_verl(batch, self.engine_config.micro_batch_size_per_gpu, need_entropy, self.kind)
-        tu.assign_non_tensor(td, return_model_output=keep_outputs)
         with self.engine.train_mode(zero_grad_on_exit=False):
-            out = self.engine.forward_backward_batch(td, loss_function=self.loss_fn, forward_only=False)
-        result = {"losses": list(out["loss"]), "metrics": dict(out["metrics"])}
-        if keep_outputs:
-            padded = model_outputs_to_padded(out["model_output"], td)
-            result["outputs"] = {k: v.detach().float().cpu() for k, v in padded.items()}
-        return result
+            return self._run(batch, need_entropy, train=True, keep_outputs=keep_outputs)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def trinity_optim_step(self, adam: AdamStep | None = None) -> dict[str, float]:
@@ -230,11 +199,9 @@ class TrinityVerlWorker(TinkerTrainingWorker):
     # -- inference -----------------------------------------------------------------
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def trinity_infer(self, batch: dict[str, torch.Tensor], need_entropy: bool) -> dict[str, torch.Tensor]:
-        """Forward only: our ``[B, R]`` outputs for this rank's rows."""
-        td = to_verl(batch, self.engine_config.infer_micro_batch_size_per_gpu, need_entropy, self.kind)
-        with self.engine.eval_mode():
-            out = self.engine.infer_batch(td, loss_function=None)
-        return {k: v.float().cpu() for k, v in model_outputs_to_padded(out["model_output"], td).items()}
+        """Forward only: our ``[B, R]`` outputs (``scores [B]`` for a reward model) for this rank's rows."""
+        with self.engine.eval_mode(), torch.no_grad():
+            return self._run(batch, need_entropy, train=False, keep_outputs=True)["outputs"]
 
     # -- weights and checkpoints ---------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
