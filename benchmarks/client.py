@@ -42,6 +42,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
+from common import matmul_peak_gflops  # noqa: E402
 
 import trinity_like.client as tinker  # noqa: E402
 from trinity_like.components import ComponentSpec, build_params  # noqa: E402
@@ -59,17 +60,6 @@ from trinity_like.trainer.params import ModelParams, OptimParams  # noqa: E402
 
 types = tinker.types
 OUT = Path(__file__).parent / "results"
-
-
-def matmul_peak_gflops(size: int = 1024, reps: int = 5) -> float:
-    """The machine's fp32 matmul rate now (best of ``reps``), the ceiling for dense model work."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best / 1e9
 
 
 def sample_batch(model, tokenizer, args) -> tuple[list[list[int]], list[list], list[str]]:

@@ -1,0 +1,123 @@
+"""Helpers the benchmarks share: the machine's matmul peak, the commit, a process group's memory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def matmul_peak_gflops(size: int = 1024, reps: int = 5) -> float:
+    """The machine's fp32 matmul rate now (best of ``reps``), the ceiling for dense model work."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
+
+
+def git_commit() -> str:
+    """The short commit of the checkout, ``+dirty`` when tracked files differ from it."""
+    out = subprocess.run(["git", "describe", "--always", "--dirty=+dirty", "--abbrev=7"], cwd=ROOT,
+                         capture_output=True, text=True, check=False)
+    return out.stdout.strip() or "unknown"
+
+
+class PeakMemory:
+    """Peak memory of one process and everything it starts, sampled in a thread.
+
+    Members: the process's descendants, plus every process whose environment carries this
+    sampler's tag (``env`` holds it: give it to the process started). Ray's workers are
+    children of the raylet, not of the driver, and Ray may reparent them; they inherit the
+    raylet's environment, which is the driver's, so the tag finds them wherever they hang.
+    New ``ray::`` processes that carry no tag are counted apart (``untagged_ray``): another
+    user's Ray on a shared machine, or a worker this sampler missed.
+
+    Reported: the peak over samples of the summed RSS (shared pages, libraries and Ray's
+    object store, counted once per process that maps them) and of the summed PSS (each
+    shared page split between the processes that map it: what the group costs the machine).
+    """
+
+    VAR = "BENCH_PEAK_MEMORY_TAG"
+
+    def __init__(self, interval_s: float = 0.25) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self.tag = uuid.uuid4().hex
+        self.env = {**os.environ, self.VAR: self.tag}
+        self.interval_s = interval_s
+        self.peak_rss = self.peak_pss = 0
+        self.max_processes = 0
+        self.untagged_ray: set[int] = set()
+        self._seen: dict[tuple[int, float], bool] = {}  # (pid, start time) -> member
+        self._before = {p.pid for p in psutil.process_iter() if self._is_ray(p)}
+        self._root: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self, pid: int) -> None:
+        self._root = pid
+        self._thread.start()
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        return {"peak_rss_gb": self.peak_rss / 1e9, "peak_pss_gb": self.peak_pss / 1e9,
+                "max_processes": self.max_processes, "untagged_new_ray_processes": len(self.untagged_ray)}
+
+    def members(self) -> list:
+        """The processes of the group now (the root, its descendants, tagged processes)."""
+        psutil = self._psutil
+        found = {}
+        try:
+            root = psutil.Process(self._root)
+            found[root.pid] = root
+            found.update((p.pid, p) for p in root.children(recursive=True))
+        except psutil.Error:
+            pass
+        for proc in psutil.process_iter():
+            if proc.pid in found:
+                continue
+            try:
+                key = (proc.pid, proc.create_time())
+                if key not in self._seen:
+                    self._seen[key] = proc.environ().get(self.VAR) == self.tag
+                    if not self._seen[key] and proc.pid not in self._before and self._is_ray(proc):
+                        self.untagged_ray.add(proc.pid)
+            except psutil.Error:
+                continue
+            if self._seen[key]:
+                found[proc.pid] = proc
+        return list(found.values())
+
+    def _run(self) -> None:
+        psutil = self._psutil
+        while not self._stop.is_set():
+            rss = pss = 0
+            procs = self.members()
+            for proc in procs:
+                try:
+                    mem = proc.memory_full_info()
+                except psutil.Error:
+                    continue
+                rss, pss = rss + mem.rss, pss + mem.pss
+            self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
+            self.max_processes = max(self.max_processes, len(procs))
+            self._stop.wait(self.interval_s)
+
+    def _is_ray(self, proc) -> bool:
+        try:
+            cmd = proc.cmdline()
+        except self._psutil.Error:  # vanished, or not ours to read
+            return False
+        return bool(cmd) and cmd[0].startswith("ray::")
