@@ -90,10 +90,11 @@ def test_gpu_workers_on_a_machine_without_gpus_fail_before_anything_is_written(t
 
 @pytest.mark.parametrize(("override", "message"), [
     ("model.dtype=float16", "model.dtype: Input should be 'float32' or 'bfloat16'"),
-    ("cluster.num_gpus=1", "cluster: Value error, num_gpus must be 0 (CPU workers) or trainer_workers (2)"),
+    ("cluster.trainer_workers=2 cluster.num_gpus=1",
+     "cluster: Value error, num_gpus must be 0 (CPU workers) or trainer_workers (2)"),
     ("cluster.nnodes=2", "cluster.nnodes: unknown key"),
     ("explorer.engine=hf", "explorer.engine: unknown key"),
 ])
 def test_values_the_engines_cannot_honour_are_rejected_by_the_schema(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
-        load_plan(REPO / "examples" / "grpo_arith.yaml", [override])
+        load_plan(REPO / "examples" / "grpo_arith.yaml", override.split())

@@ -68,20 +68,26 @@ def loss_callable(name: str) -> AsHeads:
 def engine_batch(logprob_of, *, uniform: bool, seed: int = 5) -> dict[str, torch.Tensor]:
     """A batch with every field a loss may ask for, old/ref logprobs near the model's own.
 
-    ``uniform``: every response full length and every other row an expert row; else ragged
-    lengths and the last quarter of the rows expert rows (MIX's layout). Pairs (DPO, BT) are
+    ``uniform``: every prompt and response full length and every other row an expert row; else ragged
+    lengths and the last quarter of the rows expert rows (MIX's layout), the longest. Pairs (DPO, BT) are
     rows 2i, 2i + 1 either way, and every micro-batch size used here is even.
     """
     batch = make_batch(VOCAB, B, P, R, seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
     if uniform:
-        batch["attention_mask"][:, P:] = 1
-        batch["input_ids"][:, P:] = torch.randint(3, VOCAB, (B, R), generator=g)
+        batch["attention_mask"][:] = 1  # rows of one length: the engines' length order keeps them in place
+        batch["input_ids"][:] = torch.randint(3, VOCAB, (B, P + R), generator=g)
         batch["position_ids"] = (batch["attention_mask"].cumsum(1) - 1).clamp(min=0)
         batch["response_mask"] = torch.ones(B, R)
         batch["is_expert"] = torch.arange(B) % 2 == 1
     else:
         batch["is_expert"] = torch.arange(B) >= B * 3 // 4
+        # the expert rows are the longest (the engines' length order keeps them in one
+        # micro-batch of four), every other row is shorter
+        batch["attention_mask"][B * 3 // 4:] = 1
+        batch["attention_mask"][: B * 3 // 4, -1] = 0
+        batch["response_mask"] = batch["response_mask"] * batch["attention_mask"][:, P:]
+        batch["position_ids"] = (batch["attention_mask"].cumsum(1) - 1).clamp(min=0)
     lp = logprob_of(batch)
     batch["old_logprob"] = lp + 0.2 * torch.randn(B, R, generator=g)  # ratios near 1: some clipped, some not
     batch["ref_logprob"] = lp + 0.2 * torch.randn(B, R, generator=g)
@@ -90,6 +96,7 @@ def engine_batch(logprob_of, *, uniform: bool, seed: int = 5) -> dict[str, torch
     batch["rewards"] = torch.randint(0, 2, (B,), generator=g).float()
     batch["group_index"] = torch.arange(B) // 4
     batch.update(normalizers(batch["response_mask"], batch["is_expert"]))  # as the pipeline does
+    batch["rows_per_example"] = torch.tensor(2)  # pairs move together (the pipeline marks pair batches so)
     return batch
 
 

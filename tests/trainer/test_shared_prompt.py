@@ -7,7 +7,15 @@ import pytest
 import torch
 
 from trinity_like.models.tiny import build_tiny_model
-from trinity_like.trainer.forward import head_outputs, model_outputs, pack, padded_outputs
+from trinity_like.trainer.base import micro_batches
+from trinity_like.trainer.forward import (
+    head_outputs,
+    length_order,
+    model_outputs,
+    pack,
+    padded_outputs,
+    sorted_micro_batches,
+)
 from trinity_like.trainer.local_engine import LocalEngine
 from trinity_like.trainer.params import ModelParams, OptimParams
 
@@ -222,3 +230,23 @@ def test_smollm2_shared_forward_matches_padded():
                  "model.layers.29.mlp.down_proj.weight", "model.norm.weight"):
         scale = ref_grads[name].abs().max()
         assert (got[name] - ref_grads[name]).abs().max() <= 1e-4 * scale, name
+
+
+def test_length_order_keeps_groups_and_pairs_and_cuts_padding():
+    """Rows of a prompt stay together, pairs stay whole, and micro-batches cut from the sorted
+    rows pack with less padding than from the batch's own order; outputs come back in order."""
+    batch = grouped_batch(400, [2, 2, 2, 2, 2, 2], prompt_len=12, response_len=10, seed=6)
+    batch["attention_mask"][:] = 1  # every prompt 12 tokens, every response 10 ...
+    batch["attention_mask"][[2, 3, 6, 7, 10, 11], 14:] = 0  # ... but three short groups between long ones
+    batch["position_ids"] = (batch["attention_mask"].cumsum(1) - 1).clamp(min=0)
+    batch["response_mask"] = batch["attention_mask"][:, 12:].float()
+    order = length_order(batch, unit=2)
+    assert sorted(order.tolist()) == list(range(12))
+    pairs = order.view(-1, 2)
+    assert (pairs[:, 1] == pairs[:, 0] + 1).all() and (pairs[:, 0] % 2 == 0).all()
+    batch["rows_per_example"] = torch.tensor(2)
+    parts, restore = sorted_micro_batches(batch, 4)
+    padding = lambda mbs: sum(pack(mb).segment.numel() - pack(mb).tokens for mb in mbs)  # noqa: E731
+    assert padding(micro_batches(batch, 4)) == 3 * 16 and padding(parts) == 16
+    ids = torch.cat([mb["input_ids"] for mb in parts])[restore]
+    assert torch.equal(ids, batch["input_ids"])

@@ -70,7 +70,7 @@ def describe_plan(plan: RunPlan) -> str:
             lines.append(f"  synchronizer: {c.sync_method()} every {c.synchronizer.interval} step(s), offset {c.synchronizer.offset}")
         t, o = c.trainer, c.trainer.optimizer
         lines.append(
-            f"  trainer: {t.engine} ({c.cluster.trainer_workers} workers)" if t.engine == "verl" else f"  trainer: {t.engine}"
+            f"  trainer: {t.engine} ({c.cluster.workers} workers)" if t.engine == "verl" else f"  trainer: {t.engine}"
         )
         lines.append(
             f"    {t.total_steps} steps, micro batch {t.micro_batch_size}, AdamW lr={o.lr} wd={o.weight_decay} "

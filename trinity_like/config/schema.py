@@ -159,14 +159,23 @@ class ClusterConfig(Section):
     ray_address: str | None = None  # existing Ray cluster ("ray://host:10001" or "auto"); None: start locally
     num_cpus: PosInt | None = None  # CPUs for a locally started Ray; None: all
     num_gpus: NonNegInt = 0  # GPUs of the `verl` engine's workers, one each (0 or trainer_workers); 0: CPU workers over gloo
-    trainer_workers: PosInt = 2  # FSDP world size of the `verl` engine (Ray places the workers on the cluster's nodes)
+    trainer_workers: PosInt | None = None  # FSDP world size of the `verl` engine; None: num_gpus on GPUs, 1 on CPU (see `workers`)
 
     @model_validator(mode="after")
     def _one_gpu_per_worker(self) -> ClusterConfig:
-        if self.num_gpus not in (0, self.trainer_workers):
+        if self.trainer_workers is not None and self.num_gpus not in (0, self.trainer_workers):
             raise ValueError(f"num_gpus must be 0 (CPU workers) or trainer_workers ({self.trainer_workers}): "
                              f"each verl worker takes one GPU (got {self.num_gpus})")
         return self
+
+    @property
+    def workers(self) -> int:
+        """The `verl` engine's FSDP world size: ``trainer_workers`` when set, else one per GPU, and
+        on CPU one worker with every core (measured fastest on CPU: two gloo ranks spend the
+        step gathering parameters and reducing gradients over loopback; benchmarks/RESULTS.md)."""
+        if self.trainer_workers is not None:
+            return self.trainer_workers
+        return self.num_gpus if self.num_gpus > 0 else 1
 
 
 class AlgorithmConfig(Section):

@@ -28,6 +28,7 @@ from trinity_like.config.schema import Config
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Task
 from trinity_like.plugins import load_plugins, ray_runtime_env
+from trinity_like.trainer.base import shareable_state, state_from_shared
 
 if TYPE_CHECKING:
     import torch
@@ -92,7 +93,7 @@ class Explorer(Protocol):
 def _state_dict(weights: Weights) -> tuple[dict, bool]:
     """A state dict from any :data:`Weights`, and whether it is a full one (a folder may omit tied weights)."""
     if isinstance(weights, ray.ObjectRef):
-        return ray.get(weights), True
+        return state_from_shared(ray.get(weights)), True
     if isinstance(weights, (str, Path)):
         from safetensors.torch import load_file
 
@@ -103,7 +104,7 @@ def _state_dict(weights: Weights) -> tuple[dict, bool]:
         for f in files:
             state.update(load_file(str(f)))
         return state, False
-    return weights, True
+    return state_from_shared(weights), True  # Ray hands an actor its arguments' values: arrays, here
 
 
 class ExplorerWorker:
@@ -181,7 +182,7 @@ class RemoteExplorer:
     def receive_weights(self, weights: Weights, version: int) -> None:
         """A state dict goes to the object store once (shared by reference with any retry)."""
         if isinstance(weights, dict):
-            weights = ray.put(weights)
+            weights = ray.put(shareable_state(weights))
         self._weights = (weights, version)
         self._call("receive_weights", weights, version)
 

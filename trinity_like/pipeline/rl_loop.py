@@ -251,6 +251,7 @@ def end_step(stage: Stage, step: int, timer: PhaseTimer, t0: float, metrics: dic
         with timer("checkpoint"):
             stage.checkpoint(step)
     metrics.update(timer.metrics())
+    metrics.update(stage.memory())
     metrics["time/step"] = time.perf_counter() - t0
     tokens = float(batch["attention_mask"].sum()) if batch is not None else 0.0
     metrics["throughput/tokens_per_s"] = tokens / max(metrics["time/step"], 1e-9)

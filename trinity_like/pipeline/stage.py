@@ -20,12 +20,14 @@ The :class:`Stage` then offers the loop its few verbs: ``explore``, ``evaluate``
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import psutil
 import torch
 
 from trinity_like.buffer.base import ExperienceSource, SampleStrategy
@@ -195,6 +197,19 @@ class Stage:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.logger.log(step, metrics)
 
+    def memory(self) -> dict[str, float]:
+        """Resident memory (GB) of this process, the verl workers of every engine and the
+        explorer actor, and their total (``memory/*``); processes on other nodes are left out."""
+        gb = 1024**3
+        out = {"memory/driver_gb": resident_bytes([os.getpid()]) / gb}
+        pids = [pid for engine in (self.actor, self.reference, self.critic) for pid in getattr(engine, "pids", [])]
+        if pids:
+            out["memory/trainer_workers_gb"] = resident_bytes(pids) / gb
+        if isinstance(self.explorer, RemoteExplorer):
+            out["memory/explorer_gb"] = resident_bytes([self.explorer.pid()]) / gb
+        out["memory/total_gb"] = sum(out.values())
+        return out
+
     def close(self) -> None:
         for engine in (self.actor, self.reference, self.critic):
             if engine is not None:
@@ -208,6 +223,17 @@ class Stage:
         if self.storage is not None:
             self.storage.close()
         self.logger.close()
+
+
+def resident_bytes(pids: list[int]) -> int:
+    """Resident set size summed over the processes ``pids`` of this machine (gone or foreign ones: 0)."""
+    total = 0
+    for pid in pids:
+        try:
+            total += psutil.Process(pid).memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return total
 
 
 # -- building a stage --------------------------------------------------------------------
@@ -239,7 +265,7 @@ def start_ray_for(spec: ResolvedStage, engines: int) -> bool:
     if not uses_ray(spec) or ray.is_initialized():
         return False
     cfg = spec.config
-    needed = cfg.cluster.trainer_workers * engines if cfg.trainer.engine == "verl" else 0
+    needed = cfg.cluster.workers * engines if cfg.trainer.engine == "verl" else 0
     num_cpus = cfg.cluster.num_cpus or max(os.cpu_count() or 1, needed)
     started = start_ray(dataclasses.replace(verl_params(cfg), num_cpus=num_cpus))
     gpus = ray.cluster_resources().get("GPU", 0.0)

@@ -102,6 +102,26 @@ class TrainEngine(Protocol):
         """Release workers and memory."""
 
 
+def shareable_state(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """A state dict to put in Ray's object store: tensors as NumPy arrays where NumPy has their
+    dtype. Ray keeps NumPy arrays out of band, so a reader on the same node maps them from
+    shared memory with no copy and no unpickling (torch tensors are pickled byte by byte: a
+    135M model took ~1 s to put and get, ~0.1 s as arrays). bf16 stays a tensor."""
+    return {k: v.numpy() if v.dtype != torch.bfloat16 else v for k, v in state.items()}
+
+
+def state_from_shared(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """The tensors of a :func:`shareable_state` (views of the object store's read-only memory:
+    copy them into a model, never write to them)."""
+    import warnings
+
+    import numpy as np
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in state.items()}
+
+
 def with_normalisers(batch: Batch) -> Batch:
     """``batch`` plus the global normalisers ``num_tokens`` and ``num_seqs`` (0-dim float tensors).
 
@@ -132,7 +152,9 @@ TARGET_IDS = "target_ids"  # optional batch field [B, R]: the tokens to score, w
 
 # A 0-dim batch field: how many consecutive rows form one example that a loss reads
 # together (2 for preference pairs: chosen, rejected). Engines split batches only at
-# multiples of it -- into micro-batches and into data-parallel shards.
+# multiples of it -- into micro-batches and into data-parallel shards -- and reorder rows
+# only in whole examples (a loss callable sees a micro-batch's rows in an order of the
+# engine's choosing, trainer/forward.length_order; the outputs come back in batch order).
 ROWS_PER_EXAMPLE = "rows_per_example"
 
 

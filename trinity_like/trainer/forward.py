@@ -39,7 +39,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from trinity_like.trainer.base import TARGET_IDS, Batch
+from trinity_like.trainer.base import TARGET_IDS, Batch, micro_batches, row_unit
 
 HEAD_CHUNK = 1024  # scored positions per head chunk: [1024, 49152] fp32 logits are 200 MB
 PACKING_KERNELS = ("sdpa", "eager")  # attention kernels that take a custom 4-D mask
@@ -137,6 +137,36 @@ def pack(batch: Batch, *, share_prompts: bool = True) -> Packing | None:
             source[b, response_cols] = base + before
         last[b] = base + (offset + count - 1 if count else prompt_count - 1)
     return Packing(input_ids=ids, position_ids=pos, segment=seg, source=source, last=last)
+
+
+def length_order(batch: Batch, *, share_prompts: bool = True, unit: int = 1) -> torch.Tensor:
+    """A row order (a permutation ``[B]``) that keeps each prompt's rows together and puts
+    prompts whose packed sequences are about as long next to each other, longest first:
+    micro-batches cut from it pack with little padding. Rows move in whole examples of
+    ``unit`` rows (preference pairs), placed by their first row's prompt. The order changes
+    nothing but floating-point order: losses divide by whole-batch normalisers."""
+    input_ids, attention = batch["input_ids"], batch["attention_mask"].bool()
+    prompt_len = input_ids.shape[1] - batch["response_mask"].shape[1]
+    keys, length, first_seen = [], {}, {}
+    for b in range(input_ids.shape[0]):
+        prompt = input_ids[b, :prompt_len][attention[b, :prompt_len]]
+        key = tuple(prompt.tolist()) if share_prompts else b
+        keys.append(key)
+        first_seen.setdefault(key, b)
+        length[key] = length.get(key, prompt.numel()) + int(attention[b, prompt_len:].sum())
+    units = range(0, input_ids.shape[0], unit)
+    ordered = sorted(units, key=lambda u: (-length[keys[u]], first_seen[keys[u]], u))
+    return torch.tensor([u + i for u in ordered for i in range(unit)])
+
+
+def sorted_micro_batches(batch: Batch, micro_batch_size: int, *,
+                         share_prompts: bool = True) -> tuple[list[Batch], torch.Tensor]:
+    """``batch``'s micro-batches (:func:`~trinity_like.trainer.base.micro_batches`) cut from its
+    rows in :func:`length_order`, and the permutation that puts the rows of their concatenated
+    outputs back in the batch's order."""
+    order = length_order(batch, share_prompts=share_prompts, unit=row_unit(batch))
+    rows = {k: (v if v.dim() == 0 else v[order]) for k, v in batch.items()}
+    return micro_batches(rows, micro_batch_size), torch.argsort(order)
 
 
 def head_outputs(hidden_MH: torch.Tensor, head: nn.Module, targets_M: torch.Tensor,

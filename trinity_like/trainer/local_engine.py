@@ -54,7 +54,6 @@ from trinity_like.trainer.base import (
     conform_param_groups,
     load_optimizer_state,
     mean_metrics,
-    micro_batches,
     read_trainer_state,
     rng_state,
     save_optimizer_state,
@@ -62,7 +61,7 @@ from trinity_like.trainer.base import (
     with_normalisers,
     write_trainer_state,
 )
-from trinity_like.trainer.forward import model_outputs, packing_metrics
+from trinity_like.trainer.forward import model_outputs, packing_metrics, sorted_micro_batches
 from trinity_like.trainer.params import AdamStep, ModelParams, OptimParams, lr_factor
 
 # Optimiser state keyed by parameter name, unsharded: the format both engines write, so a
@@ -141,7 +140,8 @@ class LocalEngine:
         self.model.train()
         batch = with_normalisers(batch)
         per_micro, total, kept, stats = [], 0.0, [], {}
-        for mb in micro_batches(batch, self.params.micro_batch_size):
+        parts, restore = sorted_micro_batches(batch, self.params.micro_batch_size, share_prompts=self.params.share_prompts)
+        for mb in parts:
             outputs = self._forward(mb, need_entropy, stats)
             loss, metrics = loss_fn(outputs, mb)
             loss.backward()
@@ -150,7 +150,7 @@ class LocalEngine:
             if out is not None:
                 kept.append({k: v.detach() for k, v in outputs.items()})
         if out is not None:
-            out.update({k: torch.cat([part[k] for part in kept]) for k in kept[0]})
+            out.update({k: torch.cat([part[k] for part in kept])[restore] for k in kept[0]})
         return {**mean_metrics(per_micro), **packing_metrics(stats), "loss": total}
 
     def optim_step(self, adam: AdamStep | None = None) -> dict[str, float]:
@@ -190,9 +190,10 @@ class LocalEngine:
         """
         was_training = self.model.training
         self.model.eval()
-        parts = [self._forward(mb, need_entropy) for mb in micro_batches(batch, self.params.micro_batch_size)]
+        parts, restore = sorted_micro_batches(batch, self.params.micro_batch_size, share_prompts=self.params.share_prompts)
+        outputs = [self._forward(mb, need_entropy) for mb in parts]
         self.model.train(was_training)
-        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        return {k: torch.cat([o[k] for o in outputs])[restore] for k in outputs[0]}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Full weights on CPU under the base model's Hugging Face names; with LoRA, merged

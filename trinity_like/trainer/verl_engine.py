@@ -53,7 +53,7 @@ from trinity_like.trainer.params import AdamStep, ModelParams, OptimParams
 class VerlParams:
     """Where and how wide the verl workers run (``cluster`` of a recipe: :func:`verl_params`)."""
 
-    num_workers: int = _default(ClusterConfig, "trainer_workers")  # data-parallel FSDP ranks (one Ray actor each)
+    num_workers: int = 1  # data-parallel FSDP ranks (one Ray actor each); a recipe's: cluster.workers
     ray_address: str | None = _default(ClusterConfig, "ray_address")  # an existing Ray cluster; None starts one here
     num_cpus: int | None = _default(ClusterConfig, "num_cpus")  # CPUs for a locally started Ray; None: Ray counts them
     use_gpu: bool = False  # one GPU per worker (nccl); False: CPU workers (gloo)
@@ -70,7 +70,7 @@ class VerlParams:
 def verl_params(config: Config) -> VerlParams:
     """A recipe's ``cluster`` section as verl worker placement."""
     c = config.cluster
-    return VerlParams(num_workers=c.trainer_workers, ray_address=c.ray_address, num_cpus=c.num_cpus,
+    return VerlParams(num_workers=c.workers, ray_address=c.ray_address, num_cpus=c.num_cpus,
                       use_gpu=c.num_gpus > 0, seed=config.seed)
 
 
@@ -261,6 +261,7 @@ class VerlEngine:
         if model.adapter is not None:
             self.group.trinity_init_adapter()  # the local engine's seeded start, in place of verl's own draw
         self._loss_fn: LossCallable | None = None
+        self.pids = list(self.group.trinity_pid())  # the workers' processes (memory metrics)
 
     # -- the contract --------------------------------------------------------------
     def forward_backward(self, batch: Batch, loss_fn: LossCallable, *, need_entropy: bool = False,

@@ -58,14 +58,14 @@ from trinity_like.trainer.base import (  # noqa: E402
     check_no_legacy_optimizer,
     conform_param_groups,
     load_optimizer_state,
-    micro_batches,
     read_trainer_state,
     rng_state,
     save_optimizer_state,
     set_rng_state,
+    shareable_state,
     write_trainer_state,
 )
-from trinity_like.trainer.forward import as_forward, model_outputs  # noqa: E402
+from trinity_like.trainer.forward import as_forward, model_outputs, sorted_micro_batches  # noqa: E402
 from trinity_like.trainer.lora import LoraParams  # noqa: E402
 from trinity_like.trainer.params import AdamStep  # noqa: E402
 
@@ -139,7 +139,8 @@ class TrinityVerlWorker(TinkerTrainingWorker):
         autocast = nullcontext() if dtype == torch.float32 else torch.autocast(device_type="cpu" if verl_cpu.requested()
                                                                                  else "cuda", dtype=dtype)
         device = next(root.parameters()).device
-        parts = micro_batches(batch, self.engine_config.micro_batch_size_per_gpu)
+        parts, restore = sorted_micro_batches(batch, self.engine_config.micro_batch_size_per_gpu,
+                                              share_prompts=self.share_prompts)
         dp, stats, losses, metrics, kept = dist.get_world_size(), {}, [], {}, []
         for i, mb in enumerate(parts):
             mb = {k: v.to(device) for k, v in mb.items()}
@@ -158,7 +159,7 @@ class TrinityVerlWorker(TinkerTrainingWorker):
                 kept.append({k: v.detach().float().cpu() for k, v in outputs.items()})
         result = {"losses": losses, "metrics": metrics, "stats": stats}
         if keep_outputs:
-            result["outputs"] = {k: torch.cat([part[k] for part in kept]) for k in kept[0]}
+            result["outputs"] = {k: torch.cat([part[k] for part in kept])[restore] for k in kept[0]}
         return result
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
@@ -190,6 +191,11 @@ class TrinityVerlWorker(TinkerTrainingWorker):
                 self.engine.optimizer_config.clip_grad = clip
             self.engine.lr_scheduler_step()
         return {"grad_norm": float(grad_norm), "lr": float(lr)}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def trinity_pid(self) -> int:
+        """This worker's process id (the driver reads its resident memory)."""
+        return os.getpid()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def trinity_zero_grad(self) -> None:
@@ -254,7 +260,7 @@ class TrinityVerlWorker(TinkerTrainingWorker):
         import ray
 
         full = self._full_state(keep=self.rank == 0, skip_tied=True)
-        return [ray.put(full)] if self.rank == 0 else None
+        return [ray.put(shareable_state(full))] if self.rank == 0 else None
 
     def _trainable_names(self) -> set[str]:
         return {name for name, p in self.engine.module.named_parameters() if p.requires_grad}
