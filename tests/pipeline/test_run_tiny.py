@@ -18,8 +18,10 @@ def test_two_steps_log_metrics_and_checkpoint(tmp_path):
     trained = [r for r in rows if "time/rollout" in r]
     assert [r["step"] for r in trained] == [1, 2]
     for key in ("reward/mean", "reward/std", "response_length/mean", "staleness/mean", "time/update",
-                "time/sync", "throughput/tokens_per_s", "actor/grad_norm"):
+                "time/sync", "throughput/tokens_per_s", "actor/grad_norm", "perf/train_tokens",
+                "perf/padded_fraction", "memory/driver_gb", "memory/total_gb"):
         assert key in trained[-1], key
+    assert 0 < trained[-1]["memory/driver_gb"] <= trained[-1]["memory/total_gb"]
     assert "eval/accuracy" in rows[-1] and "eval/response_length" in rows[-1]
     assert (run_dir / "checkpoints" / "step_000002" / "manifest.json").exists()
     assert any((run_dir / "tensorboard").iterdir())

@@ -98,3 +98,17 @@ def test_gpu_workers_on_a_machine_without_gpus_fail_before_anything_is_written(t
 def test_values_the_engines_cannot_honour_are_rejected_by_the_schema(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_plan(REPO / "examples" / "grpo_arith.yaml", override.split())
+
+
+def test_memory_of_processes_is_counted_and_gone_ones_are_zero():
+    import os
+    import subprocess
+
+    from trinity_like.pipeline.stage import resident_bytes
+
+    here = resident_bytes([os.getpid()])
+    assert here > 10 * 1024**2  # this process holds torch
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert resident_bytes([gone.pid]) == 0
+    assert resident_bytes([os.getpid(), gone.pid]) == pytest.approx(here, rel=0.1)

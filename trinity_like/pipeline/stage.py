@@ -198,8 +198,8 @@ class Stage:
         self.logger.log(step, metrics)
 
     def memory(self) -> dict[str, float]:
-        """Resident memory (GB) of this process, the verl workers of every engine and the
-        explorer actor, and their total (``memory/*``); processes on other nodes are left out."""
+        """Memory (GB, :func:`resident_bytes`) of this process, the verl workers of every engine
+        and the explorer actor, and their total (``memory/*``); processes on other nodes are left out."""
         gb = 1024**3
         out = {"memory/driver_gb": resident_bytes([os.getpid()]) / gb}
         pids = [pid for engine in (self.actor, self.reference, self.critic) for pid in getattr(engine, "pids", [])]
@@ -226,11 +226,21 @@ class Stage:
 
 
 def resident_bytes(pids: list[int]) -> int:
-    """Resident set size summed over the processes ``pids`` of this machine (gone or foreign ones: 0)."""
+    """Memory the processes ``pids`` of this machine hold, summed (gone or foreign ones: 0).
+
+    Proportional set size where the OS reports it (Linux): a page shared by n processes
+    counts 1/n in each, so weights in Ray's shared-memory object store, mapped by the
+    trainer worker and the explorer alike, count once in the total. Elsewhere the resident
+    set size, which counts them in each process.
+    """
     total = 0
     for pid in pids:
         try:
-            total += psutil.Process(pid).memory_info().rss
+            process = psutil.Process(pid)
+            try:
+                total += process.memory_full_info().pss
+            except (AttributeError, psutil.AccessDenied):
+                total += process.memory_info().rss
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     return total
