@@ -17,8 +17,9 @@ computing the response logprobs:
 Every variant does the same work for the loss -- the same logprobs (checked to 1e-4) and
 the same gradient; what differs is how many tokens the backbone runs and how many the
 head scores. Rounds alternate the order; medians of forward + backward seconds are
-reported with the tokens each variant ran and its share of the machine's fp32 matmul
-peak (6 x parameters x positions actually run, padding included). Run::
+reported with the positions each variant ran and its share of the machine's fp32 matmul
+peak: 6 FLOPs per weight per position (forward 2, backward 4) over the positions run,
+padding included, the LM head's weights only over the positions it scores. Run::
 
     python benchmarks/train_pass.py --model tiny-random --reps 2                 # smoke
     python benchmarks/train_pass.py --model smollm2-135m-instruct --reps 5
@@ -148,11 +149,15 @@ def main(argv: list[str] | None = None) -> None:
             times[variant].append(time.perf_counter() - start)
     peak = matmul_peak_gflops()
     rows = {}
+    head = model.get_output_embeddings().weight.numel()  # tied to the input embedding, which costs no FLOPs
+    scored = int(batch["attention_mask"][:, -batch["response_mask"].shape[1]:].sum())
     for variant in VARIANTS:
         median = statistics.median(times[variant])
         tokens, padding = tokens_run(variant, batch, args.micro_batch)
+        head_positions = tokens if variant == "full-logits" else scored
+        flops = 6 * (params - head) * tokens + 6 * head * head_positions  # forward 2, backward 4 per weight
         rows[variant] = {"median_s": median, "tokens_run": tokens, "padded_fraction": padding,
-                         "peak_fraction": 6 * params * tokens / median / 1e9 / peak, "times": times[variant]}
+                         "gflop": flops / 1e9, "peak_fraction": flops / median / 1e9 / peak, "times": times[variant]}
     real = int(batch["attention_mask"].sum())
     meta = {"command": "python benchmarks/train_pass.py " + " ".join(argv if argv is not None else sys.argv[1:]),
             "commit": git_commit(), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -174,12 +179,12 @@ def markdown(rows: dict, meta: dict) -> str:
         f"tokens: {meta['rows']} rows, padded grid {meta['grid'][0]} x {meta['grid'][1]}, {meta['real_tokens']} real "
         f"tokens; micro-batch {meta['micro_batch']}, fp32, forward + backward, median of {meta['reps']} "
         f"(order alternating). Machine fp32 matmul peak: {meta['peak_gflops']:.1f} GFLOP/s.", "",
-        "| variant | seconds | vs full-logits | positions the backbone ran | of which padding | % of fp32 peak |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| variant | seconds | vs full-logits | positions the backbone ran | of which padding | GFLOP | % of fp32 peak |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for variant, r in rows.items():
         lines.append(f"| {variant} | {r['median_s']:.2f} | {base / r['median_s']:.2f}x | {r['tokens_run']} | "
-                     f"{r['padded_fraction']:.1%} | {r['peak_fraction']:.0%} |")
+                     f"{r['padded_fraction']:.1%} | {r['gflop']:.0f} | {r['peak_fraction']:.0%} |")
     return "\n".join(lines) + "\n"
 
 
