@@ -460,7 +460,7 @@ def summarise(rounds: list[dict[str, dict]], params: int, peak_gflops: float) ->
 
 OUR_PHASES = ("rollout", "buffer_write", "sample", "advantage", "reference", "old_logprob",
               "update", "update.forward_backward", "update.optim_step", "sync", "sync.gather", "sync.transfer")
-LABELS = {"trl": "TRL `GRPOTrainer` (`use_cpu=True`)", "verl": "ours, `verl` engine (2 FSDP workers), every group",
+LABELS = {"trl": "TRL `GRPOTrainer` (`use_cpu=True`)", "verl": "ours, `verl` engine (FSDP worker, the recipe default: 1 on CPU), every group",
           "local": "ours, `local` engine, every group", "verl-dyn": "ours, `verl`, dynamic sampling (recipe default)",
           "local-dyn": "ours, `local`, dynamic sampling (recipe default)"}
 
