@@ -39,6 +39,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from trinity_like.ops import last_token_index
 from trinity_like.trainer.base import TARGET_IDS, Batch, micro_batches, row_unit
 
 HEAD_CHUNK = 1024  # scored positions per head chunk: [1024, 49152] fp32 logits are 200 MB
@@ -67,11 +68,6 @@ class Packing:
         """Real tokens the model runs over (prompts counted once)."""
         return int((self.segment >= 0).sum())
 
-    @property
-    def padded_fraction(self) -> float:
-        """The share of the packed ``[N, L]`` grid that is padding."""
-        return 1.0 - self.tokens / max(1, self.segment.numel())
-
     def attention_mask(self, dtype: torch.dtype, kernel: str) -> torch.Tensor:
         """``[N, 1, L, L]``: query i sees key k when k <= i and k is in the prompt or in i's own
         response; a padding position sees itself (no empty softmax row). Boolean for
@@ -98,7 +94,7 @@ def pack(batch: Batch, *, share_prompts: bool = True) -> Packing | None:
     prompt_len = width - response_len
     sequences: list[dict] = []
     by_prompt: dict[tuple[int, ...] | int, int] = {}
-    placed = []  # per row: (sequence, offset of its response, response length, prompt length)
+    placed = []  # per row: (sequence, offset of its response, response length, prompt length, response columns)
     for b in range(rows):
         prompt_cols = attention[b, :prompt_len].nonzero().squeeze(-1)
         if prompt_cols.numel() == 0:
@@ -122,17 +118,17 @@ def pack(batch: Batch, *, share_prompts: bool = True) -> Packing | None:
     n = len(sequences)
     ids = input_ids.new_zeros(n, length)
     pos = positions.new_zeros(n, length)
-    seg = torch.full((n, length), -1, dtype=torch.long)
+    seg = torch.full((n, length), -1, dtype=torch.long, device=input_ids.device)
     for i, s in enumerate(sequences):
         k = s["length"]
         ids[i, :k], pos[i, :k], seg[i, :k] = torch.cat(s["ids"]), torch.cat(s["pos"]), torch.cat(s["seg"])
-    source = torch.full((rows, response_len), -1, dtype=torch.long)
-    last = torch.empty(rows, dtype=torch.long)
+    source = torch.full((rows, response_len), -1, dtype=torch.long, device=input_ids.device)
+    last = torch.empty(rows, dtype=torch.long, device=input_ids.device)
     for b, (i, offset, count, prompt_count, response_cols) in enumerate(placed):
         base = i * length
         if count:
             # response token t is predicted by the token before it: the prompt's last for t = 0
-            before = torch.arange(offset - 1, offset + count - 1)
+            before = torch.arange(offset - 1, offset + count - 1, device=input_ids.device)
             before[0] = prompt_count - 1
             source[b, response_cols] = base + before
         last[b] = base + (offset + count - 1 if count else prompt_count - 1)
@@ -156,7 +152,7 @@ def length_order(batch: Batch, *, share_prompts: bool = True, unit: int = 1) -> 
         length[key] = length.get(key, prompt.numel()) + int(attention[b, prompt_len:].sum())
     units = range(0, input_ids.shape[0], unit)
     ordered = sorted(units, key=lambda u: (-length[keys[u]], first_seen[keys[u]], u))
-    return torch.tensor([u + i for u in ordered for i in range(unit)])
+    return torch.tensor([u + i for u in ordered for i in range(unit)], device=input_ids.device)
 
 
 def sorted_micro_batches(batch: Batch, micro_batch_size: int, *,
@@ -269,8 +265,7 @@ def padded_outputs(model: nn.Module, batch: Batch, kind: str, need_entropy: bool
         stats["tokens"] = stats.get("tokens", 0) + int(attention.sum())
         stats["grid"] = stats.get("grid", 0) + attention.numel()
     if kind == "reward":
-        cols = torch.arange(attention.shape[1], device=attention.device)
-        last = (attention.bool() * cols).amax(dim=1)
+        last = last_token_index(attention)
         return {"scores": at_least_fp32(model.score(hidden[torch.arange(hidden.shape[0]), last]).squeeze(-1))}
     before = hidden[:, -response_len - 1 : -1, :]
     if kind == "value":

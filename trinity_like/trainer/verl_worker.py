@@ -135,10 +135,9 @@ class TrinityVerlWorker(TinkerTrainingWorker):
         """
         engine, root = self.engine, self.engine.module
         model = root.get_base_model() if self.lora is not None else root  # the transformers model
-        dtype = getattr(engine, "_autocast_dtype", torch.float32)
-        autocast = nullcontext() if dtype == torch.float32 else torch.autocast(device_type="cpu" if verl_cpu.requested()
-                                                                                 else "cuda", dtype=dtype)
         device = next(root.parameters()).device
+        dtype = getattr(engine, "_autocast_dtype", torch.float32)  # verl's mixed-precision compute dtype
+        autocast = nullcontext() if dtype == torch.float32 else torch.autocast(device_type=device.type, dtype=dtype)
         parts, restore = sorted_micro_batches(batch, self.engine_config.micro_batch_size_per_gpu,
                                               share_prompts=self.share_prompts)
         dp, stats, losses, metrics, kept = dist.get_world_size(), {}, [], {}, []
