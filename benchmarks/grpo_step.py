@@ -34,7 +34,8 @@ weights and seeds, so every round repeats the same work.
 
 Memory: the peak over the contender's run of the summed RSS (and PSS) of its process,
 its descendants and every process carrying its environment tag (Ray's workers and
-raylet), sampled every 0.25 s by the parent (:class:`common.PeakMemory`).
+raylet), sampled by the parent (:class:`common.PeakMemory`): RSS every 0.25 s, PSS every 2 s
+(reading PSS walks the process's page tables; more often, it slowed the larger contenders).
 
 Training-pass rate: equal-work tokens/s = real tokens of the rows trained (prompt +
 response, per row) / training seconds (ours: the ``update`` phase; TRL: step minus
@@ -508,8 +509,9 @@ def markdown(summary: dict, meta: dict) -> str:
              f"seconds. % of fp32 peak: 6 x {meta['params'] / 1e6:.2f} M parameters x tokens run through the model "
              f"(padding left out) / training-pass seconds / {meta['peak_gflops']:.1f} GFLOP/s (this machine's fp32 "
              f"matmul, {meta['peak_size']}^3, best of 5, measured here before and after the rounds). Tokens run -- "
-             f"{sources}. Peak memory: summed over the contender's processes (Ray's included), sampled every "
-             "0.25 s; RSS counts shared pages once per process, PSS splits them.")
+             f"{sources}. Peak memory: summed over the contender's processes (Ray's included), RSS sampled every "
+             "0.25 s, PSS every 2 s (reading it walks page tables: more often, the sampler slowed the contenders it "
+             "measured); RSS counts shared pages once per process, PSS splits them.")
     lines = [
         "# GRPO step rate: ours vs TRL `GRPOTrainer`, equal work first", "",
         f"Command: `{meta['command']}`", "", when, "", workload, "",
