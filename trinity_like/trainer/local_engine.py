@@ -44,6 +44,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimi
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
 from trinity_like.errors import TrinityError
+from trinity_like.malloc import retain_freed_memory
 from trinity_like.trainer import lora as lora_lib
 from trinity_like.trainer.base import (
     OPTIMIZER_FILE,
@@ -97,6 +98,7 @@ class LocalEngine:
     """An in-process train engine implementing :class:`~trinity_like.trainer.base.TrainEngine`."""
 
     def __init__(self, model: ModelParams, optim: OptimParams = OptimParams()) -> None:
+        retain_freed_memory()  # large tensors reuse freed pages (trinity_like/malloc.py)
         self.params = model
         self.optim_params = optim
         self.model = load_model(model.path, model)

@@ -50,6 +50,7 @@ from verl.single_controller.base.decorator import Dispatch, register  # noqa: E4
 from verl.workers.engine_workers_tinker import TinkerTrainingWorker  # noqa: E402
 
 from trinity_like.errors import TrinityError  # noqa: E402
+from trinity_like.malloc import retain_freed_memory  # noqa: E402
 from trinity_like.trainer import lora as lora_lib  # noqa: E402
 from trinity_like.trainer.base import (  # noqa: E402
     OPTIMIZER_FILE,
@@ -113,6 +114,7 @@ class TrinityVerlWorker(TinkerTrainingWorker):
             # Workers on one CPU node share its cores: torch's default (all cores each)
             # oversubscribes them, so each worker takes its share.
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+            retain_freed_memory()  # large tensors reuse freed pages (trinity_like/malloc.py)
         super().__init__(config)
 
     # -- training ------------------------------------------------------------------
