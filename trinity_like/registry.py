@@ -183,6 +183,7 @@ REWARD_FN = Registry("REWARD_FN", "reward function")
 BUFFER_STORAGE = Registry("BUFFER_STORAGE", "buffer storage")
 MONITOR = Registry("MONITOR", "monitor")
 TASK_SOURCE = Registry("TASK_SOURCE", "task source")  # `buffer.<key>.generator` (trinity_like.explorer.tasks)
+ENV = Registry("ENV", "environment")  # env factories: a task -> a group of envs (trinity_like.envs)
 
 REGISTRIES: dict[str, Registry] = {
     r.name: r
@@ -198,6 +199,7 @@ REGISTRIES: dict[str, Registry] = {
         BUFFER_STORAGE,
         MONITOR,
         TASK_SOURCE,
+        ENV,
     )
 }
 
