@@ -13,6 +13,11 @@ workload RL produces -- P prompts x G samples each, short answers of uneven leng
   sample's own seeded generator. A sample's tokens depend on its seed, not on which
   other samples share its batch: a group sampled together equals its samples sampled
   one by one with the same seeds.
+- **Prefix reuse across turns** (:mod:`.prefix_cache`): the keys/values of finished
+  sequences are kept (bounded, LRU); a prompt that starts with a kept sequence's tokens
+  (the next turn of a multi-turn episode: history + response + observation) copies them
+  into its slot and prefills only its new tokens, from position ``matched`` on. Callers
+  send the full token history each turn; nothing else changes. New weights clear it.
 
 Example::
 
@@ -37,6 +42,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from trinity_like.errors import TrinityError
 from trinity_like.explorer.kv_cache import PrefillCache, SlotCache, use_attention
+from trinity_like.explorer.prefix_cache import PrefixCache, PrefixEntry
 from trinity_like.explorer.sampling import greedy_tokens, sample_tokens, uniforms
 from trinity_like.models.tied import gives_tied_output_its_own, untie_output_embeddings
 
@@ -78,6 +84,10 @@ class EngineParams:
 
     max_batch_size: int = 128  # cache slots = most sequences decoded in one forward
     prefill_batch_size: int = 16  # prompts per prefill forward
+    # Tokens of finished sequences whose keys/values are kept for prompts that extend them
+    # (multi-turn); costs layers x 2 x kv heads x head dim x dtype bytes per token (46 KB
+    # for SmolLM2-135M in fp32: 8192 tokens = 377 MB). 0 disables prefix reuse.
+    prefix_cache_tokens: int = 8192
 
 
 @dataclass(frozen=True)
@@ -114,6 +124,7 @@ class _Slot:
     sample: int
     seed: int  # the sample's random stream; draw i is uniforms(seed, i)
     cached: int  # positions 0..cached-1 are in the KV cache; the last token goes at `cached`
+    source: PrefixEntry | None  # the kept sequence its prompt extends in full (replaced when it is kept)
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
 
@@ -124,10 +135,11 @@ class _Prefilled:
 
     cache: PrefillCache
     row: int
-    start: int  # left padding in the prefill chunk
+    spans: tuple[tuple[int, int], ...]  # (start, count) columns of row `row` holding the prompt, in order
     length: int
     logits_V: torch.Tensor
     remaining: int  # samples not yet admitted; the entry is dropped at zero
+    source: PrefixEntry | None  # see _Slot.source
 
 
 def _stop_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None) -> tuple[int, ...]:
@@ -168,6 +180,7 @@ class RolloutEngine:
         self.timings = dict.fromkeys(TIMING_KEYS, 0.0)  # seconds, accumulated over calls
         pad = tokenizer.pad_token_id if tokenizer is not None else None
         self._pad_id = int(pad) if pad is not None else (self.default_stop_ids or (0,))[0]
+        self.prefix_cache = PrefixCache(params.prefix_cache_tokens)
 
     # -- weights ----------------------------------------------------------------------
     def update_weights(
@@ -183,6 +196,7 @@ class RolloutEngine:
         with torch.no_grad():
             result = self.model.load_state_dict(dict(state_dict), strict=False)
         missing = set(result.missing_keys) - self._tied_keys()  # a tied copy follows its source
+        self.prefix_cache.clear()  # before any error: a partial load has changed weights too
         if strict and (missing or result.unexpected_keys):
             raise TrinityError(f"update_weights: missing {sorted(missing)}, unexpected {result.unexpected_keys}")
         self.model_version = self.model_version + 1 if version is None else int(version)
@@ -307,8 +321,23 @@ class _Run:
                 self.results[slot.request][slot.sample] = Sample(
                     slot.request, slot.sample, slot.tokens, slot.logprobs, reason, self.version
                 )
-                self.slots[self.slots.index(slot)] = None
+                index = self.slots.index(slot)
+                self.keep(index, slot)
+                self.slots[index] = None
         self.t["bookkeeping"] += time.perf_counter() - t1
+
+    def keep(self, index: int, slot: _Slot) -> None:
+        """Offer a finished sequence's cached tokens to the prefix cache (its next turn may extend it)."""
+        store = self.engine.prefix_cache
+        if not store.budget:
+            return
+        t0 = time.perf_counter()
+        tokens = self.requests[slot.request].prompt_ids + tuple(slot.tokens[:-1])  # the last was never fed
+        assert len(tokens) == slot.cached
+        cache = self.cache
+        assert cache is not None
+        store.insert(tokens, lambda: cache.read(index, slot.cached), slot.source)
+        self.t["cache"] += time.perf_counter() - t0
 
     def finish_reason(self, slot: _Slot) -> str:
         if slot.tokens[-1] in self.stop_ids:
@@ -339,11 +368,11 @@ class _Run:
         entry = self.prefilled_of(request)
         t0 = time.perf_counter()
         seed = self.requests[request].seeds[sample]
-        slot = _Slot(request, sample, seed % 2**64, cached=entry.length)
+        slot = _Slot(request, sample, seed % 2**64, cached=entry.length, source=entry.source)
         index = self.slots.index(None) if None in self.slots else len(self.slots)
         if self.cache is None:
             self.cache = self._allocate(entry.cache)
-        self.cache.load_prompt(index, entry.cache, entry.row, entry.start, entry.length)
+        self.cache.load_prompt(index, entry.cache, entry.row, entry.spans)
         if index == len(self.slots):
             self.slots.append(slot)
         else:
@@ -393,38 +422,73 @@ class _Run:
             del self.prefilled[request]
 
     def prefill_chunk(self) -> None:
-        """Prefill the next ``prefill_batch_size`` prompts in one left-padded forward."""
+        """Prefill the next ``prefill_batch_size`` prompts, left-padded, in at most two forwards.
+
+        Prompts that extend a kept sequence run only their new tokens, batched together;
+        the others run whole, as before. Two forwards rather than one: a whole prompt
+        beside short suffixes would pad every suffix row to the prompt's length.
+        """
         t0 = time.perf_counter()
         first = self.next_prefill
-        chunk = self.requests[first : first + self.engine.params.prefill_batch_size]
-        self.next_prefill += len(chunk)
-        lengths = [len(r.prompt_ids) for r in chunk]
-        width = max(lengths)
-        pads_N = torch.tensor([width - n for n in lengths], device=self.device)
-        ids_NP = torch.tensor(
-            [[self.engine._pad_id] * (width - len(r.prompt_ids)) + list(r.prompt_ids) for r in chunk],
-            device=self.device,
-        )
-        columns_P = torch.arange(width, device=self.device)
-        positions_NP = (columns_P[None, :] - pads_N[:, None]).clamp(min=0)
-        # Causal, padding invisible; every query sees itself so padded rows stay finite.
-        causal_PP = columns_P[None, :] <= columns_P[:, None]
-        real_NP = columns_P[None, :] >= pads_N[:, None]
-        visible_NPP = (causal_PP[None] & real_NP[:, None, :]) | torch.eye(width, dtype=torch.bool, device=self.device)
-        cache = PrefillCache(self._num_layers())
+        chunk = range(first, min(first + self.engine.params.prefill_batch_size, len(self.requests)))
+        self.next_prefill = chunk.stop
+        found = {r: self.engine.prefix_cache.lookup(self.requests[r].prompt_ids) for r in chunk}
+        fresh = [r for r in chunk if found[r][0] is None]
+        reused = [r for r in chunk if found[r][0] is not None]
+        for rows in (fresh, reused):
+            if rows:
+                self.prefill_rows(rows, [found[r] for r in rows])
+        self.t["prefill"] += time.perf_counter() - t0
+
+    def prefill_rows(self, requests: list[int], found: list[tuple[PrefixEntry | None, int]]) -> None:
+        """One forward over the prompts of ``requests`` after their ``found`` (entry, matched) prefixes.
+
+        Keys are ``[M kept columns | S new columns]``: row n's kept keys are right-aligned
+        in the first M (= most matched), its new tokens right-aligned in the last S, at
+        positions ``matched, matched + 1, ...`` -- the positions a whole-prompt prefill
+        would give them, so rotary embeddings agree. Without kept keys (M = 0) this is
+        the plain left-padded prefill.
+        """
+        dev = self.device
+        matched = [m for _, m in found]
+        news = [self.requests[r].prompt_ids[m:] for r, m in zip(requests, matched)]
+        width, past = max(len(t) for t in news), max(matched)  # S, M
+        pads_N = torch.tensor([width - len(t) for t in news], device=dev)
+        matched_N = torch.tensor(matched, device=dev)
+        ids_NS = torch.tensor([[self.engine._pad_id] * (width - len(t)) + list(t) for t in news], device=dev)
+        columns_S = torch.arange(width, device=dev)
+        positions_NS = (columns_S[None, :] - pads_N[:, None] + matched_N[:, None]).clamp(min=0)
+        # Causal over the new tokens, padding invisible; every query sees itself so padded
+        # rows stay finite.
+        causal_SS = columns_S[None, :] <= columns_S[:, None]
+        real_NS = columns_S[None, :] >= pads_N[:, None]
+        visible_NSS = (causal_SS[None] & real_NS[:, None, :]) | torch.eye(width, dtype=torch.bool, device=dev)
+        cache = PrefillCache(self._num_layers(), past)
+        if past:
+            kept_NM = torch.arange(past, device=dev)[None, :] >= (past - matched_N)[:, None]
+            visible_NSS = torch.cat([kept_NM[:, None, :].expand(-1, width, -1), visible_NSS], dim=2)
+            kv = found[0][0].kv_L2HnD  # type: ignore[union-attr]  # every row here has an entry
+            cache.reserve(len(requests), kv.shape[2], past + width, kv.shape[4], kv.dtype, kv.device)
+            for row, (entry, m) in enumerate(found):
+                assert entry is not None
+                for layer, (k, v) in enumerate(zip(cache.keys, cache.values)):
+                    assert k is not None and v is not None
+                    k[row, :, past - m : past] = entry.kv_L2HnD[layer, 0, :, :m]
+                    v[row, :, past - m : past] = entry.kv_L2HnD[layer, 1, :, :m]
         logits_NV = self.model(
-            input_ids=ids_NP,
-            position_ids=positions_NP,
-            attention_mask=self._additive(visible_NPP)[:, None],
+            input_ids=ids_NS,
+            position_ids=positions_NS,
+            attention_mask=self._additive(visible_NSS)[:, None],
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
         ).logits[:, -1]
-        for row, req in enumerate(chunk):
-            self.prefilled[first + row] = _Prefilled(
-                cache, row, width - lengths[row], lengths[row], logits_NV[row], len(req.seeds)
+        for row, (r, (entry, m), new) in enumerate(zip(requests, found, news)):
+            spans = ((past - m, m), (past + width - len(new), len(new))) if m else ((width - len(new), len(new)),)
+            source = entry if entry is not None and m == len(entry.tokens) else None
+            self.prefilled[r] = _Prefilled(
+                cache, row, spans, m + len(new), logits_NV[row], len(self.requests[r].seeds), source
             )
-        self.t["prefill"] += time.perf_counter() - t0
 
     def _num_layers(self) -> int:
         n = getattr(self.model.config, "num_hidden_layers", None)

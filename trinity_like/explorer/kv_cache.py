@@ -27,7 +27,7 @@ L key length, D head dim, P prompt length.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 from transformers import AttentionInterface, PreTrainedModel
@@ -95,25 +95,42 @@ def use_attention(model: PreTrainedModel) -> Iterator[None]:
 
 
 class PrefillCache:
-    """Captures the keys and values of a prefill pass, layer by layer, without copying.
+    """Captures the keys and values of a prefill pass, layer by layer.
 
     Passed as ``past_key_values`` to a forward over whole (padded) prompts: ``update``
-    keeps each layer's new keys/values and returns them unchanged as the attention input.
+    keeps each layer's new keys/values and returns them unchanged as the attention input
+    (no copy). With ``past > 0`` the forward runs only the new tokens of prompts whose
+    first tokens' keys are kept (:mod:`.prefix_cache`): :meth:`reserve` allocates
+    ``[N, H, past + Q, D]`` per layer, the engine copies kept keys into the first ``past``
+    columns, and ``update`` writes the new keys after them and returns the whole buffer.
     """
 
-    def __init__(self, num_layers: int) -> None:
-        self.keys: list[torch.Tensor | None] = [None] * num_layers  # [N, H, P, D] each
+    def __init__(self, num_layers: int, past: int = 0) -> None:
+        self.past = past
+        self.keys: list[torch.Tensor | None] = [None] * num_layers  # [N, H, past + Q, D] each
         self.values: list[torch.Tensor | None] = [None] * num_layers
+
+    def reserve(self, rows: int, num_kv_heads: int, length: int, head_dim: int, dtype, device) -> None:
+        """Allocate every layer's buffer of ``length = past + Q`` columns (zeros: see SlotCache)."""
+        shape = (rows, num_kv_heads, length, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.keys]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.values]
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *_: object
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        self.keys[layer_idx] = key_states
-        self.values[layer_idx] = value_states
-        return key_states, value_states
+        if not self.past:
+            self.keys[layer_idx] = key_states
+            self.values[layer_idx] = value_states
+            return key_states, value_states
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        assert keys is not None and values is not None, "reserve() first"
+        keys[:, :, self.past :] = key_states
+        values[:, :, self.past :] = value_states
+        return keys, values
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return 0
+        return self.past
 
 
 class SlotCache:
@@ -161,12 +178,29 @@ class SlotCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.key_length
 
-    def load_prompt(self, slot: int, prefill: PrefillCache, row: int, start: int, length: int) -> None:
-        """Copy a prefilled prompt (row ``row``, tokens ``start:start+length``) into ``slot``."""
+    def load_prompt(self, slot: int, prefill: PrefillCache, row: int, spans: Sequence[tuple[int, int]]) -> None:
+        """Copy a prefilled prompt into ``slot``: row ``row``'s ``(start, count)`` column spans, in order.
+
+        A fresh prompt is one span; one that reused kept keys is two (those keys, then the
+        new tokens), which sit apart in the prefill buffer when the chunk is padded.
+        """
         for layer, (k, v) in enumerate(zip(prefill.keys, prefill.values)):
             assert k is not None and v is not None
-            self.keys[layer][slot, :, :length] = k[row, :, start : start + length]
-            self.values[layer][slot, :, :length] = v[row, :, start : start + length]
+            at = 0
+            for start, count in spans:
+                self.keys[layer][slot, :, at : at + count] = k[row, :, start : start + count]
+                self.values[layer][slot, :, at : at + count] = v[row, :, start : start + count]
+                at += count
+
+    def read(self, slot: int, length: int) -> torch.Tensor:
+        """A copy of the first ``length`` positions of ``slot``: ``[layers, 2, H, length, D]``."""
+        first = self.keys[0]
+        out = torch.empty((len(self.keys), 2, first.shape[1], length, first.shape[3]), dtype=first.dtype,
+                          device=first.device)
+        for layer, (k, v) in enumerate(zip(self.keys, self.values)):
+            out[layer, 0] = k[slot, :, :length]
+            out[layer, 1] = v[slot, :, :length]
+        return out
 
     def move(self, src: int, dst: int, length: int) -> None:
         """Copy the first ``length`` positions of slot ``src`` into slot ``dst``."""
