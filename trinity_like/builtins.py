@@ -1,8 +1,9 @@
 """The core's own registered components, imported by :func:`trinity_like.plugins.load_plugins`.
 
 The core registers a few components itself (workflows, reward functions, task sources,
-buffer storages, monitors) because it cannot run without them. They are imported here, in one
-place, before any plugin, so every process sees the same built-in entries.
+buffer storages, monitors, environments) because it cannot run without them. They are
+imported here, in one place, before any plugin, so every process sees the same built-in
+entries.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ BUILTIN_MODULES = (
     "trinity_like.explorer.tasks",
     "trinity_like.buffer.storage",
     "trinity_like.monitor.sinks",
+    "trinity_like.envs.arithmetic",
+    "trinity_like.envs.calculator",
 )
 
 
