@@ -121,8 +121,8 @@ def test_seeds_are_per_episode_and_turn(engine, tok):
 
 
 def test_group_rewards_are_added_and_tags_reported(engine, tok):
-    result = rollout_groups([Group(lambda: ChatTurns(tok, turns=1, reward=1.0), group_rewards=[0.5, -2.0], tags=["a"])],
-                            engine=engine, seed=0)
+    builder = Group(lambda: ChatTurns(tok, turns=1, reward=1.0), group_rewards=[0.5, -2.0], tags=["a"])
+    result = rollout_groups([builder], engine=engine, seed=0)
     rows = group_experiences(result)
     assert [r.reward for r in rows] == [1.5, -1.0]
     assert rows[0].info["group_reward"] == 0.5 and rows[0].info["tags"] == ["a"]
@@ -156,7 +156,8 @@ def test_max_total_tokens_cuts_the_last_action_and_ends_the_episode(engine, tok)
         assert traj.end_reason == "context"
     # The cut action is the first 4 tokens of what a 6-token cap samples (same seed).
     full = rollout_groups([Group(lambda: ChatTurns(tok, turns=1, stop_token_ids=()))], engine=engine, seed=0)
-    assert result.groups[0].trajectories[0].transitions[0].action == full.groups[0].trajectories[0].transitions[0].action[:4]
+    first_action = [g.trajectories[0].transitions[0].action for g in (result.groups[0], full.groups[0])]
+    assert first_action[0] == first_action[1][:4] and len(first_action[1]) == 6
     # An initial observation with no room left drops the group, counted.
     result = rollout_groups([Group(lambda: ChatTurns(tok))], engine=engine, seed=0,
                             params=RolloutParams(max_total_tokens=start))
@@ -253,3 +254,15 @@ def test_bad_params_and_builders(engine, tok):
         rollout_groups([[ChatTurns(tok)]], engine=engine, seed=0)
     with pytest.raises(TrinityError, match=r"Group \(group 0\): make_envs\(\) must return a non-empty list of Env"):
         rollout_groups([Group(lambda: ChatTurns(tok), size=0)], engine=engine, seed=0)
+
+
+class RaisesTimeout(ChatTurns):
+    def step(self, action):
+        raise TimeoutError("the tool server did not answer")
+
+
+def test_a_timeout_the_env_raises_itself_is_a_crash_and_retried(engine, tok):
+    result = rollout_groups([Group(lambda: RaisesTimeout(tok), size=1)], engine=engine, seed=0,
+                            params=RolloutParams(step_retries=2))
+    assert result.dropped[0].reason.endswith("TimeoutError: the tool server did not answer")
+    assert result.metrics["rollout/env_errors"] == 3 and result.metrics["rollout/step_timeouts"] == 0

@@ -213,7 +213,8 @@ class CalculatorEnv(Env):
             delta = message_tokens(self.tokenizer, self.messages, [tool], action_tokens=action_tokens)
             self.messages += [{"role": "assistant", "content": text}, tool]
             self.history += list(action_tokens) + delta
-            return StepResult(0.0, False, list(self.history), self.stop, {"tool_calls": 1.0, "tool_errors": float(failed)})
+            metrics = {"tool_calls": 1.0, "tool_errors": float(failed)}
+            return StepResult(0.0, False, list(self.history), self.stop, metrics)
         reward = exact_match(response=CALL.sub(" ", text), answer=self.task.answer)
         return StepResult(reward, True, [], self.stop, {"correct": reward, "used_tool": float(self.calls > 0)})
 
@@ -241,7 +242,9 @@ class CalculatorEnvs(EnvFactory):
         return TaskGroupBuilder(task, group_size, make_env)
 
 
-def calculator_tasks(split: str, count: int | None, *, seed: int = 0, params: ArithmeticParams = CALCULATOR_TASKS) -> list[Task]:
+def calculator_tasks(
+    split: str, count: int | None, *, seed: int = 0, params: ArithmeticParams = CALCULATOR_TASKS
+) -> list[Task]:
     """The first ``count`` problems of ``split`` (3-digit + 3-digit by default), without a
     system prompt: the env brings its own."""
     return arithmetic_tasks(params, split, count, seed=seed, system_prompt="")

@@ -51,7 +51,9 @@ class TaskEnvDataset(RLDataset):
 
     def __init__(self, tasks: Sequence[Task], factory: EnvFactory, *, batch_size: int, group_size: int) -> None:
         if batch_size < 1 or group_size < 1:
-            raise TrinityError(f"TaskEnvDataset: batch_size and group_size must be >= 1, got {batch_size}, {group_size}")
+            raise TrinityError(
+                f"TaskEnvDataset: batch_size and group_size must be >= 1, got {batch_size} and {group_size}"
+            )
         if len(tasks) < batch_size:
             raise TrinityError(f"TaskEnvDataset: {len(tasks)} tasks cannot fill one batch of {batch_size}")
         self.tasks = list(tasks)
@@ -78,7 +80,9 @@ def _group_builder(factory: EnvFactory, task: Task, group_size: int) -> EnvGroup
     return builder
 
 
-def build_env_factory(name: str, values: Mapping[str, Any] | None = None, *, tokenizer: Any, where: str = "env") -> EnvFactory:
+def build_env_factory(
+    name: str, values: Mapping[str, Any] | None = None, *, tokenizer: Any, where: str = "env"
+) -> EnvFactory:
     """The ``ENV`` entry ``name``, built with ``tokenizer`` and its params from ``values``.
 
     ``where`` is the config key path errors name (``workflow.env_args``).

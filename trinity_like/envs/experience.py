@@ -42,10 +42,13 @@ def trajectory_experience(
     metrics: dict[str, float] = {}
     for turn, step in enumerate(steps):
         if len(step.observation) < done or step.observation != tokens[: len(step.observation)]:
-            raise TrinityError(f"trajectory_experience: the observation of turn {turn} does not extend the episode's tokens")
+            raise TrinityError(
+                f"trajectory_experience: the observation of turn {turn} does not extend the episode's tokens"
+            )
         if len(step.logprobs) != len(step.action):
             raise TrinityError(
-                f"trajectory_experience: turn {turn} has {len(step.logprobs)} logprobs for {len(step.action)} action tokens"
+                f"trajectory_experience: turn {turn} has {len(step.logprobs)} logprobs "
+                f"for {len(step.action)} action tokens"
             )
         new = len(step.observation) - done
         mask += [0] * new + [1] * len(step.action)

@@ -3,8 +3,9 @@
 Every turn, the next action of *every* running episode, of every group, is sampled in one
 engine call (one per distinct stop condition, which is one in practice), so the engine's
 continuous batching sees the whole batch. Each prompt is the episode's whole token
-history: nothing is re-tokenised or cached here -- the engine recognises a history it has
-seen and reuses its keys and values.
+history: nothing is re-tokenised or cached here -- reusing the keys and values of a
+history the engine has seen is the engine's business. Env steps then run one after the
+other, each in its own thread under a time limit.
 
 Randomness: the action of episode ``(group g, env i)`` at turn ``t`` is drawn from its own
 seed, :func:`episode_seed`; it does not depend on which other episodes share the call. At
@@ -27,19 +28,23 @@ Example::
         group.trajectories, group.group_rewards, group.total_rewards()
     result.dropped   # [DroppedGroup(index, reason), ...]
     result.metrics   # rollout/turns/mean, rollout/tokens/mean, rollout/env_errors, env/<step metric>, ...
+
+Metrics: ``rollout/*`` count groups, episodes, turns, tokens (a whole episode's), env
+failures and engine calls; ``reward/mean|std`` are over episode returns; ``env/<key>`` is
+a step metric summed over each episode and averaged over episodes; ``tag/<tag>/...`` the
+same over the groups whose builder reports that logging tag.
 """
 
 from __future__ import annotations
 
 import hashlib
-import queue
 import statistics
-import threading
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trinity_like.envs.guard import EnvCalls, call_env
 from trinity_like.envs.types import (
     Env,
     EnvGroupBuilder,
@@ -79,12 +84,13 @@ class RolloutParams:
             raise TrinityError(f"RolloutParams.step_retries must be >= 0, got {self.step_retries}")
         self.sampling(1)  # temperature, top-k/p checked where the engine checks them
 
-    def sampling(self, max_new_tokens: int, stop: StopCondition | None = None, seed: int = 0) -> SamplingParams:
-        """The engine's sampling params for one call (``n`` is unused: each request has its seeds)."""
+    def sampling(self, max_new_tokens: int, stop: StopCondition | None = None) -> SamplingParams:
+        """The engine's sampling params for one call (``n`` and ``seed`` are unused: each request
+        carries its own seeds)."""
         stop = stop or StopCondition()
         return SamplingParams(
             n=1, max_new_tokens=max_new_tokens, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-            greedy=self.greedy, seed=seed, stop_token_ids=stop.stop_token_ids, stop_strings=stop.stop_strings,
+            greedy=self.greedy, stop_token_ids=stop.stop_token_ids, stop_strings=stop.stop_strings,
         )
 
 
@@ -126,67 +132,6 @@ def episode_seed(seed: int, group: int, member: int, turn: int) -> int:
         return sample_seed(seed, group, member)
     digest = hashlib.blake2b(f"{seed}:{group}:{member}:turn{turn}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
-
-
-# -- calling env code safely --------------------------------------------------------------------
-class _Deadline(Exception):
-    """An env call ran past its time limit (distinct from a TimeoutError the env raises itself)."""
-
-
-def _call_with_deadline(fn: Callable[[], Any], timeout_s: float) -> Any:
-    """``fn()`` in a daemon thread; :class:`_Deadline` after ``timeout_s``.
-
-    Python cannot kill a thread: a hanging call keeps its thread, but the rollout stops
-    waiting for it and the process can still exit.
-    """
-    box: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=1)
-
-    def target() -> None:
-        try:
-            box.put((True, fn()))
-        except BaseException as exc:  # delivered to the caller below, never swallowed here
-            box.put((False, exc))
-
-    threading.Thread(target=target, daemon=True, name="env-call").start()
-    try:
-        ok, value = box.get(timeout=timeout_s)
-    except queue.Empty:
-        raise _Deadline from None
-    if not ok:
-        raise value
-    return value
-
-
-@dataclass
-class _Calls:
-    """Counts of env calls that went wrong, for the metrics."""
-
-    errors: int = 0  # attempts that raised
-    retries: int = 0  # attempts after the first
-    timeouts: int = 0
-
-
-def _guarded(fn: Callable[[], Any], params: RolloutParams, calls: _Calls) -> tuple[Any, str]:
-    """``(value, "")``, or ``(None, why)`` once every attempt failed.
-
-    The one place that catches every ``Exception``: envs are user code, and one bad episode
-    must not end a run. Nothing is hidden -- the failure comes back with its text, and the
-    caller drops the group and records why. A TrinityError is a usage error and passes.
-    """
-    error = ""
-    for attempt in range(params.step_retries + 1):
-        calls.retries += attempt > 0
-        try:
-            return _call_with_deadline(fn, params.step_timeout_s), ""
-        except TrinityError:
-            raise
-        except _Deadline:
-            calls.timeouts += 1
-            return None, f"timeout after {params.step_timeout_s:g} s"
-        except Exception as exc:  # noqa: BLE001 -- see the docstring
-            calls.errors += 1
-            error = f"{type(exc).__name__}: {exc}"
-    return None, error
 
 
 # -- episodes ---------------------------------------------------------------------------------------
@@ -242,7 +187,7 @@ def _sample(
             where.append((r, len(seeds[r])))
             seeds[r].append(episode_seed(seed, ep.group, ep.member, turn))
         requests = [Request(prompt, tuple(s)) for prompt, s in zip(prompts, seeds)]
-        out = engine.run(requests, params.sampling(max(caps), episodes[members[0]].stop, seed))
+        out = engine.run(requests, params.sampling(max(caps), episodes[members[0]].stop))
         for k, cap, (r, s) in zip(members, caps, where):
             sample = out[r][s]
             cut = len(sample.token_ids) > cap
@@ -257,27 +202,34 @@ def _extends(history: list[int], observation: list[int]) -> bool:
     return len(observation) >= len(history) and observation[: len(history)] == history
 
 
-def _start(ep: _Episode, params: RolloutParams, calls: _Calls) -> str:
+def _start(ep: _Episode, params: RolloutParams, calls: EnvCalls) -> str:
     """Fetch the initial observation; ``""`` or why the episode cannot start."""
-    value, error = _guarded(ep.env.initial_observation, params, calls)
+    value, error = call_env(
+        ep.env.initial_observation, timeout_s=params.step_timeout_s, retries=params.step_retries, counts=calls
+    )
     if error:
         return f"{ep.name} initial_observation: {error}"
     if not isinstance(value, tuple) or len(value) != 2 or not isinstance(value[1], StopCondition):
-        raise TrinityError(f"{ep.name}: initial_observation() must return (token ids, StopCondition), got {value!r:.80}")
+        raise TrinityError(
+            f"{ep.name}: initial_observation() must return (token ids, StopCondition), got {type(value).__name__}"
+        )
     ep.observation = check_tokens(value[0], f"{ep.name}: the initial observation")
     ep.stop = value[1]
     if not ep.observation:
         raise TrinityError(f"{ep.name}: the initial observation is empty")
     if len(ep.observation) >= params.max_total_tokens:
-        return f"{ep.name}: the initial observation has {len(ep.observation)} tokens, no room under " \
-               f"max_total_tokens={params.max_total_tokens}"
+        return (f"{ep.name}: the initial observation has {len(ep.observation)} tokens, no room under "
+                f"max_total_tokens={params.max_total_tokens}")
     return ""
 
 
-def _step(ep: _Episode, action: _Action, params: RolloutParams, calls: _Calls) -> str:
+def _step(ep: _Episode, action: _Action, params: RolloutParams, calls: EnvCalls) -> str:
     """Apply one action; ``""``, or why the episode failed (its group is then dropped)."""
     turn = len(ep.transitions)
-    result, error = _guarded(lambda: ep.env.step(list(action.tokens)), params, calls)
+    result, error = call_env(
+        lambda: ep.env.step(list(action.tokens)), timeout_s=params.step_timeout_s, retries=params.step_retries,
+        counts=calls,
+    )
     if error:
         return f"{ep.name} step at turn {turn}: {error}"
     if not isinstance(result, StepResult):
@@ -313,14 +265,16 @@ def rollout_groups(
     builders: Sequence[EnvGroupBuilder], *, engine: RolloutEngine, seed: int, params: RolloutParams = RolloutParams()
 ) -> RolloutResult:
     """Run every env of every builder to the end of its episode; see the module docstring."""
-    calls = _Calls()
+    calls = EnvCalls()
     episodes: list[list[_Episode]] = []
     for g, builder in enumerate(builders):
         if not isinstance(builder, EnvGroupBuilder):
             raise TrinityError(f"rollout_groups: builder {g} is a {type(builder).__name__}, not an EnvGroupBuilder")
         envs = list(builder.make_envs())
         if not envs or not all(isinstance(env, Env) for env in envs):
-            raise TrinityError(f"{type(builder).__name__} (group {g}): make_envs() must return a non-empty list of Env")
+            raise TrinityError(
+                f"{type(builder).__name__} (group {g}): make_envs() must return a non-empty list of Env"
+            )
         episodes.append([_Episode(g, i, env) for i, env in enumerate(envs)])
     dropped: dict[int, str] = {}
     for group in episodes:
@@ -364,7 +318,11 @@ def rollout_groups(
 
 
 def _metrics(
-    kept: list[GroupRollout], lost: list[DroppedGroup], episodes: list[list[_Episode]], calls: _Calls, engine_calls: int
+    kept: list[GroupRollout],
+    lost: list[DroppedGroup],
+    episodes: list[list[_Episode]],
+    calls: EnvCalls,
+    engine_calls: int,
 ) -> dict[str, float]:
     trajectories = [t for g in kept for t in g.trajectories]
     metrics = {
