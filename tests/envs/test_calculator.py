@@ -9,6 +9,7 @@ import torch
 
 from trinity_like.envs.calculator import (
     CALCULATOR_SYSTEM_PROMPT,
+    EXAMPLE_CONVERSATION,
     MAX_DIGITS,
     MAX_EXPRESSION_CHARS,
     CalcError,
@@ -64,10 +65,11 @@ def ids(tok, text):
 
 def test_the_prompt_has_the_tool_instructions_instead_of_the_task_system_prompt(tok):
     prompt, stop = env_of(tok).initial_observation()
-    expected = [{"role": "system", "content": CALCULATOR_SYSTEM_PROMPT}, {"role": "user", "content": TASK.prompt}]
-    assert prompt == render_prompt(tok, expected)
+    system, question = {"role": "system", "content": CALCULATOR_SYSTEM_PROMPT}, {"role": "user", "content": TASK.prompt}
+    assert prompt == render_prompt(tok, [system, *EXAMPLE_CONVERSATION, question])
     assert stop.stop_strings == ("</calc>",) and stop.stop_token_ids is None
-    assert env_of(tok, system_prompt="").initial_observation()[0] == render_prompt(tok, TASK.messages())
+    assert env_of(tok, example=False).initial_observation()[0] == render_prompt(tok, [system, question])
+    assert env_of(tok, system_prompt="", example=False).initial_observation()[0] == render_prompt(tok, TASK.messages())
 
 
 @pytest.mark.parametrize("action, reply", [

@@ -10,6 +10,12 @@ a crash), which is appended to the token history under the chat template (token 
 token out: see :mod:`.chat`). A turn without a call is the answer: reward 1 if its last
 number (outside any call) is right, else 0. The last allowed turn is always scored.
 
+Without an example a small instruct model never calls the tool: SmolLM2-135M-Instruct on
+64 held-out episodes (16 problems x 4, temperature 0.7) called it 0 % of the time and was
+right 0 %; with the one worked example of ``EXAMPLE_CONVERSATION`` before the task (the
+default), it called it 39 % of the time and was right 37.5 % -- a reward signal RL can
+climb from. (One measurement, seed 0.)
+
 Metrics (per episode, averaged over episodes): ``env/correct`` (accuracy),
 ``env/used_tool`` (rate of episodes that called the calculator), ``env/tool_calls``
 (calls per episode), ``env/tool_errors``.
@@ -41,6 +47,13 @@ CALCULATOR_SYSTEM_PROMPT = (
     "You can use a calculator. To use it, reply with <calc>EXPRESSION</calc>, for example <calc>12*34</calc>, "
     "and you will get the result. When you know the answer, reply with only the final number."
 )
+EXAMPLE_CONVERSATION = (
+    {"role": "user", "content": "What is 215 + 468?"},
+    {"role": "assistant", "content": "<calc>215+468</calc>"},
+    {"role": "user", "content": "215+468 = 683"},
+    {"role": "assistant", "content": "683"},
+)
+"""One worked example put before the task (``CalculatorParams.example``): the protocol shown once."""
 CALCULATOR_TASKS = ArithmeticParams(ranges=((100, 999),), template="What is {expression}?")
 """3-digit + 3-digit problems, the calculator's default task."""
 
@@ -173,6 +186,7 @@ class CalculatorParams:
     """The tool's prompt and the episode's limits."""
 
     system_prompt: str = CALCULATOR_SYSTEM_PROMPT  # replaces the task's system prompt; "" keeps the task's
+    example: bool = True  # put EXAMPLE_CONVERSATION (a call, its result, the answer) before the task
     max_turns: int = 3  # actions per episode, the answer included; the last one is always scored
     max_tokens: int = 48  # most tokens of one action
     tool_role: str = "user"  # role of the calculator's messages ("tool" where the chat template knows it)
@@ -229,10 +243,11 @@ class CalculatorEnvs(EnvFactory):
 
     def group_builder(self, task: Task, group_size: int) -> EnvGroupBuilder:
         messages = task.messages()
+        system = [m for m in messages if m["role"] == "system"]
         if self.params.system_prompt:
-            messages = [{"role": "system", "content": self.params.system_prompt}] + [
-                m for m in messages if m["role"] != "system"
-            ]
+            system = [{"role": "system", "content": self.params.system_prompt}]
+        example = [dict(m) for m in EXAMPLE_CONVERSATION] if self.params.example else []
+        messages = system + example + [m for m in messages if m["role"] != "system"]
         prompt = render_prompt(self.tokenizer, messages)  # once per group: the envs share it
 
         def make_env() -> Env:
