@@ -226,7 +226,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (1: two threads on a shared 2-core machine stall when another job runs)")
     parser.add_argument("--out", type=Path, help="writes OUT.md and OUT.json (default: results/multiturn, "
                         "results/multiturn_tiny for tiny-random)")
     args = parser.parse_args(argv)
