@@ -2,7 +2,7 @@
 
 A tool-use-shaped workload: E episodes x T turns. Each turn samples up to N tokens
 (temperature 1.0, top_k=0, top_p=1.0), then appends a calculator result rendered as a
-user turn under the model's chat template (about 30 tokens); the next turn's prompt is
+user turn under the model's chat template (about 50 tokens on SmolLM2); the next turn's prompt is
 the whole history, token for token (what an environment sends). Three contenders, each
 running the same episodes (same openings, same seeds per round), in rotating order per
 round so load drifts on a shared machine hit all of them alike:
@@ -22,7 +22,7 @@ median of per-round ratios (fair under load; absolute times are not). The machin
 matmul peak is measured beside them. Run::
 
     python benchmarks/multiturn.py --model tiny-random --rounds 1        # smoke, seconds
-    python benchmarks/multiturn.py --model smollm2-135m-instruct          # a few minutes
+    python benchmarks/multiturn.py --model smollm2-135m-instruct --rounds 2   # about 6 minutes
 """
 
 from __future__ import annotations
