@@ -121,7 +121,10 @@ class ExplorerWorker:
         if num_threads:
             torch.set_num_threads(num_threads)
         model, tokenizer = load_model(model_path, dtype=getattr(torch, config.explorer.dtype))
-        self.engine = RolloutEngine(model, tokenizer, EngineParams(max_batch_size=config.explorer.max_concurrent))
+        # No prefix cache: a recipe's workflows are single-turn, and no prompt extends a finished
+        # sequence; kept keys would only hold memory (up to ~0.4 GB for SmolLM2) until the next sync.
+        params = EngineParams(max_batch_size=config.explorer.max_concurrent, prefix_cache_tokens=0)
+        self.engine = RolloutEngine(model, tokenizer, params)
         wf_cls = WORKFLOW.get(config.explorer.workflow)
         self.workflow = wf_cls(params=workflow_params(config, wf_cls))
         self.eval_workflow = (
