@@ -21,6 +21,7 @@ peak is an occasional evaluation over many prompts, worth handing back.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 
@@ -29,17 +30,10 @@ M_TRIM_THRESHOLD = -1  # glibc's <malloc.h>: free memory at the heap top kept up
 M_MMAP_MAX = -4  # most blocks served by mmap at once; 0: none, every block from the heap
 KEEP_BYTES = 1 << 30  # freed memory kept at the heap top (1 GiB) before glibc trims it
 
-_state: dict[str, bool] = {}
 
-
+@functools.cache
 def retain_freed_memory() -> bool:
     """Tune this process's glibc allocator as described above (once); True if it is tuned."""
-    if "tuned" not in _state:
-        _state["tuned"] = _tune()
-    return _state["tuned"]
-
-
-def _tune() -> bool:
     if not sys.platform.startswith("linux") or os.environ.get(ENV_VAR, "") == "system":
         return False
     libc = ctypes.CDLL(None)  # the C library this process already runs on

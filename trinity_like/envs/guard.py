@@ -15,13 +15,12 @@ Example::
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from trinity_like.errors import TrinityError
+from trinity_like.explorer.rewards import DeadlineExceeded, call_with_deadline
 
 
 @dataclass
@@ -31,34 +30,6 @@ class EnvCalls:
     errors: int = 0  # attempts that raised
     retries: int = 0  # attempts after the first
     timeouts: int = 0  # calls that ran past their time limit
-
-
-class _Deadline(Exception):
-    """An env call ran past its time limit (distinct from a TimeoutError the env raises itself)."""
-
-
-def _call_with_deadline(fn: Callable[[], Any], timeout_s: float) -> Any:
-    """``fn()`` in a daemon thread; :class:`_Deadline` after ``timeout_s``.
-
-    Python cannot kill a thread: a hanging call keeps its thread, but the caller stops
-    waiting for it and the process can still exit.
-    """
-    box: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=1)
-
-    def target() -> None:
-        try:
-            box.put((True, fn()))
-        except BaseException as exc:  # delivered to the caller below, never swallowed here
-            box.put((False, exc))
-
-    threading.Thread(target=target, daemon=True, name="env-call").start()
-    try:
-        ok, value = box.get(timeout=timeout_s)
-    except queue.Empty:
-        raise _Deadline from None
-    if not ok:
-        raise value
-    return value
 
 
 def call_env(fn: Callable[[], Any], *, timeout_s: float, retries: int, counts: EnvCalls) -> tuple[Any, str]:
@@ -76,10 +47,10 @@ def call_env(fn: Callable[[], Any], *, timeout_s: float, retries: int, counts: E
     for attempt in range(retries + 1):
         counts.retries += int(attempt > 0)
         try:
-            return _call_with_deadline(fn, timeout_s), ""
+            return call_with_deadline(fn, timeout_s, what="env call"), ""
         except TrinityError:
             raise
-        except _Deadline:
+        except DeadlineExceeded:
             counts.timeouts += 1
             return None, f"timeout after {timeout_s:g} s"
         except Exception as exc:  # noqa: BLE001 -- see the docstring

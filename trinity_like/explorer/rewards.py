@@ -184,25 +184,31 @@ class RewardOutcome:
     attempts: int = 1
 
 
-def _call_with_timeout(fn: RewardCall, inputs: Mapping[str, Any], timeout_s: float) -> float:
-    """Run ``fn(inputs)`` in a daemon thread; raise TimeoutError after ``timeout_s``.
+class DeadlineExceeded(TimeoutError):
+    """A call run by :func:`call_with_deadline` went past its time limit (not a TimeoutError
+    the called code raised itself: callers that must tell them apart catch this class)."""
 
-    Python cannot kill a thread: a reward call that hangs keeps its thread until it
-    returns, but the explorer stops waiting for it and the process can still exit.
+
+def call_with_deadline(fn: Callable[[], Any], timeout_s: float, *, what: str) -> Any:
+    """``fn()`` in a daemon thread; :class:`DeadlineExceeded` after ``timeout_s``.
+
+    Python cannot kill a thread: a call that hangs keeps its thread until it returns, but
+    the caller stops waiting for it and the process can still exit. ``what`` names the
+    call in the error and the thread (``"reward function"``, ``"env call"``).
     """
     box: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=1)
 
     def target() -> None:
         try:
-            box.put((True, fn(inputs)))
+            box.put((True, fn()))
         except BaseException as exc:  # delivered to the caller below, never swallowed here
             box.put((False, exc))
 
-    threading.Thread(target=target, daemon=True, name="reward-fn").start()
+    threading.Thread(target=target, daemon=True, name=what).start()
     try:
         ok, value = box.get(timeout=timeout_s)
     except queue.Empty:
-        raise TimeoutError(f"reward function exceeded {timeout_s:g} s") from None
+        raise DeadlineExceeded(f"{what} exceeded {timeout_s:g} s") from None
     if not ok:
         raise value
     return value
@@ -218,7 +224,7 @@ def score_with_retries(fn: RewardCall, inputs: Mapping[str, Any], *, retries: in
     error = ""
     for attempt in range(1, retries + 2):
         try:
-            value = _call_with_timeout(fn, inputs, timeout_s)
+            value = call_with_deadline(lambda: fn(inputs), timeout_s, what="reward function")
         except TimeoutError:
             error = "timeout"
             continue
