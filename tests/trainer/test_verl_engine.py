@@ -20,7 +20,7 @@ import trainer_batches
 from trainer_batches import ClippedPPOLoss, make_batch, nll_loss, value_mse_loss
 
 from trinity_like.errors import TrinityError
-from trinity_like.trainer.base import state_from_shared, with_normalisers
+from trinity_like.trainer.base import with_normalisers
 from trinity_like.models.tiny import build_tiny_model
 from trinity_like.trainer.local_engine import LocalEngine
 from trinity_like.trainer.lora import LoraParams
@@ -237,7 +237,7 @@ def test_lora_parity_weight_sync_and_checkpoints_across_engines(engine, tiny_pat
             torch.testing.assert_close(ours[name], theirs[name], rtol=0, atol=1e-5)
         assert torch.equal(ours["model.embed_tokens.weight"], start["model.embed_tokens.weight"])  # base frozen
 
-        synced = state_from_shared(ray.get(verl.export_weights()))
+        synced = verl.export_weights().tensors()
         assert synced.keys() == ours.keys() and all(torch.equal(synced[k], ours[k]) for k in ours)
         assert not torch.equal(synced["lm_head.weight"], synced["model.embed_tokens.weight"])
 

@@ -5,7 +5,7 @@ new weights with ``receive_weights``. The pipeline holds one and never asks whic
 
     explorer = ExplorerWorker(config, model_folder)          # or RemoteExplorer(config, model_folder)
     result = explorer.run(tasks, sampling_params(config, step=1))
-    explorer.receive_weights(actor.export_weights(), version=1)   # a state dict, a Ray ref, or a folder
+    explorer.receive_weights(actor.export_weights(), version=1)   # a state dict, shared weights, or a folder
 
 A crashed actor (OOM, a reward function that kills its process, a lost node) is restarted
 by Ray (``max_restarts``); :class:`RemoteExplorer` then re-sends the latest weights and
@@ -28,7 +28,7 @@ from trinity_like.config.schema import Config
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Task
 from trinity_like.plugins import load_plugins, ray_runtime_env
-from trinity_like.trainer.base import shareable_state, state_from_shared
+from trinity_like.trainer.shared_weights import SharedWeights, WeightMailbox
 
 if TYPE_CHECKING:
     import torch
@@ -38,8 +38,9 @@ if TYPE_CHECKING:
 
 MAX_RESTARTS = 3
 
-# New weights for an explorer: a state dict, a Ray reference to one, or a model folder.
-Weights = Union["dict[str, torch.Tensor]", ray.ObjectRef, str, Path]
+# New weights for an explorer: a state dict, weights in shared memory
+# (:mod:`~trinity_like.trainer.shared_weights`), or a model folder.
+Weights = Union["dict[str, torch.Tensor]", SharedWeights, str, Path]
 
 
 def workflow_params(config: Config, cls: type, *, evaluation: bool = False) -> Any:
@@ -92,8 +93,8 @@ class Explorer(Protocol):
 
 def _state_dict(weights: Weights) -> tuple[dict, bool]:
     """A state dict from any :data:`Weights`, and whether it is a full one (a folder may omit tied weights)."""
-    if isinstance(weights, ray.ObjectRef):
-        return state_from_shared(ray.get(weights)), True
+    if isinstance(weights, SharedWeights):
+        return weights.tensors(), True
     if isinstance(weights, (str, Path)):
         from safetensors.torch import load_file
 
@@ -104,7 +105,7 @@ def _state_dict(weights: Weights) -> tuple[dict, bool]:
         for f in files:
             state.update(load_file(str(f)))
         return state, False
-    return state_from_shared(weights), True  # Ray hands an actor its arguments' values: arrays, here
+    return weights, True
 
 
 class ExplorerWorker:
@@ -154,6 +155,7 @@ class RemoteExplorer:
         actor_cls = ray.remote(max_restarts=MAX_RESTARTS, max_task_retries=0, num_cpus=0)(ExplorerWorker)
         self.actor = actor_cls.options(runtime_env=ray_runtime_env()).remote(config, model_path, os.cpu_count())
         self._weights: tuple[Weights, int] | None = None  # the latest, re-sent to a restarted actor
+        self._mailbox: WeightMailbox | None = None  # where a state dict goes for the actor to read
         self.restarts = 0
         ray.get(self.actor.pid.remote())  # fail here, not mid-run, if the actor cannot start
 
@@ -183,9 +185,11 @@ class RemoteExplorer:
         return self._call("run", tasks, sampling, evaluation)
 
     def receive_weights(self, weights: Weights, version: int) -> None:
-        """A state dict goes to the object store once (shared by reference with any retry)."""
+        """A state dict is written to this explorer's shared-memory mailbox, which the actor
+        reads (and a restarted actor reads again)."""
         if isinstance(weights, dict):
-            weights = ray.put(shareable_state(weights))
+            self._mailbox = self._mailbox or WeightMailbox()
+            weights = self._mailbox.write(weights)
         self._weights = (weights, version)
         self._call("receive_weights", weights, version)
 
@@ -194,3 +198,5 @@ class RemoteExplorer:
 
     def close(self) -> None:
         ray.kill(self.actor, no_restart=True)
+        if self._mailbox is not None:
+            self._mailbox.close()

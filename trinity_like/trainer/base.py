@@ -88,8 +88,10 @@ class TrainEngine(Protocol):
         """Full (unsharded) model weights on CPU, Hugging Face names -- for weight sync."""
 
     def export_weights(self) -> Any:
-        """The full weights for an explorer: a state dict, or a Ray object reference to one
-        when the engine's workers live in Ray (the explorer actor fetches it directly)."""
+        """The full weights for an explorer: a state dict (views of the live weights: copy
+        them before the next step), or, when the engine's workers live in Ray, a handle to
+        them in shared memory (:class:`~trinity_like.trainer.shared_weights.SharedWeights`)
+        that the explorer actor maps directly."""
 
     def save(self, path: str) -> None:
         """Write a checkpoint folder, safetensors and JSON only (no pickle; see "Checkpoints" below)."""
@@ -100,26 +102,6 @@ class TrainEngine(Protocol):
 
     def close(self) -> None:
         """Release workers and memory."""
-
-
-def shareable_state(state: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    """A state dict to put in Ray's object store: tensors as NumPy arrays where NumPy has their
-    dtype. Ray keeps NumPy arrays out of band, so a reader on the same node maps them from
-    shared memory with no copy and no unpickling (torch tensors are pickled byte by byte: a
-    135M model took ~1 s to put and get, ~0.1 s as arrays). bf16 stays a tensor."""
-    return {k: v.numpy() if v.dtype != torch.bfloat16 else v for k, v in state.items()}
-
-
-def state_from_shared(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """The tensors of a :func:`shareable_state` (views of the object store's read-only memory:
-    copy them into a model, never write to them)."""
-    import warnings
-
-    import numpy as np
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in state.items()}
 
 
 def with_normalisers(batch: Batch) -> Batch:

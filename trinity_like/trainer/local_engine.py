@@ -205,8 +205,11 @@ class LocalEngine:
         return state if lora is None else lora_lib.merged_state_dict(state, lora)
 
     def export_weights(self) -> dict[str, torch.Tensor]:
-        """The weights for an explorer: in-process, the state dict itself."""
-        return self.state_dict()
+        """The weights for an explorer: views of the live weights (the reader copies them into
+        its model; no snapshot of 0.5 GB is made for SmolLM2), merged with LoRA."""
+        if self.params.adapter is not None:
+            return self.state_dict()
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
 
     def save(self, path: str) -> None:
         """A checkpoint folder (layout in :mod:`~trinity_like.trainer.base`): the Hugging Face

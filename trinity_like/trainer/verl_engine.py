@@ -34,7 +34,6 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import ray
 import torch
@@ -48,6 +47,7 @@ from trinity_like.trainer import verl_cpu
 from trinity_like.trainer.base import Batch, LossCallable, batch_rows, mean_metrics, row_unit, slice_rows, with_normalisers
 from trinity_like.trainer.forward import packing_metrics
 from trinity_like.trainer.params import AdamStep, ModelParams, OptimParams
+from trinity_like.trainer.shared_weights import SharedWeights, WeightMailbox
 
 @dataclass(frozen=True)
 class VerlParams:
@@ -262,6 +262,7 @@ class VerlEngine:
             self.group.trinity_init_adapter()  # the local engine's seeded start, in place of verl's own draw
         self._loss_fn: LossCallable | None = None
         self.pids = list(self.group.trinity_pid())  # the workers' processes (memory metrics)
+        self.mailbox = WeightMailbox()  # export_weights writes here (rank 0 on the driver's machine)
 
     # -- the contract --------------------------------------------------------------
     def forward_backward(self, batch: Batch, loss_fn: LossCallable, *, need_entropy: bool = False,
@@ -306,11 +307,13 @@ class VerlEngine:
         """Full weights gathered from the shards, on the driver's CPU."""
         return self.group.trinity_state_dict()[0]
 
-    def export_weights(self) -> Any:
-        """A Ray reference to the full weights, put in the object store by rank 0: a reader
-        in another Ray process (the explorer actor) fetches them without a trip through the
-        driver. A tied output embedding is left out (the reader's model ties it)."""
-        return self.group.trinity_state_ref()[0][0]
+    def export_weights(self) -> SharedWeights:
+        """The full weights in this engine's shared-memory mailbox
+        (:mod:`~trinity_like.trainer.shared_weights`), written there by rank 0: a reader on
+        this machine (the explorer actor) maps them without a trip through the driver or
+        Ray's object store. Each export overwrites the last. A tied output embedding is left
+        out (the reader's model ties it)."""
+        return self.group.trinity_export(self.mailbox.path)[0]
 
     def save(self, path: str) -> None:
         """The checkpoint layout of :mod:`~trinity_like.trainer.base`, written by rank 0."""
@@ -324,6 +327,7 @@ class VerlEngine:
 
     def close(self) -> None:
         """Kill the workers, and Ray itself when this engine started it."""
+        self.mailbox.close()
         for worker in self.group.workers:
             ray.kill(worker)
         for pg in self.pool.pgs or []:

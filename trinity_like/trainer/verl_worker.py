@@ -63,12 +63,12 @@ from trinity_like.trainer.base import (  # noqa: E402
     rng_state,
     save_optimizer_state,
     set_rng_state,
-    shareable_state,
     write_trainer_state,
 )
 from trinity_like.trainer.forward import as_forward, model_outputs, sorted_micro_batches  # noqa: E402
 from trinity_like.trainer.lora import LoraParams  # noqa: E402
 from trinity_like.trainer.params import AdamStep  # noqa: E402
+from trinity_like.trainer.shared_weights import SharedWeights, write_into  # noqa: E402
 
 def skip_verl_trl_patch_without_value_head() -> None:
     """Stop verl's model patching from importing a class that recent ``trl`` no longer has.
@@ -224,7 +224,9 @@ class TrinityVerlWorker(TinkerTrainingWorker):
         collective: every rank calls it, ``keep=False`` on the ranks that only take part."""
         full = {}
         for name, param in self.engine.module.state_dict().items():
-            if isinstance(param, DTensor):
+            if isinstance(param, DTensor) and param.device_mesh.size() == 1 and param.to_local().shape == param.shape:
+                value = param.to_local().detach()  # one rank holds it all: the shard itself, no copy
+            elif isinstance(param, DTensor):
                 value = param.full_tensor().detach()  # a fresh tensor: no copy needed
             else:
                 value = param.detach().cpu().clone() if keep else None
@@ -254,14 +256,12 @@ class TrinityVerlWorker(TinkerTrainingWorker):
         return full if self.rank == 0 else None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def trinity_state_ref(self) -> list | None:
-        """Rank 0 puts the full weights (tied output embedding left out) in Ray's object
-        store and returns ``[ref]``: a reader fetches them straight from there, never
-        through the driver. (Wrapped in a list so Ray hands back the reference itself.)"""
-        import ray
-
+    def trinity_export(self, path: str) -> SharedWeights | None:
+        """Rank 0 writes the full weights (tied output embedding left out) into the mailbox
+        file ``path`` (:mod:`~trinity_like.trainer.shared_weights`) and returns its handle:
+        a reader on this machine maps them from there, never through the driver."""
         full = self._full_state(keep=self.rank == 0, skip_tied=True)
-        return [ray.put(shareable_state(full))] if self.rank == 0 else None
+        return write_into(path, full.items()) if self.rank == 0 else None
 
     def _trainable_names(self) -> set[str]:
         return {name for name, p in self.engine.module.named_parameters() if p.requires_grad}
