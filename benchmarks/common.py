@@ -137,3 +137,23 @@ class PeakMemory:
         except self._psutil.Error:  # vanished, or not ours to read
             return False
         return bool(cmd) and cmd[0].startswith("ray::")
+
+
+def stop_group(memory: PeakMemory, proc: subprocess.Popen) -> int:
+    """Wait for the contender's processes to go (Ray's shut down a moment after the driver);
+    stop any still there after 30 s -- every one was started by the command measured. Returns how many were stopped."""
+    import psutil
+
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 30
+    while (left := memory.members()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for p in left:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(left, timeout=10)
+    return len(left)

@@ -82,7 +82,7 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
-from common import PeakMemory, git_commit, matmul_peak_gflops  # noqa: E402
+from common import PeakMemory, git_commit, matmul_peak_gflops, stop_group  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -383,26 +383,6 @@ def run_child(name: str, args: argparse.Namespace, rnd: int, folder: Path) -> di
     result = json.loads(out.read_text())
     result.update(memory=peak, wall_s=wall, leftover_processes=leftover)
     return result
-
-
-def stop_group(memory: PeakMemory, proc: subprocess.Popen) -> int:
-    """Wait for the contender's processes to go (Ray's shut down a moment after the driver);
-    stop any still there after 30 s -- every one was started by this contender. Returns how many were stopped."""
-    import psutil
-
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-    deadline = time.monotonic() + 30
-    while (left := memory.members()) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    for p in left:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(left, timeout=10)
-    return len(left)
 
 
 def model_parameters(model: str) -> int:

@@ -129,6 +129,21 @@ def test_gradients_accumulate_over_calls_that_share_the_global_normalisers(tiny_
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6)
 
 
+def test_gradient_checkpointing_from_the_recipe_gives_the_same_gradients(tiny_path, batch):
+    """trainer.gradient_checkpointing recomputes activations in backward: memory, not results."""
+    from trinity_like.config.schema import Config
+
+    cfg = Config.model_validate({"trainer": {"engine": "local", "gradient_checkpointing": True}})
+    recomputing = build_engine(cfg, tiny_path)
+    assert recomputing.params.gradient_checkpointing and recomputing.model.is_gradient_checkpointing
+    plain = LocalEngine(ModelParams(path=tiny_path))
+    loss_fn = ClippedPPOLoss(clip=0.2, entropy_coef=0.01)
+    assert recomputing.forward_backward(batch, loss_fn, need_entropy=True)["loss"] == pytest.approx(
+        plain.forward_backward(batch, loss_fn, need_entropy=True)["loss"])
+    for p, q in zip(plain.model.parameters(), recomputing.model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-7)
+
+
 def test_grad_clipping_bounds_the_update_norm(tiny_path, batch):
     engine = LocalEngine(ModelParams(path=tiny_path), OptimParams(lr=1e-3, grad_clip=0.5))
     engine.forward_backward(batch, nll_loss)

@@ -130,6 +130,7 @@ class TrainerConfig(Section):
     total_steps: PosInt = 20  # training steps of this stage
     micro_batch_size: PosInt = 8  # rows per forward/backward (gradient accumulation inside a step)
     share_prompts: bool = True  # run each distinct prompt of a micro-batch once, its responses packed after it (same result)
+    gradient_checkpointing: bool = False  # keep only each layer's input, recompute the rest in backward: less memory, ~1/3 more compute
     update_epochs: PosInt = 1  # passes over each batch (PPO epochs)
     optimizer: OptimizerConfig = OptimizerConfig()  # policy optimizer
     critic_optimizer: OptimizerConfig = OptimizerConfig(lr=1e-5)  # value model optimizer (PPO)

@@ -148,6 +148,6 @@ def model_params(config: Config, path: str, *, kind: str = "lm", forward_only: b
                               train_mlp=m.lora_train_mlp, train_unembed=m.lora_train_unembed, seed=config.seed)
     return ModelParams(
         path=path, kind=kind, micro_batch_size=config.trainer.micro_batch_size,
-        share_prompts=config.trainer.share_prompts, dtype=m.dtype,
+        share_prompts=config.trainer.share_prompts, gradient_checkpointing=config.trainer.gradient_checkpointing, dtype=m.dtype,
         attn_implementation=m.attn_implementation, forward_only=forward_only, head_seed=config.seed, lora=lora,
     )
