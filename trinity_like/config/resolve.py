@@ -325,7 +325,8 @@ def _check_sections(cfg: Config, algo: AlgorithmType, loc: Locator) -> Any:
         _resolve_name(MONITOR, backend, loc, ("monitor", "backends", i))
     reward_params = None
     if algo.use_rollout:
-        _resolve_name(WORKFLOW, cfg.explorer.workflow, loc, ("explorer", "workflow"))
+        workflow = _resolve_name(WORKFLOW, cfg.explorer.workflow, loc, ("explorer", "workflow"))
+        _build(workflow, cfg.explorer.workflow_args, "explorer.workflow_args", loc)
         reward = _resolve_name(REWARD_FN, cfg.explorer.reward_fn, loc, ("explorer", "reward_fn"))
         reward_params = _build(reward, cfg.explorer.reward_args, "explorer.reward_args", loc)
         if cfg.explorer.eval_reward_fn is not None:

@@ -104,6 +104,7 @@ class ExplorerConfig(Section):
     group_size: PosInt = 8  # samples per prompt (GRPO's G)
     max_concurrent: PosInt = 128  # sequences decoded at once (continuous batching width)
     workflow: str = "math"  # WORKFLOW name
+    workflow_args: dict[str, Any] = {}  # params of the workflow (the env workflow: env, env_args, limits)
     reward_fn: str = "exact_match"  # REWARD_FN name
     reward_args: dict[str, Any] = {}  # params of the reward fn
     eval_reward_fn: str | None = None  # REWARD_FN of held-out evaluation; None: reward_fn (accuracy needs 0/1)

@@ -76,13 +76,17 @@ def trajectory_experience(
     )
 
 
-def group_rows(group: GroupRollout) -> list[Experience]:
-    """The rows of one group's episodes, sharing its group id."""
+def group_rows(group: GroupRollout, *, task_id: str = "", answer: str | None = None) -> list[Experience]:
+    """The rows of one group's episodes, sharing its group id (and ``task_id``, the task the
+    group played; ``answer``, when given, is kept in each row's info)."""
     tags = group.builder.logging_tags()
     rows = []
     for trajectory, group_reward, total in zip(group.trajectories, group.group_rewards, group.total_rewards()):
         info = {"group_reward": group_reward, "tags": list(tags)}
-        rows.append(trajectory_experience(trajectory, reward=total, group_id=group.group_id, info=info))
+        if answer is not None:
+            info["answer"] = answer
+        rows.append(trajectory_experience(trajectory, reward=total, group_id=group.group_id, task_id=task_id,
+                                          info=info))
     return rows
 
 

@@ -52,10 +52,12 @@ def workflow_params(config: Config, cls: type, *, evaluation: bool = False) -> A
         "reward_params": dict(e.eval_reward_args if use_eval else e.reward_args),
         "reward_timeout_s": e.reward_timeout_s,
         "reward_retries": e.reward_retries,
+        "max_total_tokens": config.model.max_prompt_tokens + config.model.max_response_tokens,
     }
     ptype = params_type(cls)
     known = {f.name for f in dataclasses.fields(ptype)} if ptype else set()
-    return build_params(cls, {k: v for k, v in offered.items() if k in known}, where="explorer")
+    values = {k: v for k, v in offered.items() if k in known}
+    return build_params(cls, {**values, **e.workflow_args}, where="explorer.workflow_args")
 
 
 def sampling_params(config: Config, *, step: int, evaluation: bool = False) -> SamplingParams:
@@ -122,11 +124,14 @@ class ExplorerWorker:
         if num_threads:
             torch.set_num_threads(num_threads)
         model, tokenizer = load_model(model_path, dtype=getattr(torch, config.explorer.dtype))
-        # No prefix cache: a recipe's workflows are single-turn, and no prompt extends a finished
-        # sequence; kept keys would only hold memory (up to ~0.4 GB for SmolLM2) until the next sync.
-        params = EngineParams(max_batch_size=config.explorer.max_concurrent, prefix_cache_tokens=0)
-        self.engine = RolloutEngine(model, tokenizer, params)
+        # The prefix cache only for workflows whose later turns extend earlier ones: for single-turn
+        # ones no prompt extends a finished sequence, and kept keys would only hold memory (up to
+        # ~0.4 GB for SmolLM2) until the next sync.
         wf_cls = WORKFLOW.get(config.explorer.workflow)
+        multi_turn = getattr(wf_cls, "reuses_prefixes", False)
+        params = EngineParams(max_batch_size=config.explorer.max_concurrent,
+                              prefix_cache_tokens=EngineParams.prefix_cache_tokens if multi_turn else 0)
+        self.engine = RolloutEngine(model, tokenizer, params)
         self.workflow = wf_cls(params=workflow_params(config, wf_cls))
         self.eval_workflow = (
             wf_cls(params=workflow_params(config, wf_cls, evaluation=True)) if config.explorer.eval_reward_fn else self.workflow

@@ -1,0 +1,109 @@
+"""The ``env`` workflow: a recipe's tasks played as episodes of an ``ENV`` environment.
+
+This is how ``run --config`` reaches the environments the client loop uses: the same
+:class:`~trinity_like.envs.types.EnvFactory` turns each task into a group of
+``explorer.group_size`` envs, :func:`~trinity_like.envs.rollout.rollout_groups` plays them
+on the explorer's engine (multi-turn, token in, token out), and each episode becomes one
+experience row whose loss covers the policy's tokens only. A recipe::
+
+    explorer:
+      workflow: env
+      workflow_args: {env: calculator, env_args: {max_turns: 3}}
+
+Limits come from the recipe: an episode's tokens stop at ``model.max_prompt_tokens +
+model.max_response_tokens`` (the length the trainer's rows are cut to) unless
+``workflow_args.max_total_tokens`` says otherwise, the actions' sampling is
+``explorer.sampling`` (each action's length and stops are the env's) and the rollout seed
+the step's. A group the env could
+not finish (its steps raised or timed out, see :mod:`~trinity_like.envs.rollout`) is a
+skipped task, as a task whose reward failed is in the ``math`` workflow.
+
+The rollout engine keeps the keys and values of finished turns for the next turn's
+prompt (its prefix cache), so a turn prefills only the tokens the env added.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from trinity_like.components import build_params
+from trinity_like.envs.dataset import build_env_factory
+from trinity_like.envs.experience import group_rows
+from trinity_like.envs.rollout import RolloutParams, rollout_groups
+from trinity_like.envs.types import EnvFactory
+from trinity_like.explorer.workflows import SkippedTask, WorkflowResult
+from trinity_like.errors import ConfigError
+from trinity_like.registry import ENV, WORKFLOW, UnknownNameError
+
+if TYPE_CHECKING:
+    from trinity_like.explorer.engine import RolloutEngine, SamplingParams
+
+
+@dataclass(frozen=True)
+class EnvWorkflowParams:
+    """Which environment, and the limits of its episodes (the recipe's ``explorer.workflow_args``)."""
+
+    env: str = "calculator"  # ENV name
+    env_args: Mapping[str, Any] = field(default_factory=dict)  # params of that env
+    max_total_tokens: int = 2048  # tokens of a whole episode; a recipe: model.max_prompt_tokens + max_response_tokens
+    step_timeout_s: float = 60.0  # time limit of one env call
+    step_retries: int = 1  # further attempts after an env call raised; then its group is skipped
+    max_turns: int = 64  # actions per episode, a safety net over the env's own end
+
+    def __post_init__(self) -> None:
+        # A wrong env name or env_args fails when the recipe is read, not at the first step.
+        try:
+            env = ENV.get(self.env)
+        except UnknownNameError as exc:
+            raise ConfigError(f"explorer.workflow_args.env: {exc.args[0]}") from None
+        build_params(env, self.env_args, where="explorer.workflow_args.env_args")
+        RolloutParams(max_turns=self.max_turns, max_total_tokens=self.max_total_tokens,
+                      step_timeout_s=self.step_timeout_s, step_retries=self.step_retries)
+
+
+@WORKFLOW.register_module("env")
+class EnvWorkflow:
+    """Tasks as groups of multi-turn episodes of a registered environment."""
+
+    reuses_prefixes = True  # later turns extend earlier ones: the engine should keep their keys
+
+    def __init__(self, *, params: EnvWorkflowParams) -> None:
+        self.params = params
+        self._factory: EnvFactory | None = None
+        self._tokenizer = None
+
+    def factory(self, tokenizer: Any) -> EnvFactory:
+        """The env factory, built once per tokenizer (envs render their prompts with it)."""
+        if self._factory is None or self._tokenizer is not tokenizer:
+            self._factory = build_env_factory(self.params.env, self.params.env_args, tokenizer=tokenizer,
+                                              where="explorer.workflow_args.env_args")
+            self._tokenizer = tokenizer
+        return self._factory
+
+    def run(self, tasks: Sequence[Any], *, engine: RolloutEngine, sampling: SamplingParams) -> WorkflowResult:
+        factory = self.factory(engine.tokenizer)
+        builders = [factory.group_builder(task, sampling.n) for task in tasks]
+        params = RolloutParams(
+            temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, greedy=sampling.greedy,
+            max_turns=self.params.max_turns, max_total_tokens=self.params.max_total_tokens,
+            step_timeout_s=self.params.step_timeout_s, step_retries=self.params.step_retries,
+        )
+        result = rollout_groups(builders, engine=engine, seed=sampling.seed, params=params)
+        experiences = [row for group in result.groups
+                       for row in group_rows(group, task_id=tasks[group.index].task_id,
+                                             answer=tasks[group.index].answer)]
+        skipped = [SkippedTask(tasks[d.index].task_id, d.reason) for d in result.dropped]
+        metrics = dict(result.metrics)
+        metrics.update({
+            "workflow/tasks": float(len(tasks)),
+            "workflow/skipped_tasks": float(len(skipped)),
+            "workflow/experiences": float(len(experiences)),
+        })
+        if experiences:
+            lengths = [e.response_length for e in experiences]
+            metrics["response_length/mean"] = sum(lengths) / len(lengths)
+            metrics["response_length/max"] = float(max(lengths))
+            metrics["finish/length_frac"] = sum(e.finish_reason == "length" for e in experiences) / len(experiences)
+        return WorkflowResult(experiences, skipped, metrics)
