@@ -92,7 +92,7 @@ def test_the_explorer_keeps_finished_turns_for_env_workflows_only(tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("explorer.workflow_args={env: calculater}", r"multiturn_tool.yaml:\d+: explorer.workflow_args.env: unknown environment 'calculater'; did you mean 'calculator'"),
+    ("explorer.workflow_args={env: calculater}", r"multiturn_tool.yaml: override .*explorer.workflow_args.env: unknown environment 'calculater'; did you mean 'calculator'"),
     ("explorer.workflow_args={env: calculator, env_args: {max_turn: 2}}", r"explorer.workflow_args.env_args.max_turn: unknown parameter .*did you mean 'max_turns'"),
     ("explorer.workflow_args={max_turns: 0}", r"max_turns must be >= 1"),
 ])
