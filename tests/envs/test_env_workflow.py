@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "examples" / "multiturn_tool.yaml"
 
 # A two-turn chat env: the model speaks, the env answers "more", the model speaks again and
-# is scored on the parity of that last action's length (so groups differ and train).
+# is scored on the parity of that last action's first token (so groups differ and train).
 PLUGIN = textwrap.dedent(
     '''
     from trinity_like.envs.chat import message_tokens
@@ -40,7 +40,7 @@ PLUGIN = textwrap.dedent(
         def step(self, action):
             self.turn += 1
             if self.turn == 2:
-                return StepResult(float(len(action) % 2), True, metrics={"spoke_twice": 1.0})
+                return StepResult(float(action[0] % 2), True, metrics={"spoke_twice": 1.0})
             reply = {"role": "user", "content": "more"}
             self.history += list(action) + message_tokens(self.tok, self.messages, [reply], action_tokens=action)
             self.messages = self.messages + [{"role": "assistant", "content": self.tok.decode(action)}, reply]
@@ -71,6 +71,7 @@ def test_a_recipe_trains_on_two_turn_episodes_with_only_the_policy_tokens_in_the
     steps = [r for r in rows if "rollout/turns/mean" in r]
     assert len(steps) == 2 and all(r["rollout/turns/mean"] == 2.0 for r in steps)
     assert all(r["env/spoke_twice"] == 1.0 and r["workflow/skipped_tasks"] == 0 for r in steps)
+    assert any(r["actor/grad_norm"] > 0 for r in steps)  # rewards differed within a group: the policy was trained
     with sqlite3.connect(run_dir / "buffer.sqlite") as db:
         stored = [unpack(*row) for row in db.execute("select kind, header, arrays from rows")]
     assert len(stored) == 2 * 2 * 4 and all(e.info["turns"] == 2 for e in stored)  # 2 steps x 2 tasks x 4 episodes
