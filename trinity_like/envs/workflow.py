@@ -33,7 +33,7 @@ from trinity_like.envs.dataset import build_env_factory
 from trinity_like.envs.experience import group_rows
 from trinity_like.envs.rollout import RolloutParams, rollout_groups
 from trinity_like.envs.types import EnvFactory
-from trinity_like.explorer.workflows import SkippedTask, WorkflowResult
+from trinity_like.explorer.workflows import SkippedTask, WorkflowResult, workflow_metrics
 from trinity_like.errors import ConfigError
 from trinity_like.registry import ENV, WORKFLOW, UnknownNameError
 
@@ -95,15 +95,7 @@ class EnvWorkflow:
                        for row in group_rows(group, task_id=tasks[group.index].task_id,
                                              answer=tasks[group.index].answer)]
         skipped = [SkippedTask(tasks[d.index].task_id, d.reason) for d in result.dropped]
-        metrics = dict(result.metrics)
-        metrics.update({
-            "workflow/tasks": float(len(tasks)),
-            "workflow/skipped_tasks": float(len(skipped)),
-            "workflow/experiences": float(len(experiences)),
-        })
-        if experiences:
-            lengths = [e.response_length for e in experiences]
-            metrics["response_length/mean"] = sum(lengths) / len(lengths)
-            metrics["response_length/max"] = float(max(lengths))
-            metrics["finish/length_frac"] = sum(e.finish_reason == "length" for e in experiences) / len(experiences)
+        # No reward function here: the env scores its own steps (rollout/env_errors count its failures).
+        metrics = {**result.metrics,
+                   **workflow_metrics(experiences, len(tasks), skipped, {"timeout": 0, "error": 0}, retried=0)}
         return WorkflowResult(experiences, skipped, metrics)

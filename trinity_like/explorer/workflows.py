@@ -111,13 +111,15 @@ class MathWorkflow:
                 skipped.append(SkippedTask(task.task_id, reason))
             else:
                 experiences.extend(rows)
-        metrics = _metrics(experiences, len(tasks), skipped, failures, retried)
+        metrics = workflow_metrics(experiences, len(tasks), skipped, failures, retried)
         return WorkflowResult(experiences, skipped, metrics)
 
 
-def _metrics(
+def workflow_metrics(
     experiences: list[Experience], num_tasks: int, skipped: list[SkippedTask], failures: dict[str, int], retried: int
 ) -> dict[str, float]:
+    """A workflow run's ``workflow/*`` counts and its rewards, lengths and finish reasons;
+    ``failures`` counts reward calls that timed out / raised, ``retried`` their retries."""
     rewards = [e.reward for e in experiences if e.reward is not None]
     lengths = [e.response_length for e in experiences]
     metrics = {

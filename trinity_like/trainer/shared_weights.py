@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import torch
 
 from trinity_like.errors import TrinityError
@@ -68,6 +69,7 @@ class SharedWeights:
     path: str
     machine: str  # this_machine() of the writer
     entries: tuple[Entry, ...]
+    size: int  # bytes of the file
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The weights as views of the file (read them, copy them into a model, drop them)."""
@@ -76,8 +78,7 @@ class SharedWeights:
                 f"weights were written to shared memory on {self.machine!r}, but this process runs on "
                 f"{this_machine()!r}: the explorer and the trainer must share a machine to sync in memory"
             )
-        last = self.entries[-1] if self.entries else None
-        buffer = _mapping(self.path, max(ALIGN, last.offset + _aligned(_nbytes(last)) if last else 0))
+        buffer = _mapping(self.path, self.size)
         return {e.name: _view(buffer, e) for e in self.entries}
 
 
@@ -116,26 +117,16 @@ def write_into(path: str, items: Iterable[tuple[str, torch.Tensor]]) -> SharedWe
     buffer = _mapping(path, size)
     with torch.no_grad():
         for entry, (_, t) in zip(entries, tensors):
-            _view(buffer, entry).copy_(t.cpu() if t.device.type != "cpu" else t)
-    return SharedWeights(path=path, machine=this_machine(), entries=entries)
+            _view(buffer, entry).copy_(t)
+    return SharedWeights(path=path, machine=this_machine(), entries=entries, size=size)
 
 
 def remove_orphans(folder: Path) -> None:
     """Remove mailbox files whose owner process is gone (killed before its close)."""
     for f in folder.glob(f"{PREFIX}*"):
         pid = f.name.removeprefix(PREFIX).split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
             f.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 _MAPPINGS: dict[str, torch.Tensor] = {}  # path -> this process's mapping (uint8), kept across syncs
