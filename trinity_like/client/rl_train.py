@@ -1,0 +1,466 @@
+"""A reusable RL training loop over the Tinker-compatible client and the env API.
+
+``examples/client/rl_basic.py`` is the loop to read; this is the one to reuse. It trains
+any ``ENV`` environment -- single- or multi-turn, see :mod:`trinity_like.envs` -- with a
+:class:`~trinity_like.client.training.TrainingClient`, in the spirit of tinker-cookbook's
+``rl/train.py``. One iteration::
+
+    builders = the next batch_size tasks, a group of group_size envs each
+    episodes = rollout_groups(builders) on a SamplingClient of the current weights   time/rollout
+    ref      = the base model's logprobs of every episode (kl_penalty_coef > 0 only) time/reference
+    r'       = step rewards - kl_penalty_coef * KL(pi || ref) of each turn's tokens
+    A        = r' - its group's mean (per episode; or per turn, from returns-to-go)
+    datums   = one per episode: loss on the policy's tokens only, each carrying its A
+    num_substeps x (forward_backward(minibatch, loss_fn); optim_step)               time/update
+    sampler  = save_weights_and_get_sampling_client()                               time/sync
+    every save_every: save_state (resumable); every eval_every: greedy held-out accuracy
+
+Advantages are group-centred, with no std and no length normalisation. Episode i of a
+group plays turns t = 0..T_i-1 with step rewards r_it (its group reward added to its last
+turn), shaped as r'_it = r_it - beta * KL_it where KL_it = sum over the tokens of action t
+of log pi_sampler(a) - log pi_ref(a): the k1 estimator summed over the turn, whose
+expectation is the KL of the turn's tokens (the sampler's logprobs are the policy's at
+temperature 1). The penalty is part of the reward, never of the loss.
+
+- default: A_i = R_i - mean_j R_j with R_i = sum_t r'_it, on every policy token of episode i.
+- ``advantage_per_turn``: A_it = G_it - mean_j G_jt with G_it = sum_{s >= t} r'_is, the
+  return-to-go from turn t (0 for an episode that ended before turn t); the tokens of
+  action t get A_it, so a reward earned before turn t does not credit turn t. Turn 0 gets
+  the default advantage, and so does every turn when all episodes of the group have as
+  many turns and are rewarded at their last one only.
+
+A group whose values are all equal gets exactly 0 and, by default, is left out of the
+batch (``train/skipped_groups``): it would cost a forward and backward and teach nothing.
+
+Example::
+
+    from trinity_like.client import ServiceClient
+    from trinity_like.client.rl_train import RLTrainConfig, train
+    from trinity_like.envs.calculator import calculator_tasks
+    from trinity_like.envs.dataset import build_env_factory
+
+    training = ServiceClient().create_lora_training_client("smollm2-135m-instruct", rank=0, seed=0)
+    factory = build_env_factory("calculator", {"max_turns": 3}, tokenizer=training.get_tokenizer())
+    result = train(RLTrainConfig(log_path="runs/calc", iterations=20), training, factory,
+                   calculator_tasks("train", 160), calculator_tasks("eval", 100))
+    result.evals[0]["eval/accuracy"], result.evals[-1]["eval/accuracy"]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from itertools import accumulate, pairwise
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tinker import types
+
+from trinity_like.client.losses import RL_INPUTS, THRESHOLDS, TINKER_LOSSES, loss_spec
+from trinity_like.client.sampling import SamplingClient, _queue
+from trinity_like.client.training import TrainingClient
+from trinity_like.envs.dataset import TaskEnvDataset
+from trinity_like.envs.experience import trajectory_experience
+from trinity_like.envs.rollout import (
+    GroupRollout,
+    RolloutParams,
+    RolloutResult,
+    rollout_groups,
+)
+from trinity_like.envs.types import EnvFactory, EnvGroupBuilder
+from trinity_like.errors import ConfigError
+from trinity_like.experience import Task
+from trinity_like.explorer.engine import Request, Sample, SamplingParams, sample_seed
+from trinity_like.monitor.logger import MetricsLogger, PhaseTimer
+from trinity_like.monitor.sinks import read_jsonl_metrics
+from trinity_like.plugins import load_plugins
+
+RL_LOSSES = tuple(name for name, loss in TINKER_LOSSES.items() if loss.inputs == RL_INPUTS)
+CHECKPOINTS = "checkpoints.jsonl"  # in log_path: one {"iteration", "path"} line per save_state
+_KINDS = {"int": int, "float": (int, float), "bool": bool, "str": str}
+
+
+@dataclass(frozen=True)
+class RLTrainConfig:
+    """The loop's knobs (module docstring); a bad value is a one-line ConfigError naming its field."""
+
+    log_path: str  # run folder: metrics.jsonl, checkpoints.jsonl; one holding checkpoints is resumed
+    iterations: int = 20  # sampling iterations
+    batch_size: int = 8  # env groups (tasks) per iteration
+    group_size: int = 8  # episodes per group; their advantages are centred on the group's mean
+    num_substeps: int = 1  # optimiser steps per iteration, each over its own disjoint minibatch of episodes
+    loss_fn: str = "importance_sampling"  # a Tinker loss on (logprobs, advantages): see RL_LOSSES
+    loss_fn_config: Mapping[str, float] = field(default_factory=dict)  # e.g. ppo's {"clip_high_threshold": 1.28}
+    learning_rate: float = 1e-5  # AdamW
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 1.0  # 0: no clipping
+    kl_penalty_coef: float = 0.0  # beta of the shaping r - beta * KL(pi || ref); 0: no reference pass at all
+    advantage_per_turn: bool = False  # each turn's advantage from its return-to-go (module docstring)
+    skip_zero_advantage_groups: bool = True  # leave groups whose advantages are all 0 out of the batch (counted)
+    temperature: float = 1.0  # of the training rollouts; evaluation is greedy
+    max_total_tokens: int = 2048  # tokens of one episode, history and actions (an action's length is the env's)
+    max_turns: int = 64  # actions per episode, a safety net over the env's own end
+    eval_every: int = 5  # greedy held-out evaluation every this many iterations, at the start and the end; 0: never
+    save_every: int = 10  # save_state every this many iterations and at the end; 0: never (nothing to resume)
+    seed: int = 0  # of the rollouts' sampling: iteration i draws from sample_seed(seed, i, 0)
+    progress: bool = True  # a tqdm progress bar
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            kind, value = _KINDS.get(str(f.type)), getattr(self, f.name)
+            if kind is not None and (not isinstance(value, kind) or (f.type != "bool" and isinstance(value, bool))):
+                raise ConfigError(f"RLTrainConfig.{f.name}: expected {f.type}, got {value!r}")
+        for name in ("iterations", "batch_size", "group_size", "num_substeps", "max_total_tokens", "max_turns"):
+            self._check(name, getattr(self, name) >= 1, "must be >= 1")
+        for name in ("eval_every", "save_every"):
+            self._check(name, getattr(self, name) >= 0, "must be >= 0 (0: never)")
+        self._check("log_path", bool(self.log_path), "must name a folder")
+        self._check("learning_rate", self.learning_rate > 0, "must be > 0")
+        self._check("kl_penalty_coef", self.kl_penalty_coef >= 0, "must be >= 0")
+        self._check("temperature", self.temperature > 0, "must be > 0 (evaluation is greedy anyway)")
+        self._check("loss_fn", self.loss_fn in RL_LOSSES, f"must be one of {', '.join(RL_LOSSES)}")
+        load_plugins()  # the losses are registry entries
+        try:
+            loss_spec(self.loss_fn, self.loss_fn_config)
+        except ConfigError as exc:
+            raise ConfigError(f"RLTrainConfig.{exc}") from None
+
+    def _check(self, name: str, ok: bool, why: str) -> None:
+        if not ok:
+            raise ConfigError(f"RLTrainConfig.{name}: {why}, got {getattr(self, name)!r}")
+
+    def adam(self) -> types.AdamParams:
+        return types.AdamParams(learning_rate=self.learning_rate, beta1=self.beta1, beta2=self.beta2, eps=self.eps,
+                                weight_decay=self.weight_decay, grad_clip_norm=self.grad_clip_norm)
+
+    def rollout(self, *, greedy: bool = False) -> RolloutParams:
+        return RolloutParams(temperature=self.temperature, greedy=greedy, max_turns=self.max_turns,
+                             max_total_tokens=self.max_total_tokens)
+
+
+# -- sampling episodes through a SamplingClient ---------------------------------------------------
+class _SamplerEngine:
+    """A SamplingClient as the engine :func:`rollout_groups` drives: each call runs on the
+    process's sampling queue, on the shared engine holding the client's weights -- the same
+    engine, seeds, stop conditions and prefix reuse as a recipe's explorer."""
+
+    def __init__(self, sampler: SamplingClient) -> None:
+        self.sampler = sampler
+
+    def run(self, requests: Sequence[Request], sampling: SamplingParams) -> list[list[Sample]]:
+        return _queue().submit(None, _run_requests, self.sampler, list(requests), sampling).result()
+
+
+def _run_requests(jobs: list[Any]) -> list[list[list[Sample]]]:
+    sampler, requests, sampling = jobs[0].args
+    return [sampler._engine().run(requests, sampling)]
+
+
+def sample_episodes(sampler: SamplingClient, builders: Sequence[EnvGroupBuilder], *, seed: int,
+                    params: RolloutParams) -> RolloutResult:
+    """Every episode of ``builders`` sampled from ``sampler``'s weights (see :mod:`trinity_like.envs.rollout`)."""
+    return rollout_groups(builders, engine=_SamplerEngine(sampler), seed=seed, params=params)
+
+
+# -- episodes, advantages, datums -----------------------------------------------------------------
+@dataclass
+class Episode:
+    """One episode as training data. Letters: T tokens of the whole episode."""
+
+    tokens_T: list[int]  # every turn as sampled: the last observation, then the last action
+    logprobs_T: list[float]  # the sampler's logprob of each policy token; 0.0 elsewhere
+    spans: list[tuple[int, int]]  # [start, end) of each turn's action in tokens_T
+    rewards: list[float]  # per turn; the group reward added to the last
+    kl: list[float] = field(default_factory=list)  # per turn: sum of log pi_sampler - log pi_ref; [] without ref
+
+    def shaped_rewards(self, beta: float) -> list[float]:
+        return [r - beta * k for r, k in zip(self.rewards, self.kl or [0.0] * len(self.rewards), strict=True)]
+
+
+def group_episodes(group: GroupRollout) -> list[Episode]:
+    """The episodes of one group, laid out as :func:`trajectory_experience` lays out a row."""
+    out = []
+    for trajectory, group_reward in zip(group.trajectories, group.group_rewards, strict=True):
+        row = trajectory_experience(trajectory, reward=0.0, group_id=group.group_id)
+        spans = [(len(t.observation), len(t.observation) + len(t.action)) for t in trajectory.transitions]
+        rewards = [t.reward for t in trajectory.transitions]
+        rewards[-1] += group_reward
+        out.append(Episode(row.tokens, [0.0] * row.prompt_length + list(row.logprobs), spans, rewards))
+    return out
+
+
+def centred(values: Sequence[float]) -> list[float]:
+    """``values`` minus their mean; exactly 0 when they are all equal.
+
+    >>> centred([1.0, 0.0, 0.0, 1.0]), centred([0.1, 0.1, 0.1])
+    ([0.5, -0.5, -0.5, 0.5], [0.0, 0.0, 0.0])
+    """
+    if all(v == values[0] for v in values):
+        return [0.0] * len(values)
+    mean = statistics.fmean(values)
+    return [v - mean for v in values]
+
+
+def turn_advantages(rewards_G: Sequence[Sequence[float]], *, per_turn: bool) -> list[list[float]]:
+    """The advantage of each turn of each episode of a group, from per-turn (shaped) rewards.
+
+    Default: every turn gets its episode's return minus the group's mean return. Per turn:
+    the return-to-go from that turn minus the group's mean return-to-go from the same turn
+    (0 for an episode that ended before it).
+
+    >>> turn_advantages([[0.0, 1.0], [0.0]], per_turn=False)
+    [[0.5, 0.5], [-0.5]]
+    >>> turn_advantages([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]], per_turn=True)  # returns-to-go [2, 1, 1], [1, 1, 0]
+    [[0.5, 0.0, 0.5], [-0.5, 0.0, -0.5]]
+    """
+    if not per_turn:
+        return [[a] * len(r) for a, r in zip(centred([sum(r) for r in rewards_G]), rewards_G, strict=True)]
+    to_go = [list(accumulate(reversed(r)))[::-1] for r in rewards_G]
+    columns = [centred([g[t] if t < len(g) else 0.0 for g in to_go]) for t in range(max(map(len, to_go)))]
+    return [[columns[t][i] for t in range(len(g))] for i, g in enumerate(to_go)]
+
+
+@dataclass
+class _Row:
+    """A datum and where its policy tokens are (datum position p predicts token p + 1)."""
+
+    datum: types.Datum
+    policy_P: np.ndarray  # positions whose target is a policy token
+    sampler_P: np.ndarray  # the sampler's logprobs there
+    advantages_P: np.ndarray
+
+
+def episode_datum(episode: Episode, advantages: Sequence[float]) -> _Row:
+    """The episode as one datum: the loss covers its action tokens, each with its turn's advantage."""
+    adv_T = np.zeros(len(episode.tokens_T), dtype=np.float32)
+    policy = np.zeros(len(episode.tokens_T), dtype=bool)
+    for (start, end), a in zip(episode.spans, advantages, strict=True):
+        adv_T[start:end], policy[start:end] = a, True
+    lp_T = np.asarray(episode.logprobs_T, dtype=np.float32)
+    datum = types.Datum(model_input=types.ModelInput.from_ints(episode.tokens_T[:-1]), loss_fn_inputs={
+        "target_tokens": types.TensorData.from_numpy(np.asarray(episode.tokens_T[1:], dtype=np.int64)),
+        "logprobs": types.TensorData.from_numpy(lp_T[1:]),
+        "advantages": types.TensorData.from_numpy(adv_T[1:]),
+    })
+    positions = np.flatnonzero(policy[1:])
+    return _Row(datum, positions, lp_T[1:][positions], adv_T[1:][positions])
+
+
+def minibatches(n: int, k: int) -> list[range]:
+    """``min(n, k)`` contiguous disjoint ranges covering ``0..n-1``, sizes differing by at most one.
+
+    >>> minibatches(7, 3), minibatches(2, 4)
+    ([range(0, 2), range(2, 4), range(4, 7)], [range(0, 1), range(1, 2)])
+    """
+    k = min(n, k)
+    bounds = [n * i // k for i in range(k + 1)] if k else [0]
+    return [range(a, b) for a, b in pairwise(bounds)]
+
+
+# -- the stages of an iteration -------------------------------------------------------------------
+def reference_kl(reference: SamplingClient, episodes: Sequence[Episode]) -> dict[str, float]:
+    """Set each episode's per-turn ``kl`` from the reference's logprobs of its tokens; return
+    the per-token means of both estimators of KL(pi || ref) over the policy's tokens (Schulman,
+    "Approximating KL divergence", 2020): k1 = log pi - log ref, k3 = (r - 1) - log r, r = ref / pi."""
+    futures = [reference.compute_logprobs(types.ModelInput.from_ints(ep.tokens_T)) for ep in episodes]
+    k1: list[float] = []
+    k3: list[float] = []
+    for ep, future in zip(episodes, futures, strict=True):
+        ref = future.result()
+        log_r = [[ref[j] - ep.logprobs_T[j] for j in range(start, end)] for start, end in ep.spans]
+        ep.kl = [-sum(turn) for turn in log_r]
+        k1 += [-x for turn in log_r for x in turn]
+        k3 += [math.expm1(x) - x for turn in log_r for x in turn]
+    return {"kl/ref_k1": statistics.fmean(k1), "kl/ref_k3": statistics.fmean(k3)} if k1 else {}
+
+
+def build_rows(groups: Sequence[Sequence[Episode]], config: RLTrainConfig) -> tuple[list[_Row], dict[str, float]]:
+    """The datums of an iteration, group by group, and what their advantages look like."""
+    rows: list[_Row] = []
+    skipped = 0
+    shaped: list[float] = []
+    for episodes in groups:
+        rewards = [ep.shaped_rewards(config.kl_penalty_coef) for ep in episodes]
+        shaped += [sum(r) for r in rewards]
+        advantages = turn_advantages(rewards, per_turn=config.advantage_per_turn)
+        if config.skip_zero_advantage_groups and not any(a for adv in advantages for a in adv):
+            skipped += 1
+            continue
+        rows += [episode_datum(ep, adv) for ep, adv in zip(episodes, advantages, strict=True)]
+    policy = sum(len(r.policy_P) for r in rows)
+    metrics = {"train/skipped_groups": float(skipped), "train/datums": float(len(rows)),
+               "train/policy_tokens": float(policy)}
+    if shaped:
+        metrics["reward/shaped_mean"] = statistics.fmean(shaped)
+    if policy:
+        metrics["train/advantage_abs_mean"] = float(sum(np.abs(r.advantages_P).sum() for r in rows) / policy)
+    return rows, metrics
+
+
+def train_step(training: TrainingClient, rows: Sequence[_Row], config: RLTrainConfig) -> dict[str, float]:
+    """``num_substeps`` optimiser steps over disjoint minibatches: each datum is used exactly once."""
+    parts = minibatches(len(rows), config.num_substeps)
+    config_fn = dict(config.loss_fn_config) or None
+    submitted = []
+    for part in parts:  # all queued at once: the client runs them in order
+        batch = [rows[i] for i in part]
+        fwd = training.forward_backward([r.datum for r in batch], config.loss_fn, config_fn)
+        submitted.append((batch, fwd, training.optim_step(config.adam())))
+    sums: dict[str, float] = {}
+    clipped = 0
+    for batch, fwd, opt in submitted:
+        out, step = fwd.result(), opt.result()
+        for key, value in {**out.metrics, **step.metrics}.items():
+            sums[key] = sums.get(key, 0.0) + float(value)
+        for row, lp in zip(batch, out.loss_fn_outputs, strict=True):
+            clipped += _clipped(row, lp["logprobs"].to_numpy(), config)
+    n = max(len(parts), 1)
+    metrics = {f"train/{k.removesuffix(':mean')}": v / n for k, v in sums.items() if k != "loss:sum"}
+    for estimator in ("k1", "k3"):  # sampler vs learner on the policy's tokens (the client's own diagnostic)
+        if f"train/kl_sample_train_{estimator}" in metrics:
+            metrics[f"kl/sample_train_{estimator}"] = metrics.pop(f"train/kl_sample_train_{estimator}")
+    policy = sum(len(r.policy_P) for r in rows)
+    metrics.update({"train/substeps": float(len(parts)), "loss/sum": sums.get("loss:sum", 0.0)})
+    if policy:
+        metrics["loss"] = sums.get("loss:sum", 0.0) / policy
+        if config.loss_fn == "ppo":  # the loss's own clip_frac also counts the observation tokens between turns
+            metrics["train/clip_frac"] = clipped / policy
+    if "train/entropy" in metrics:
+        metrics["entropy"] = metrics["train/entropy"]
+    return metrics
+
+
+def _clipped(row: _Row, learner_P: np.ndarray, config: RLTrainConfig) -> int:
+    """Policy tokens where PPO's clip is active: the ratio beyond its bound on the advantage's side."""
+    bounds = {**THRESHOLDS, **config.loss_fn_config}
+    ratio = np.exp(learner_P[row.policy_P] - row.sampler_P)
+    high = (row.advantages_P > 0) & (ratio > bounds["clip_high_threshold"])
+    low = (row.advantages_P < 0) & (ratio < bounds["clip_low_threshold"])
+    return int((high | low).sum())
+
+
+def evaluate(sampler: SamplingClient, factory: EnvFactory, tasks: Sequence[Task],
+             config: RLTrainConfig) -> dict[str, float]:
+    """Greedy episodes of ``tasks``, one each: accuracy = mean episode return (a dropped one scores 0)."""
+    result = sample_episodes(sampler, [factory.group_builder(t, 1) for t in tasks], seed=0,
+                             params=config.rollout(greedy=True))
+    returns = [g.total_rewards()[0] for g in result.groups] + [0.0] * len(result.dropped)
+    accuracy = statistics.fmean(returns)
+    stderr = statistics.pstdev(returns) / math.sqrt(len(returns))  # sqrt(p(1-p)/n) for 0/1 rewards
+    metrics = {"eval/accuracy": accuracy, "eval/accuracy_stderr": stderr, "eval/tasks": float(len(returns)),
+               "eval/dropped": float(len(result.dropped))}
+    metrics.update({f"eval/{k}": v for k, v in result.metrics.items() if k.startswith(("env/", "rollout/turns"))})
+    return metrics
+
+
+# -- checkpoints ----------------------------------------------------------------------------------
+def save_checkpoint(training: TrainingClient, log_path: Path, iteration: int) -> str:
+    path = training.save_state(f"iter_{iteration:06d}", overwrite=True).result().path
+    with open(log_path / CHECKPOINTS, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"iteration": iteration, "path": path}) + "\n")
+    return path
+
+
+def resume(training: TrainingClient, log_path: Path) -> int:
+    """Load the last checkpoint listed in ``log_path`` (weights and optimiser) and return its
+    iteration (0: none). Metrics logged after it, by the run that died, are dropped."""
+    saved = read_jsonl_metrics(log_path / CHECKPOINTS) if (log_path / CHECKPOINTS).exists() else []
+    if not saved:
+        return 0
+    training.load_state_with_optimizer(saved[-1]["path"]).result()
+    start = int(saved[-1]["iteration"])
+    metrics = log_path / "metrics.jsonl"
+    if metrics.exists():
+        kept = [row for row in read_jsonl_metrics(metrics) if row["step"] <= start]
+        metrics.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
+    return start
+
+
+# -- the loop -------------------------------------------------------------------------------------
+@dataclass
+class TrainResult:
+    start_iteration: int  # 0, or the iteration a checkpoint resumed from
+    metrics: list[dict[str, float]]  # every logged record of this call, with its "step"
+
+    @property
+    def evals(self) -> list[dict[str, float]]:
+        """The records holding a held-out evaluation, in order."""
+        return [m for m in self.metrics if "eval/accuracy" in m]
+
+
+def train(config: RLTrainConfig, training: TrainingClient, factory: EnvFactory, train_tasks: Sequence[Task],
+          eval_tasks: Sequence[Task] = ()) -> TrainResult:
+    """Train ``training`` on ``factory``'s envs of ``train_tasks`` (batches in order, cycled);
+    evaluate on ``eval_tasks``; resume from ``config.log_path``'s last checkpoint if it has one."""
+    dataset = TaskEnvDataset(train_tasks, factory, batch_size=config.batch_size, group_size=config.group_size)
+    log_path = Path(config.log_path)
+    log_path.mkdir(parents=True, exist_ok=True)
+    start = resume(training, log_path)
+    reference = SamplingClient(training.base_model) if config.kl_penalty_coef > 0 else None  # frozen base weights
+    logger = MetricsLogger(str(log_path), ("jsonl",), total_steps=config.iterations, start_step=start,
+                           progress=config.progress, desc="rl_train")
+    result = TrainResult(start, [])
+
+    def log(step: int, metrics: dict[str, float]) -> None:
+        logger.log(step, metrics)
+        result.metrics.append({"step": step, **metrics})
+
+    try:
+        if start:
+            logger.write(f"resumed from the checkpoint of iteration {start} in {log_path / CHECKPOINTS}")
+        sampler = training.save_weights_and_get_sampling_client()
+        do_eval = bool(eval_tasks) and config.eval_every > 0
+        if do_eval and start == 0:
+            log(0, evaluate(sampler, factory, eval_tasks, config))
+        for it in range(start + 1, config.iterations + 1):
+            timer, t0 = PhaseTimer(), time.perf_counter()
+            with timer("rollout"):
+                rollout = sample_episodes(sampler, dataset.get_batch((it - 1) % len(dataset)),
+                                          seed=sample_seed(config.seed, it, 0), params=config.rollout())
+            groups = [group_episodes(g) for g in rollout.groups]
+            metrics = dict(rollout.metrics)
+            if reference is not None:
+                with timer("reference"):
+                    metrics.update(reference_kl(reference, [ep for g in groups for ep in g]))
+            rows, built = build_rows(groups, config)
+            metrics.update(built)
+            with timer("update"):
+                metrics.update(train_step(training, rows, config))
+            with timer("sync"):
+                sampler = training.save_weights_and_get_sampling_client()
+            last = it == config.iterations
+            if config.save_every and (it % config.save_every == 0 or last):
+                with timer("checkpoint"):
+                    save_checkpoint(training, log_path, it)
+            if do_eval and (it % config.eval_every == 0 or last):
+                with timer("eval"):
+                    metrics.update(evaluate(sampler, factory, eval_tasks, config))
+            metrics.update(_speed(timer, t0, groups, metrics))
+            log(it, metrics)
+            logger.advance()
+    finally:
+        logger.close()
+    return result
+
+
+def _speed(timer: PhaseTimer, t0: float, groups: Sequence[Sequence[Episode]],
+           metrics: Mapping[str, float]) -> dict[str, float]:
+    """Per-stage seconds and tokens per second (sampled, trained, whole iteration)."""
+    out = timer.metrics()
+    out["time/step"] = time.perf_counter() - t0
+    episodes = [ep for g in groups for ep in g]
+    sampled = sum(end - start for ep in episodes for start, end in ep.spans)
+    out["response_length/mean"] = sampled / max(len(episodes), 1)  # policy tokens per episode
+    out["throughput/sample_tokens_per_s"] = sampled / max(out["time/rollout"], 1e-9)
+    if metrics.get("train/policy_tokens"):
+        out["throughput/train_tokens_per_s"] = metrics["train/policy_tokens"] / max(out["time/update"], 1e-9)
+    out["throughput/tokens_per_s"] = sum(len(ep.tokens_T) for ep in episodes) / max(out["time/step"], 1e-9)
+    return out
