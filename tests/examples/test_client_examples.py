@@ -3,6 +3,7 @@ tiny model in seconds, and ends with its result line."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -14,6 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CLIENT = ROOT / "examples" / "client"
 RL_TINY = ["--model", "tiny-random", "--steps", "2", "--batch", "2", "--group", "4", "--max-tokens", "4",
            "--eval", "4"]
+ENV_TINY = ["--model", "tiny-random", "--iterations", "2", "--batch", "2", "--group", "4", "--eval", "4",
+            "--eval-every", "1"]
 SL_TINY = ["--model", "tiny-random", "--steps", "3", "--batch", "4", "--eval", "4", "--eval-every", "2",
            "--max-tokens", "4"]
 
@@ -39,7 +42,7 @@ def run(args: list[str]) -> str:
 
 
 def test_every_client_example_has_a_smoke_test():
-    assert sorted(p.name for p in CLIENT.glob("*.py")) == ["rl_basic.py", "sl_basic.py"]
+    assert sorted(p.name for p in CLIENT.glob("*.py")) == ["rl_basic.py", "rl_env.py", "sl_basic.py"]
 
 
 @pytest.mark.parametrize("variant", [[], ["--custom"], ["--loss", "ppo"]], ids=["is", "custom", "ppo"])
@@ -53,6 +56,21 @@ def test_rl_basic_trains_and_reports(variant):
 def test_rl_basic_runs_as_written():
     out = run([str(CLIENT / "rl_basic.py"), *RL_TINY])
     assert re.search(r"held-out greedy accuracy: [\d.]+% -> [\d.]+% in 2 steps", out), out
+
+
+@pytest.mark.parametrize("variant", [[], ["--kl", "0.01", "--per-turn", "--substeps", "2", "--loss", "ppo"]],
+                         ids=["as_written", "kl_per_turn_ppo"])
+def test_rl_env_trains_evaluates_and_resumes(tmp_path, variant):
+    args = [str(CLIENT / "rl_env.py"), *ENV_TINY, "--log-path", str(tmp_path / "run"), *variant]
+    result = r"held-out greedy accuracy: [\d.]+% -> [\d.]+% \(tool use [\d.]+% -> [\d.]+%\) after iteration 2"
+    assert re.search(result, run(args))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2] and all("eval/accuracy" in r for r in rows)
+    if variant:
+        assert all(r["train/substeps"] == min(2, r["train/datums"]) and "kl/ref_k1" in r for r in rows[1:])
+    again = run(args)  # the same log path: resumed from the last checkpoint, nothing left to train
+    assert "resumed from the checkpoint of iteration 2" in again and re.search(result, again)
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 3
 
 
 @pytest.mark.parametrize("rank", ["0", "4"], ids=["full", "lora"])
