@@ -150,7 +150,9 @@ class RLTrainConfig:
 class _SamplerEngine:
     """A SamplingClient as the engine :func:`rollout_groups` drives: each call runs on the
     process's sampling queue, on the shared engine holding the client's weights -- the same
-    engine, seeds, stop conditions and prefix reuse as a recipe's explorer."""
+    engine, seeds, stop conditions and prefix reuse as a recipe's explorer. (It reaches into
+    :mod:`.sampling`'s queue and engine: the SDK's ``sample`` takes one seed per request,
+    the rollout one per episode and turn.)"""
 
     def __init__(self, sampler: SamplingClient) -> None:
         self.sampler = sampler
@@ -307,6 +309,8 @@ def build_rows(groups: Sequence[Sequence[Episode]], config: RLTrainConfig) -> tu
 
 def train_step(training: TrainingClient, rows: Sequence[_Row], config: RLTrainConfig) -> dict[str, float]:
     """``num_substeps`` optimiser steps over disjoint minibatches: each datum is used exactly once."""
+    if not rows:
+        return {"train/substeps": 0.0}  # every group skipped or dropped: no step this iteration
     parts = minibatches(len(rows), config.num_substeps)
     config_fn = dict(config.loss_fn_config) or None
     submitted = []
@@ -322,17 +326,15 @@ def train_step(training: TrainingClient, rows: Sequence[_Row], config: RLTrainCo
             sums[key] = sums.get(key, 0.0) + float(value)
         for row, lp in zip(batch, out.loss_fn_outputs, strict=True):
             clipped += _clipped(row, lp["logprobs"].to_numpy(), config)
-    n = max(len(parts), 1)
-    metrics = {f"train/{k.removesuffix(':mean')}": v / n for k, v in sums.items() if k != "loss:sum"}
+    metrics = {f"train/{k.removesuffix(':mean')}": v / len(parts) for k, v in sums.items() if k != "loss:sum"}
     for estimator in ("k1", "k3"):  # sampler vs learner on the policy's tokens (the client's own diagnostic)
         if f"train/kl_sample_train_{estimator}" in metrics:
             metrics[f"kl/sample_train_{estimator}"] = metrics.pop(f"train/kl_sample_train_{estimator}")
     policy = sum(len(r.policy_P) for r in rows)
-    metrics.update({"train/substeps": float(len(parts)), "loss/sum": sums.get("loss:sum", 0.0)})
-    if policy:
-        metrics["loss"] = sums.get("loss:sum", 0.0) / policy
-        if config.loss_fn == "ppo":  # the loss's own clip_frac also counts the observation tokens between turns
-            metrics["train/clip_frac"] = clipped / policy
+    metrics.update({"train/substeps": float(len(parts)), "loss/sum": sums["loss:sum"],
+                    "loss": sums["loss:sum"] / max(policy, 1)})
+    if config.loss_fn == "ppo":  # the loss's own clip_frac also counts the observation tokens between turns
+        metrics["train/clip_frac"] = clipped / max(policy, 1)
     if "train/entropy" in metrics:
         metrics["entropy"] = metrics["train/entropy"]
     return metrics
