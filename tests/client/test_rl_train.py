@@ -34,6 +34,7 @@ from trinity_like.explorer.engine import RolloutEngine
 from trinity_like.explorer.engine import SamplingParams as EngineSampling
 from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks
 from trinity_like.models.resolve import load_model, render_prompt
+from trinity_like.monitor.plot import plot_run
 
 types = tinker.types
 NO_SPACE = {"reward_fn": "format", "reward_params": {"pattern": r"\S+"}, "max_tokens": 8}  # varies on a random model
@@ -207,6 +208,7 @@ def test_the_loop_logs_kl_to_the_base_and_each_stage(service, tmp_path):
     for m in result.metrics:
         assert all(m[f"time/{stage}"] > 0 for stage in ("rollout", "reference", "update", "step"))
         assert math.isfinite(m["loss"]) and m["throughput/tokens_per_s"] > 0 and m["entropy"] > 0
+    assert plot_run(tmp_path / "run").stat().st_size > 0  # a recipe run's metrics shape: `trinity-like plot` draws it
     plain = train(config(tmp_path / "plain"), service.create_lora_training_client("tiny-random", rank=0, seed=0),
                   factory, tasks("train", 8))
     assert not any(k.startswith("kl/ref") or k == "time/reference" for m in plain.metrics for k in m)
