@@ -9,6 +9,7 @@ from pathlib import Path
 from trinity_like.config import ResolvedStage
 from trinity_like.errors import TrinityError
 from trinity_like.explorer.worker import ExplorerWorker
+from trinity_like.monitor.evals import EVALS_FILE
 from trinity_like.monitor.logger import MetricsLogger
 from trinity_like.pipeline.checkpoint import CheckpointManager
 from trinity_like.pipeline.data_sources import StageData, task_set
@@ -40,9 +41,10 @@ def run_bench(spec: ResolvedStage) -> dict[str, float]:
             if is_adapter_folder(model):  # a LoRA run's checkpoint: evaluate adapter merged into its base
                 model = export_checkpoint(model, merged / path.name)
             stage = Stage(spec=spec, role="explore", run_dir=run_dir, model_path=model, tokenizer=load_tokenizer(model),
-                          data=data, logger=logger, checkpoints=checkpoints, explorer=ExplorerWorker(cfg, str(model)))
+                          data=data, logger=logger, checkpoints=checkpoints, explorer=ExplorerWorker(cfg, str(model)),
+                          eval_log=run_dir / "bench" / EVALS_FILE)
             step = int(CheckpointManager.read_state(path)["step"])
-            last = stage.evaluate()
+            last = stage.evaluate(step)
             logger.log(step, last)
             logger.write(f"{path.name}: accuracy {last['eval/accuracy']:.3f} +- {last['eval/accuracy_stderr']:.3f}")
             logger.advance()

@@ -90,7 +90,7 @@ class ExplorerProcess:
             time.sleep(self.poll_s)
 
     def evaluate(self, step: int) -> dict[str, float]:
-        metrics = self.ctx.evaluate()
+        metrics = self.ctx.evaluate(step)
         if metrics:
             self.ctx.log(step, {**metrics, "explorer/model_version": float(self.version)})
         return metrics

@@ -30,7 +30,9 @@ import torch
 from trinity_like.config import ResolvedStage
 from trinity_like.errors import TrinityError
 from trinity_like.monitor.logger import PhaseTimer
-from trinity_like.pipeline.batching import experience_batch, pair_batch
+from trinity_like.monitor.evals import append_evals
+from trinity_like.ops import normalizers
+from trinity_like.pipeline.batching import experience_batch, pair_batch, split_rows
 from trinity_like.pipeline.rl_loop import end_step, update
 from trinity_like.pipeline.stage import Stage, build_stage
 from trinity_like.trainer.engines import build_engine
@@ -108,24 +110,44 @@ class OfflineTrainer:
             stage.reference = None
 
     @torch.no_grad()
-    def held_out(self) -> dict[str, float]:
-        """Held-out loss (SFT), or preference accuracy and margin (DPO, RM), over ``buffer.eval_data``."""
-        rows_all = self.stage.data.eval_rows
+    def held_out(self, step: int) -> dict[str, float]:
+        """Held-out loss (SFT), or preference accuracy and margin (DPO, RM), over ``buffer.eval_data``.
+
+        Each held-out pair, with what the loss reports for it alone, goes to the stage's ``eval_log``."""
+        stage = self.stage
+        rows_all = stage.data.eval_rows
         metrics: dict[str, list[float]] = {}
+        items: list[dict[str, Any]] = []
         for i in range(0, len(rows_all), self.batch_size):
             rows = rows_all[i : i + self.batch_size]
             batch = self.batch(rows)
-            _, m = self.stage.objective(self.stage.actor.compute_logprobs(batch), batch)
+            outputs = stage.actor.compute_logprobs(batch)
+            _, m = stage.objective(outputs, batch)
             for k, v in m.items():
                 metrics.setdefault(k, []).append(float(v) * len(rows))
+            if stage.spec.algorithm.schema == "pair" and stage.eval_log is not None:
+                items += [self.pair_item(row, j, outputs, batch) for j, row in enumerate(rows)]
+        if items:
+            append_evals(stage.eval_log, step, items)
         return {f"eval/{k}": sum(v) / len(rows_all) for k, v in metrics.items()}
 
-    def evaluate(self) -> dict[str, float]:
+    def pair_item(self, row: Any, j: int, outputs: Batch, batch: Batch) -> dict[str, Any]:
+        """Pair ``j`` of a held-out batch as an ``evals.jsonl`` item: its texts and the loss's metrics of it alone."""
+        two = torch.tensor([2 * j, 2 * j + 1])
+        alone = split_rows(batch, two)
+        alone.update(normalizers(alone["response_mask"]))
+        _, m = self.stage.objective(split_rows(outputs, two), alone)
+        prompt, chosen, rejected = self.stage.tokenizer.batch_decode(
+            [row.prompt_tokens, row.chosen_tokens, row.rejected_tokens], skip_special_tokens=True)
+        return {"kind": "pair", "task_id": row.task_id or row.eid, "prompt": prompt, "chosen": chosen,
+                "rejected": rejected, "metrics": m}
+
+    def evaluate(self, step: int) -> dict[str, float]:
         """Held-out rows, and answer accuracy on held-out tasks with the current weights."""
         stage = self.stage
         if stage.explorer is not None:
             stage.explorer.receive_weights(stage.actor.export_weights(), stage.model_version)
-        return {**self.held_out(), **stage.evaluate()}
+        return {**self.held_out(step), **stage.evaluate(step)}
 
 
 def run_offline(spec: ResolvedStage) -> dict[str, float]:
@@ -140,7 +162,7 @@ def run_offline(spec: ResolvedStage) -> dict[str, float]:
         trainer = OfflineTrainer(stage)
         has_eval = bool(stage.data.eval_rows or stage.data.eval_tasks)
         if stage.start_step == 0 and (pair_metrics or (has_eval and cfg.monitor.eval_at_start)):
-            stage.log(0, {**pair_metrics, **(trainer.evaluate() if has_eval and cfg.monitor.eval_at_start else {})})
+            stage.log(0, {**pair_metrics, **(trainer.evaluate(0) if has_eval and cfg.monitor.eval_at_start else {})})
         last: dict[str, float] = {}
         for step in range(stage.start_step + 1, total + 1):
             timer, t0 = PhaseTimer(), time.perf_counter()
@@ -154,7 +176,7 @@ def run_offline(spec: ResolvedStage) -> dict[str, float]:
             stage.model_version = step
             end_step(stage, step, timer, t0, last, batch, evaluate=trainer.held_out)
         if has_eval:
-            final = trainer.evaluate()
+            final = trainer.evaluate(total)
             stage.log(total, final)
             last.update(final)
         return last

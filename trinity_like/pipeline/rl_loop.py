@@ -49,7 +49,7 @@ def run_online(stage: Stage) -> dict[str, float]:
     total, offset = cfg.trainer.total_steps, cfg.synchronizer.offset
     last: dict[str, float] = {}
     if cfg.monitor.eval_at_start and stage.eval_tasks and stage.start_step == 0:
-        stage.log(0, stage.evaluate())
+        stage.log(0, stage.evaluate(0))
     pending: list[list[Experience]] = []  # explored batches waiting for the trainer (off-policy window)
     for step in range(stage.start_step + 1, total + 1):
         timer, t0 = PhaseTimer(), time.perf_counter()
@@ -69,7 +69,7 @@ def run_online(stage: Stage) -> dict[str, float]:
         end_step(stage, step, timer, t0, metrics, batch)
         last = metrics
     if stage.eval_tasks:
-        final = stage.evaluate()
+        final = stage.evaluate(total)
         stage.log(total, final)
         last.update(final)
     return last
@@ -232,7 +232,7 @@ def update(stage: Stage, step: int, batch: Batch, timer: PhaseTimer, *, prepare:
 
 
 def end_step(stage: Stage, step: int, timer: PhaseTimer, t0: float, metrics: dict[str, float],
-             batch: Batch | None, evaluate: Callable[[], dict[str, float]] | None = None) -> None:
+             batch: Batch | None, evaluate: Callable[[int], dict[str, float]] | None = None) -> None:
     """Sync weights, evaluate, checkpoint and log the end of ``step``.
 
     Weights go to the explorer every ``synchronizer.interval`` steps of an online stage, and
@@ -246,7 +246,7 @@ def end_step(stage: Stage, step: int, timer: PhaseTimer, t0: float, metrics: dic
             stage.sync_weights(step)
     if cfg.monitor.eval_interval and step % cfg.monitor.eval_interval == 0 and step != total:
         with timer("eval"):
-            metrics.update((evaluate or stage.evaluate)())
+            metrics.update((evaluate or stage.evaluate)(step))
     if step % cfg.checkpoint.interval == 0 or step == total:
         with timer("checkpoint"):
             stage.checkpoint(step)

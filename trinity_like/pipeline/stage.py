@@ -37,6 +37,7 @@ from trinity_like.config.schema import Config
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Experience, Task
 from trinity_like.explorer.worker import Explorer, ExplorerWorker, RemoteExplorer, sampling_params
+from trinity_like.monitor.evals import EVALS_FILE, append_evals
 from trinity_like.monitor.logger import MetricsLogger
 from trinity_like.pipeline.checkpoint import CheckpointManager
 from trinity_like.pipeline.data_sources import StageData, load_stage_data
@@ -85,6 +86,7 @@ class Stage:
     owns_ray: bool = False  # this stage started Ray and shuts it down when it closes
     nan_streak: int = 0  # consecutive steps skipped for a non-finite loss
     extra_state: dict[str, Any] = field(default_factory=dict)  # loop-specific state saved with checkpoints
+    eval_log: Path | None = None  # where evaluate() appends each held-out answer (None: nowhere)
 
     @property
     def config(self) -> Config:
@@ -109,13 +111,17 @@ class Stage:
             self.logger.write(f"step {step}: task {sk.task_id} skipped: {sk.reason}")
         return result.experiences, {**result.metrics, "explorer/restarts": float(self.explorer.restarts)}
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, step: int) -> dict[str, float]:
         """Mean evaluation reward (``eval_reward_fn``, else ``reward_fn``) on the held-out tasks,
-        greedy by default: with a 0/1 reward, the answer accuracy. Skipped tasks score 0."""
+        greedy by default: with a 0/1 reward, the answer accuracy. Skipped tasks score 0.
+
+        ``step``: the trainer step whose weights answer; each answer goes to ``eval_log``."""
         if not self.eval_tasks:
             return {}
         n = len(self.eval_tasks)
         result = self.explorer.run(self.eval_tasks, sampling_params(self.config, step=0, evaluation=True), True)
+        if self.eval_log is not None:
+            append_evals(self.eval_log, step, answer_items(self.eval_tasks, result.experiences, self.tokenizer))
         rewards = [float(r.reward or 0.0) for r in result.experiences] + [0.0] * (n - len(result.experiences))
         acc = sum(rewards) / n
         stderr = (sum((x - acc) ** 2 for x in rewards) / n / n) ** 0.5  # sqrt(p(1-p)/n) for 0/1 rewards
@@ -223,6 +229,15 @@ class Stage:
         if self.storage is not None:
             self.storage.close()
         self.logger.close()
+
+
+def answer_items(tasks: list[Task], answered: list[Experience], tokenizer: PreTrainedTokenizerBase) -> list[dict[str, Any]]:
+    """The ``evals.jsonl`` items (:mod:`trinity_like.monitor.evals`) of one held-out evaluation."""
+    by_id = {t.task_id: t for t in tasks}
+    texts = tokenizer.batch_decode([e.response_tokens for e in answered], skip_special_tokens=True)
+    return [{"kind": "answer", "task_id": e.task_id, "prompt": by_id[e.task_id].messages()[-1]["content"],
+             "answer": by_id[e.task_id].answer, "response": text, "reward": e.reward,
+             "finish_reason": e.finish_reason, "length": e.response_length} for e, text in zip(answered, texts)]
 
 
 def resident_bytes(pids: list[int]) -> int:
@@ -355,6 +370,7 @@ def build_stage(spec: ResolvedStage, role: str) -> Stage:
     run_dir, logger = _open_run_dir(cfg, role)
     stage = Stage(spec=spec, role=role, run_dir=run_dir, model_path=model_path, tokenizer=tokenizer, data=data,
                   logger=logger, checkpoints=CheckpointManager(run_dir, cfg.checkpoint.keep_last), objective=objective,
+                  eval_log=run_dir / EVALS_FILE,
                   batch_needs=frozenset(spec.needs | objective.inputs_needed()) if objective else frozenset())
     try:
         if role != "offline":
