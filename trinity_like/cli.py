@@ -4,6 +4,8 @@
     trinity-like validate recipe.yaml [key.path=value ...]
     trinity-like list [REGISTRY | models]
     trinity-like plot RUN_DIR [--out FILE]
+    trinity-like view RUN_DIR [RUN_DIR ...] [--port N]
+    trinity-like report RUN_DIR [RUN_DIR ...] --out FILE.html
     trinity-like export CHECKPOINT --out DIR [--base MODEL]
     trinity-like version
 
@@ -60,6 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("run_dir", help="run directory, e.g. runs/grpo_arith")
     plot.add_argument("--out", help="PNG path (default: <run_dir>/metrics.png)")
     plot.add_argument("--debug", action="store_true", help="show tracebacks")
+
+    view = sub.add_parser("view", help="a local web page over runs: curves, every rollout in the buffer, held-out answers")
+    view.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (several: curves overlaid)")
+    view.add_argument("--port", type=int, default=8420, help="port on 127.0.0.1 (default 8420)")
+    view.add_argument("--debug", action="store_true", help="show tracebacks")
+
+    rep = sub.add_parser("report", help="the view's page as one self-contained HTML file (curves, sampled rollouts)")
+    rep.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories")
+    rep.add_argument("--out", required=True, help="HTML file to write")
+    rep.add_argument("--debug", action="store_true", help="show tracebacks")
 
     exp = sub.add_parser("export", help="write a checkpoint as a plain Hugging Face folder (a LoRA adapter merged into its base)")
     exp.add_argument("checkpoint", help="a train engine's checkpoint folder (or a run's checkpoints/step_N)")
@@ -138,6 +150,20 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_view(args: argparse.Namespace) -> int:
+    from trinity_like.view.server import serve
+
+    serve(args.run_dirs, args.port)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from trinity_like.view.report import write_report
+
+    print(write_report(args.run_dirs, args.out))
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers.utils import logging as hf_logging
@@ -150,8 +176,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "validate": cmd_validate, "list": cmd_list, "plot": cmd_plot, "export": cmd_export,
-            "version": cmd_version}
+COMMANDS = {"run": cmd_run, "validate": cmd_validate, "list": cmd_list, "plot": cmd_plot, "view": cmd_view,
+            "report": cmd_report, "export": cmd_export, "version": cmd_version}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,197 @@
+"""The view as a person sees it: a real headless Chromium (Debian's ``chromium``, driven by Playwright)
+on the page ``trinity-like view`` serves for a tiny finished run, and on ``trinity-like report``'s file.
+
+scripts/setup.sh installs the browser; where none is found these tests skip and say so.
+Screenshots go to each test's temporary folder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from tiny_runs import run
+
+from trinity_like.buffer.rows import unpack
+from trinity_like.models.resolve import load_tokenizer
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+
+
+def find_browser() -> str | None:
+    return os.environ.get("TRINITY_LIKE_CHROMIUM") or next(filter(None, map(shutil.which, BROWSERS)), None)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+    executable = find_browser()
+    if executable is None:
+        pytest.skip(f"no Chromium found ({', '.join(BROWSERS)} on PATH, or $TRINITY_LIKE_CHROMIUM): "
+                    "scripts/setup.sh installs Debian's chromium")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    """3 steps on the tiny model, evaluated at steps 0, 2 and 3."""
+    return run(tmp_path_factory.mktemp("view"), "trainer.total_steps=3", "monitor.eval_interval=2")
+
+
+def serve(*run_dirs: Path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "trinity_like.cli", "view", *map(str, run_dirs), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() is not None else "no server"
+        time.sleep(0.1)
+    return proc, f"http://127.0.0.1:{port}/"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_run):
+    proc, url = serve(tiny_run)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def page(browser, tmp_path):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield pg
+    pg.screenshot(path=str(tmp_path / "page.png"), full_page=True)
+    context.close()
+    assert not errors, errors
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def stored_rows(run_dir: Path, version: int) -> list:
+    """The buffer's rows of ``version``, read with plain sqlite3 (not the view's code)."""
+    db = sqlite3.connect(f"file:{run_dir / 'buffer.sqlite'}?mode=ro", uri=True)
+    got = db.execute("SELECT kind, header, arrays FROM rows JOIN state USING (seq) WHERE model_version = ? ORDER BY seq",
+                     (version,)).fetchall()
+    db.close()
+    return [unpack(*row) for row in got]
+
+
+def points(pg, title: str) -> int:
+    return int(pg.get_attribute(f".panel[data-title='{title}']", "data-points"))
+
+
+def test_curves_render_one_point_per_logged_step(page, server, tiny_run):
+    page.goto(server)
+    page.wait_for_selector(".panel[data-title='reward'] canvas")
+    rows = metrics(tiny_run)
+    assert points(page, "reward") == sum("reward/mean" in r for r in rows) == 3
+    assert points(page, "held-out accuracy (+- 1 s.e.)") == sum("eval/accuracy" in r for r in rows) == 3
+    drawn = page.evaluate("viewer.charts['reward'].data")
+    assert [y for y in drawn[1] if y is not None] == [r["reward/mean"] for r in rows if "reward/mean" in r]
+    for title in ("loss", "response length (tokens)", "seconds per step, by phase", "tokens / s"):
+        assert points(page, title) > 0, title
+
+
+def test_a_step_shows_its_samples_coloured_by_logprob(page, server, tiny_run):
+    tok = load_tokenizer("tiny-random")
+    rows = stored_rows(tiny_run, 1)
+    page.goto(server)
+    page.click("text=Rollouts")
+    page.click(".step[data-version='1']")
+    page.wait_for_function("document.querySelector('#summary').textContent.startsWith('step 1:')")
+    samples = page.query_selector_all(".sample")
+    assert len(samples) == len(rows) == 16
+    first = samples[0]
+    assert first.query_selector(".response").inner_text() == "".join(tok.batch_decode([[t] for t in rows[0].response_tokens]))
+    tokens = first.query_selector_all(".tok")
+    assert len(tokens) == rows[0].response_length
+    for span, logprob in zip(tokens, rows[0].logprobs):  # red in proportion to how unlikely the sampler found it
+        colour = span.evaluate("el => getComputedStyle(el).backgroundColor")
+        alpha = colour.rsplit(",", 1)[1].strip(" )") if colour.startswith("rgba") else "1"
+        assert float(alpha) == pytest.approx(0.85 * (1 - math.exp(logprob)), abs=0.006)  # CSS keeps 2 decimals
+    assert page.is_disabled("input[value=ratio]") and page.is_disabled("input[value=advantage]")
+    assert "advantages are not stored" in page.inner_text("#notes")
+
+
+def test_filter_by_reward(page, server, tiny_run):
+    rows = stored_rows(tiny_run, 2)
+    page.goto(server)
+    page.click("text=Rollouts")
+    page.click(".step[data-version='2']")
+    page.fill("input[name=reward_min]", "1")
+    page.click("#filters button[type=submit]")
+    wanted = sum(r.reward >= 1 for r in rows)
+    page.wait_for_function(f"document.querySelector('#summary').textContent.includes('{wanted} of 16')")
+    shown = [float(s.get_attribute("data-reward")) for s in page.query_selector_all(".sample")]
+    assert shown == [1.0] * wanted and 0 < wanted < 16
+
+
+def test_held_out_problems_followed_across_evaluations(page, server, tiny_run):
+    page.goto(server)
+    page.click("text=Held-out")
+    page.wait_for_selector("table.evals")
+    header = [th.inner_text() for th in page.query_selector_all("table.evals th")]
+    assert header == ["problem", "answer", "step 0", "step 2", "step 3"]
+    assert len(page.query_selector_all("table.evals tr[data-task]")) == 8
+    page.fill("#ev-text", "What is")
+    assert len(page.query_selector_all("table.evals tr[data-task]")) == 8
+
+
+def test_several_runs_overlaid_live_and_a_run_without_buffer(browser, tiny_run, tmp_path):
+    live = tmp_path / "live"
+    shutil.copytree(tiny_run, live, ignore=shutil.ignore_patterns("checkpoints", "buffer.sqlite*"))
+    proc, url = serve(tiny_run, live)
+    try:
+        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+        pg.goto(url)
+        pg.wait_for_selector(".panel[data-title='reward'] canvas")
+        assert points(pg, "reward") == 6
+        with open(live / "metrics.jsonl", "a") as fh:  # the run writes another step
+            fh.write(json.dumps({"step": 4, "reward/mean": 0.75}) + "\n")
+        pg.wait_for_function("document.querySelector(\".panel[data-title='reward']\").dataset.points === '7'", timeout=10_000)
+        pg.click("text=Rollouts")
+        pg.select_option("#ro-run", "1")
+        pg.wait_for_selector("#steps .message")
+        assert "no buffer database" in pg.inner_text("#steps")
+        pg.screenshot(path=str(tmp_path / "live.png"), full_page=True)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_report_is_one_file_that_shows_curves_and_rollouts(browser, tiny_run, tmp_path):
+    out = tmp_path / "report.html"
+    r = subprocess.run([sys.executable, "-m", "trinity_like.cli", "report", str(tiny_run), "--out", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    html = out.read_text()
+    assert "static/" not in html.replace("view/static", "")  # nothing is fetched: every asset is inlined
+    pg = browser.new_page()
+    pg.route("**/*", lambda route: route.abort() if not route.request.url.startswith("file:") else route.continue_())
+    pg.goto(out.as_uri())
+    pg.wait_for_selector(".panel[data-title='reward'] canvas")
+    assert points(pg, "reward") == 3
+    pg.click("text=Rollouts")
+    pg.wait_for_selector(".sample")
+    assert len(pg.query_selector_all(".sample")) == 8  # the report keeps one group's worth per step
+    pg.screenshot(path=str(tmp_path / "report.png"), full_page=True)
