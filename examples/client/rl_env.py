@@ -10,6 +10,9 @@ SamplingClient, centres each episode's reward on its group's mean, trains the po
 tokens with a TrainingClient, and evaluates greedily on held-out problems every
 --eval-every iterations. Metrics go to <log-path>/metrics.jsonl (`trinity-like plot <log-path>`);
 a rerun with the same --log-path resumes from its last checkpoint.
+
+Measured (2 shared CPU cores, load 5-7): held-out greedy accuracy 54.7 % -> 100 % on 64
+problems, calculator use 51.6 % -> 100 %, in 12 iterations and 13.3 min (docs/client.md).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from trinity_like.monitor.sinks import read_jsonl_metrics
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--iterations", type=int, default=20)
+    p.add_argument("--iterations", type=int, default=12)
     p.add_argument("--batch", type=int, default=8, help="problems (env groups) per iteration")
     p.add_argument("--group", type=int, default=8, help="episodes per problem")
     p.add_argument("--substeps", type=int, default=1, help="optimiser steps per iteration")
@@ -37,8 +40,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--kl", type=float, default=0.0, help="kl_penalty_coef: beta of the KL-to-base reward shaping")
     p.add_argument("--per-turn", action="store_true", help="per-turn advantages from returns-to-go")
     p.add_argument("--max-turns", type=int, default=3)
-    p.add_argument("--eval", type=int, default=100, help="held-out problems")
-    p.add_argument("--eval-every", type=int, default=5)
+    p.add_argument("--eval", type=int, default=64, help="held-out problems")
+    p.add_argument("--eval-every", type=int, default=6)
     p.add_argument("--log-path", default="runs/client_rl_env")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args()
