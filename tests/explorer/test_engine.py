@@ -203,6 +203,33 @@ def test_update_weights_without_the_tied_output_embedding(tiny, prompts):
     assert engine.generate(prompts[:1], sp)[0][0].token_ids == naive_greedy(other, prompts[0], 8, set())
 
 
+def test_shared_weights_are_sampled_in_place_and_never_written(tiny, prompts, tmp_path):
+    """``share=True`` samples from the caller's tensors (a mailbox file here), no copy; a later
+    update that does not share takes a copy of its own and leaves the caller's memory alone."""
+    from trinity_like.trainer.shared_weights import WeightMailbox
+
+    _, tok = tiny
+    other, third = build_tiny_model(seed=1)[0], build_tiny_model(seed=2)[0]
+    box = WeightMailbox(tmp_path)
+    handle = box.write({k: v for k, v in other.state_dict().items() if k != "lm_head.weight"})
+    engine = RolloutEngine(build_tiny_model(seed=0)[0], tok)
+    views = handle.tensors()
+    engine.update_weights(views, version=1, share=True)
+    model = engine.model
+    assert model.model.embed_tokens.weight.data_ptr() == views["model.embed_tokens.weight"].data_ptr()
+    assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied
+    assert all(p.data_ptr() == views[n].data_ptr() for n, p in model.named_parameters())
+    sp = SamplingParams(greedy=True, max_new_tokens=8, stop_token_ids=())
+    assert engine.generate(prompts[:1], sp)[0][0].token_ids == naive_greedy(other, prompts[0], 8, set())
+
+    file_before = {k: v.clone() for k, v in views.items()}
+    engine.update_weights(third.state_dict(), version=2)  # a copy: into memory of the engine's own
+    assert all(torch.equal(views[k], v) for k, v in file_before.items())
+    assert all(p.data_ptr() != views[n].data_ptr() for n, p in model.named_parameters())
+    assert engine.generate(prompts[:1], sp)[0][0].token_ids == naive_greedy(third, prompts[0], 8, set())
+    box.close()
+
+
 def test_bad_params_are_errors():
     with pytest.raises(TrinityError):
         SamplingParams(temperature=0.0)

@@ -181,21 +181,34 @@ class RolloutEngine:
         pad = tokenizer.pad_token_id if tokenizer is not None else None
         self._pad_id = int(pad) if pad is not None else (self.default_stop_ids or (0,))[0]
         self.prefix_cache = PrefixCache(params.prefix_cache_tokens)
+        self._shared: set[str] = set()  # parameters that are the caller's tensors (update_weights(share=True))
 
     # -- weights ----------------------------------------------------------------------
     def update_weights(
-        self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None, strict: bool = True
+        self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None, strict: bool = True,
+        share: bool = False,
     ) -> int:
         """Copy ``state_dict`` into the model in place; returns the new model version.
 
         The version becomes ``version`` when given (the trainer's step), else it is bumped
         by one. ``strict=False`` accepts a partial update (e.g. only the trained layers).
+        ``share`` keeps the given tensors as the model's weights instead of copying them
+        (those of matching dtype, shape and device): the caller promises that nothing
+        writes them while the engine samples, and that a later update replaces them.
         """
         if gives_tied_output_its_own(self.model, state_dict):
             untie_output_embeddings(self.model)  # merged LoRA weights that trained a tied lm_head
+        params = dict(self.model.named_parameters())  # a tied parameter once, under its first name
+        shared = {n for n, t in state_dict.items() if share and n in params and (t.dtype, t.shape, t.device) == (
+            params[n].dtype, params[n].shape, params[n].device)}
         with torch.no_grad():
-            result = self.model.load_state_dict(dict(state_dict), strict=False)
-        missing = set(result.missing_keys) - self._tied_keys()  # a tied copy follows its source
+            for name in self._shared - shared:  # the caller's memory is never written: own a copy again
+                params[name].data = params[name].data.clone()
+            for name in shared:
+                params[name].data = state_dict[name]
+            result = self.model.load_state_dict({n: t for n, t in state_dict.items() if n not in shared}, strict=False)
+        self._shared = shared
+        missing = set(result.missing_keys) - shared - self._tied_keys()  # a tied copy follows its source
         self.prefix_cache.clear()  # before any error: a partial load has changed weights too
         if strict and (missing or result.unexpected_keys):
             raise TrinityError(f"update_weights: missing {sorted(missing)}, unexpected {result.unexpected_keys}")

@@ -144,7 +144,9 @@ class ExplorerWorker:
 
     def receive_weights(self, weights: Weights, version: int) -> None:
         state, full = _state_dict(weights)
-        self.engine.update_weights(state, version=version, strict=full)
+        # Shared memory is sampled from where it lies, with no copy of the weights here: the
+        # driver rewrites it only at the next sync, between two of this explorer's runs.
+        self.engine.update_weights(state, version=version, strict=full, share=isinstance(weights, SharedWeights))
 
     def pid(self) -> int:
         return os.getpid()

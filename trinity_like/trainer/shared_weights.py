@@ -6,16 +6,17 @@ while the previous one is still referenced, and the store keeps the pages it eve
 20-step run held ~1.6 GB of store memory for one model's weights. Here the writer owns one
 file in ``/dev/shm`` (the temp folder where there is none) sized for the state dict, and
 each sync overwrites it: one copy of the weights in shared memory, whatever the number of
-syncs. A reader maps the same file and copies the tensors into its model::
+syncs. A reader maps the same file and samples from it as its own weights, with no copy::
 
     box = WeightMailbox()                    # the owner: creates, and at close removes, the file
     handle = box.write(model.state_dict())   # small and picklable: path + layout
-    explorer.update_weights(handle.tensors())   # views of the file: copy them, never keep them
+    engine.update_weights(handle.tensors(), share=True)   # views of the file become the weights
 
-The driver orders writes and reads (a sync writes, then the explorer reads), so the file is
-never written while a reader copies from it. Its name carries the owner's process id; an
-owner that was killed leaves it behind, and the next mailbox on the machine removes files
-whose owner is gone.
+The driver orders writes and reads: a sync writes the file and hands it to the explorer,
+and the next write is the next sync, never while the explorer samples (an explorer that
+ran during training would need a second file to switch to). Its name carries the owner's
+process id; an owner that was killed leaves it behind, and the next mailbox on the machine
+removes files whose owner is gone.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class SharedWeights:
     size: int  # bytes of the file
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """The weights as views of the file (read them, copy them into a model, drop them)."""
+        """The weights as views of the file: valid, and unchanged, until the writer's next write."""
         if self.machine != this_machine():
             raise TrinityError(
                 f"weights were written to shared memory on {self.machine!r}, but this process runs on "
