@@ -119,6 +119,8 @@ class Stage:
         if not self.eval_tasks:
             return {}
         n = len(self.eval_tasks)
+        if self.actor is not None:
+            self.actor.release_memory()  # the trainer waits through it: its peak and the explorer's must not add up
         result = self.explorer.run(self.eval_tasks, sampling_params(self.config, step=0, evaluation=True), True)
         if self.eval_log is not None:
             append_evals(self.eval_log, step, answer_items(self.eval_tasks, result.experiences, self.tokenizer))

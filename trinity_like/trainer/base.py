@@ -100,6 +100,10 @@ class TrainEngine(Protocol):
         """Restore what :meth:`save` wrote: weights, and with ``with_optimizer`` the optimiser
         state, step count and RNG state (else a fresh optimiser at step 0)."""
 
+    def release_memory(self) -> None:
+        """Hand memory the last step freed back to the machine, before a long wait (an
+        evaluation): the next step faults it in again."""
+
     def close(self) -> None:
         """Release workers and memory."""
 

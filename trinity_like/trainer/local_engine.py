@@ -204,6 +204,9 @@ class LocalEngine:
         lora = self.params.adapter
         return state if lora is None else lora_lib.merged_state_dict(state, lora)
 
+    def release_memory(self) -> None:
+        """Nothing: an explorer in this process reuses what the step freed, page for page."""
+
     def export_weights(self) -> dict[str, torch.Tensor]:
         """The weights for an explorer: views of the live weights (the reader copies them into
         its model; no snapshot of 0.5 GB is made for SmolLM2), merged with LoRA."""

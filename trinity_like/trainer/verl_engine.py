@@ -204,6 +204,10 @@ def worker_config(model: ModelParams, optim: OptimParams, verl: VerlParams, use_
         use_torch_compile=False,
         use_remove_padding=False,
         seed=verl.seed,
+        # Deferring the gradient reduce to the last micro-batch saves collectives between
+        # ranks at the cost of a second, unsharded copy of every gradient held across the
+        # micro-batches; one rank has nothing to save (0.5 GB for a 135M model).
+        use_no_sync_for_gradient_accumulation=verl.num_workers > 1,
     )
     optim_config = FSDPOptimizerConfig(
         lr=optim.lr,
@@ -324,6 +328,11 @@ class VerlEngine:
         folder = Path(path).resolve()
         lora_lib.check_checkpoint(folder, self.params.adapter)  # one clear error here, not a worker's traceback
         self.group.trinity_load(str(folder), with_optimizer)
+
+    def release_memory(self) -> None:
+        """The workers hand back what their last step freed (they keep it for the next step
+        otherwise: :mod:`trinity_like.malloc`)."""
+        self.group.trinity_release_memory()
 
     def close(self) -> None:
         """Kill the workers, and Ray itself when this engine started it."""

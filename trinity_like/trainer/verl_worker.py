@@ -50,7 +50,7 @@ from verl.single_controller.base.decorator import Dispatch, register  # noqa: E4
 from verl.workers.engine_workers_tinker import TinkerTrainingWorker  # noqa: E402
 
 from trinity_like.errors import TrinityError  # noqa: E402
-from trinity_like.malloc import retain_freed_memory  # noqa: E402
+from trinity_like.malloc import release_freed_memory, retain_freed_memory  # noqa: E402
 from trinity_like.trainer import lora as lora_lib  # noqa: E402
 from trinity_like.trainer.base import (  # noqa: E402
     OPTIMIZER_FILE,
@@ -197,6 +197,11 @@ class TrinityVerlWorker(TinkerTrainingWorker):
     def trinity_pid(self) -> int:
         """This worker's process id (the driver reads its resident memory)."""
         return os.getpid()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def trinity_release_memory(self) -> None:
+        """Hand the memory freed since the last step back to the kernel (:mod:`trinity_like.malloc`)."""
+        release_freed_memory()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def trinity_zero_grad(self) -> None:
