@@ -65,6 +65,7 @@ class PeakMemory:
         self.interval_s = interval_s
         self.pss_every = max(1, round(pss_interval_s / interval_s))  # samples between PSS reads
         self.peak_rss = self.peak_pss = 0
+        self.peak_pss_by_process: dict[str, int] = {}  # kind of process -> its PSS in the peak sample
         self.max_processes = 0
         self.untagged_ray: set[int] = set()
         self._seen: dict[tuple[int, float], bool] = {}  # (pid, start time) -> member
@@ -81,6 +82,8 @@ class PeakMemory:
         self._stop.set()
         self._thread.join()
         return {"peak_rss_gb": self.peak_rss / 1e9, "peak_pss_gb": self.peak_pss / 1e9,
+                "peak_pss_gb_by_process": {k: round(v / 1e9, 3) for k, v in
+                                           sorted(self.peak_pss_by_process.items(), key=lambda kv: -kv[1])},
                 "rss_interval_s": self.interval_s, "pss_interval_s": self.interval_s * self.pss_every,
                 "max_processes": self.max_processes, "untagged_new_ray_processes": len(self.untagged_ray)}
 
@@ -117,19 +120,38 @@ class PeakMemory:
             with_pss = sample % self.pss_every == 0
             sample += 1
             procs = self.members()
+            shares: dict[str, int] = {}
             for proc in procs:
                 try:
                     if with_pss:
                         mem = proc.memory_full_info()
                         pss += mem.pss
+                        name = self._name(proc)
+                        shares[name] = shares.get(name, 0) + mem.pss
                     else:
                         mem = proc.memory_info()
                 except psutil.Error:
                     continue
                 rss += mem.rss
+            if pss > self.peak_pss:
+                self.peak_pss_by_process = shares
             self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
             self.max_processes = max(self.max_processes, len(procs))
             self._stop.wait(self.interval_s)
+
+    def _name(self, proc) -> str:
+        """A process's kind: a Ray actor's class (``ray::TrinityVerlWorker.method`` -> the
+        class), ``ray::IDLE``, Ray's own daemons by their program, else ``driver``."""
+        try:
+            cmd = proc.cmdline()
+        except self._psutil.Error:
+            return "?"
+        if proc.pid == self._root:
+            return "driver"
+        if cmd and cmd[0].startswith("ray::"):
+            return cmd[0].split(".")[0].split(":")[-1] or cmd[0]
+        program = next((Path(c).name for c in cmd if "/ray/" in c), "")
+        return f"ray {program.removesuffix('.py')}" if program else Path(cmd[0]).name if cmd else "?"
 
     def _is_ray(self, proc) -> bool:
         try:

@@ -89,6 +89,12 @@ def markdown(results: list[dict], meta: dict) -> str:
         "between the processes that map it, so the sum is what the run costs the machine. RSS counts shared "
         "pages once per process. `memory/total_gb`: the run's own per-step figure (driver + trainer workers "
         "+ explorer, at step ends).", "",
+        "At the peak, each kind of process's PSS (GB):", "",
+    ]
+    lines += [f"- {r['label']}: " + ", ".join(f"{k} {v:.2f}" for k, v in r["peak_pss_gb_by_process"].items())
+              for r in results]
+    lines += [
+        "",
         "Rewards per step (same seed: equal across variants up to floating-point order):", "",
     ]
     lines += [f"- {r['label']}: {r['rewards']}" for r in results]
