@@ -56,13 +56,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from itertools import accumulate, pairwise
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from tinker import types
 
 from trinity_like.client.losses import RL_INPUTS, THRESHOLDS, TINKER_LOSSES, loss_spec
-from trinity_like.client.sampling import SamplingClient, _queue
+from trinity_like.client.sampling import SamplingClient
 from trinity_like.client.training import TrainingClient
 from trinity_like.envs.dataset import TaskEnvDataset
 from trinity_like.envs.experience import trajectory_experience
@@ -75,7 +74,7 @@ from trinity_like.envs.rollout import (
 from trinity_like.envs.types import EnvFactory, EnvGroupBuilder
 from trinity_like.errors import ConfigError
 from trinity_like.experience import Task
-from trinity_like.explorer.engine import Request, Sample, SamplingParams, sample_seed
+from trinity_like.explorer.engine import sample_seed
 from trinity_like.monitor.logger import MetricsLogger, PhaseTimer
 from trinity_like.monitor.sinks import read_jsonl_metrics
 from trinity_like.plugins import load_plugins
@@ -148,22 +147,11 @@ class RLTrainConfig:
 
 # -- sampling episodes through a SamplingClient ---------------------------------------------------
 class _SamplerEngine:
-    """A SamplingClient as the engine :func:`rollout_groups` drives: each call runs on the
-    process's sampling queue, on the shared engine holding the client's weights -- the same
-    engine, seeds, stop conditions and prefix reuse as a recipe's explorer. (It reaches into
-    :mod:`.sampling`'s queue and engine: the SDK's ``sample`` takes one seed per request,
-    the rollout one per episode and turn.)"""
+    """A SamplingClient as the engine :func:`rollout_groups` drives: the same engine, seeds,
+    stop conditions and prefix reuse as a recipe's explorer, on the client's weights."""
 
     def __init__(self, sampler: SamplingClient) -> None:
-        self.sampler = sampler
-
-    def run(self, requests: Sequence[Request], sampling: SamplingParams) -> list[list[Sample]]:
-        return _queue().submit(None, _run_requests, self.sampler, list(requests), sampling).result()
-
-
-def _run_requests(jobs: list[Any]) -> list[list[list[Sample]]]:
-    sampler, requests, sampling = jobs[0].args
-    return [sampler._engine().run(requests, sampling)]
+        self.run = sampler.run_requests
 
 
 def sample_episodes(sampler: SamplingClient, builders: Sequence[EnvGroupBuilder], *, seed: int,

@@ -39,7 +39,7 @@ import shutil
 import tempfile
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,7 @@ from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from trinity_like.client.futures import Job, RequestBatcher
-from trinity_like.explorer.engine import Request, RolloutEngine, sample_seed
+from trinity_like.explorer.engine import Request, RolloutEngine, Sample, sample_seed
 from trinity_like.explorer.engine import SamplingParams as EngineSampling
 from trinity_like.models.resolve import load_model, load_tokenizer, resolve_model_path
 
@@ -301,6 +301,17 @@ class SamplingClient:
             return shared.engine
 
     # -- requests (each runs on the process's sampling queue) ----------------------------------
+    def run_requests(self, requests: Sequence[Request], sampling: EngineSampling) -> list[list[Sample]]:
+        """Our engine's own requests on this client's weights, each with a seed per sample --
+        what an env rollout sends (a seed per episode and turn), beside the SDK's ``sample``
+        (one seed per request). Blocks until done; runs on the same queue as ``sample``."""
+        return _queue().submit(None, SamplingClient._run, self, list(requests), sampling).result()
+
+    @staticmethod
+    def _run(jobs: list[Job]) -> list[list[list[Sample]]]:
+        client, requests, sampling = jobs[0].args
+        return [client._engine().run(requests, sampling)]
+
     @staticmethod
     def _sample(jobs: list[Job]) -> list[types.SampleResponse]:
         """The sample requests ``jobs`` (one client, one set of settings) in one engine run."""
