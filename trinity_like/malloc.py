@@ -35,22 +35,23 @@ M_MMAP_MAX = -4  # most blocks served by mmap at once; 0: none, every block from
 KEEP_BYTES = 1 << 30  # freed memory kept at the heap top (1 GiB) before glibc trims it
 
 
+def _glibc(function: str):
+    """``function`` of the C library this process runs on, where the allocator is ours to
+    tune (Linux, ``TRINITY_LIKE_MALLOC`` not ``system``, a C library that has it); else None."""
+    if not sys.platform.startswith("linux") or os.environ.get(ENV_VAR, "") == "system":
+        return None
+    return getattr(ctypes.CDLL(None), function, None)
+
+
 @functools.cache
 def retain_freed_memory() -> bool:
     """Tune this process's glibc allocator as described above (once); True if it is tuned."""
-    if not sys.platform.startswith("linux") or os.environ.get(ENV_VAR, "") == "system":
-        return False
-    libc = ctypes.CDLL(None)  # the C library this process already runs on
-    mallopt = getattr(libc, "mallopt", None)
-    if mallopt is None:
-        return False
-    return mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, KEEP_BYTES) == 1
+    mallopt = _glibc("mallopt")
+    return mallopt is not None and mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, KEEP_BYTES) == 1
 
 
 def release_freed_memory() -> bool:
     """Hand the memory freed so far back to the kernel (glibc's ``malloc_trim``); True if done.
     The pages of live tensors stay; the next peak faults its pages in again."""
-    if not sys.platform.startswith("linux") or os.environ.get(ENV_VAR, "") == "system":
-        return False
-    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    trim = _glibc("malloc_trim")
     return trim is not None and trim(0) in (0, 1)

@@ -58,6 +58,7 @@ from itertools import accumulate, pairwise
 from pathlib import Path
 
 import numpy as np
+import torch
 from tinker import types
 
 from trinity_like.client.losses import RL_INPUTS, THRESHOLDS, TINKER_LOSSES, loss_spec
@@ -77,6 +78,7 @@ from trinity_like.experience import Task
 from trinity_like.explorer.engine import sample_seed
 from trinity_like.monitor.logger import MetricsLogger, PhaseTimer
 from trinity_like.monitor.sinks import read_jsonl_metrics
+from trinity_like.ops import ratio_metrics
 from trinity_like.plugins import load_plugins
 
 RL_LOSSES = tuple(name for name, loss in TINKER_LOSSES.items() if loss.inputs == RL_INPUTS)
@@ -261,15 +263,16 @@ def reference_kl(reference: SamplingClient, episodes: Sequence[Episode]) -> dict
     the per-token means of both estimators of KL(pi || ref) over the policy's tokens (Schulman,
     "Approximating KL divergence", 2020): k1 = log pi - log ref, k3 = (r - 1) - log r, r = ref / pi."""
     futures = [reference.compute_logprobs(types.ModelInput.from_ints(ep.tokens_T)) for ep in episodes]
-    k1: list[float] = []
-    k3: list[float] = []
+    log_r: list[float] = []  # log(ref / pi) at every policy token
     for ep, future in zip(episodes, futures, strict=True):
         ref = future.result()
-        log_r = [[ref[j] - ep.logprobs_T[j] for j in range(start, end)] for start, end in ep.spans]
-        ep.kl = [-sum(turn) for turn in log_r]
-        k1 += [-x for turn in log_r for x in turn]
-        k3 += [math.expm1(x) - x for turn in log_r for x in turn]
-    return {"kl/ref_k1": statistics.fmean(k1), "kl/ref_k3": statistics.fmean(k3)} if k1 else {}
+        turns = [[ref[j] - ep.logprobs_T[j] for j in range(start, end)] for start, end in ep.spans]
+        ep.kl = [-sum(turn) for turn in turns]
+        log_r += [x for turn in turns for x in turn]
+    if not log_r:
+        return {}
+    kl = ratio_metrics(torch.tensor(log_r, dtype=torch.float64), torch.ones(len(log_r), dtype=torch.float64))
+    return {"kl/ref_k1": kl["ppo_kl"], "kl/ref_k3": kl["approx_kl"]}
 
 
 def build_rows(groups: Sequence[Sequence[Episode]], config: RLTrainConfig) -> tuple[list[_Row], dict[str, float]]:
