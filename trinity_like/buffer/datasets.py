@@ -8,6 +8,13 @@ row -- and the first bad one is a :class:`DataError` naming the file and line
 counted from 0). Blank lines are skipped; a set with no rows is an error. Loading writes
 nothing to the run directory, so a recipe with bad data fails before a run starts.
 
+What else is rejected, not trained on silently: an empty or blank text where text is the
+point of the row (a prompt, a task's answer, an SFT response, a chosen or rejected
+response; a chat prompt whose messages are all blank), a NaN or infinite number (the
+``NaN`` / ``Infinity`` literals Python's ``json`` accepts but JSON does not), and a key
+written twice in one object (``json`` keeps the last one without a word). A UTF-8 byte
+order mark at the start of a file is accepted, as are CRLF line ends.
+
 Field names of the file map to ours through :class:`DatasetOptions` (``prompt_key``,
 ``answer_key``, ...). The preference shape ``{"prompt", "chosen", "rejected"}`` and the
 chat shape ``{"messages": [{"role", "content"}, ...]}`` work as they are.
@@ -25,6 +32,7 @@ with exactly the rows the interrupted one would have seen next::
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,11 +87,30 @@ def _name(file: Path, root: Path) -> str:
     return str(file.relative_to(root)) if root.is_dir() else file.name
 
 
+def _strict_json(text: str, where: str) -> Any:
+    """``json.loads`` without what JSON does not allow: NaN / Infinity, a key twice in one object."""
+
+    def no_constant(name: str) -> Any:
+        raise DataError(f"{where}: invalid JSON ({name} is not a JSON number)")
+
+    def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise DataError(f'{where}: duplicate key "{key}" in one JSON object')
+            out[key] = value
+        return out
+
+    return json.loads(text, parse_constant=no_constant, object_pairs_hook=unique_keys)
+
+
 def _jsonl_records(file: Path, name: str) -> Iterator[tuple[str, dict[str, Any]]]:
     """``(where, record)`` of each non-blank line; invalid JSON or a non-object is a DataError."""
     with open(file, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             where = f"{name}:{lineno}"
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a byte order mark (Windows editors write one)
+                raw = raw[3:]
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -91,7 +118,7 @@ def _jsonl_records(file: Path, name: str) -> Iterator[tuple[str, dict[str, Any]]
             if not text.strip():
                 continue
             try:
-                record = json.loads(text)
+                record = _strict_json(text, where)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
             if not isinstance(record, dict):
@@ -152,6 +179,16 @@ def field(record: Mapping[str, Any], key: str, where: str, allowed: Sequence[str
     kind = _json_kind(value)
     if kind not in allowed:
         raise DataError(f'{where}: field "{key}" must be {" or ".join(allowed)}, got {kind}')
+    if kind == "a number" and not math.isfinite(value):  # parquet floats; JSONL rejects the literals earlier
+        raise DataError(f'{where}: field "{key}" is {value}, not a finite number')
+    return value
+
+
+def text_field(record: Mapping[str, Any], key: str, where: str, allowed: Sequence[str] = ("a string",)) -> Any:
+    """:func:`field`, and a string must hold more than whitespace (an empty prompt trains on nothing)."""
+    value = field(record, key, where, allowed)
+    if isinstance(value, str) and not value.strip():
+        raise DataError(f'{where}: field "{key}" is empty')
     return value
 
 
@@ -272,8 +309,13 @@ def _prompt_messages(prompt: str | list[dict[str, str]], system_prompt: str | No
 
 
 def _prompt(record: Mapping[str, Any], key: str, where: str) -> str | list[dict[str, str]]:
-    value = field(record, key, where, ["a string", "a list"])
-    return value if isinstance(value, str) else messages_field(record, key, where)
+    value = text_field(record, key, where, ["a string", "a list"])
+    if isinstance(value, str):
+        return value
+    messages = messages_field(record, key, where)
+    if not any(m["content"].strip() for m in messages):
+        raise DataError(f'{where}: field "{key}" is empty (every message is blank)')
+    return messages
 
 
 # -- the data sets ------------------------------------------------------------------
@@ -290,7 +332,7 @@ class TaskSet(RowSet[Task]):
 
         def check(record: Mapping[str, Any], where: str) -> None:
             _prompt(record, o.prompt_key, where)
-            field(record, o.answer_key, where, ["a string", "a number"])
+            text_field(record, o.answer_key, where, ["a string", "a number"])
             checker.same_kind(record, where)
 
         ds, origins = load_records(options, check)
@@ -353,11 +395,13 @@ class SftSet(RowSet[Experience]):
             msgs = messages_field(record, o.messages_key, where)
             if not any(m["role"] == "assistant" for m in msgs):
                 raise DataError(f'{where}: field "{o.messages_key}" has no assistant message to train on')
+            if not any(m["content"].strip() for m in msgs if m["role"] == "assistant"):
+                raise DataError(f'{where}: field "{o.messages_key}": every assistant message is empty')
             return msgs
         if record.get(o.prompt_key) is None:
             raise DataError(f'{where}: missing field "{o.messages_key}" (or "{o.prompt_key}" and "{o.response_key}")')
         prompt = _prompt_messages(_prompt(record, o.prompt_key, where), o.system_prompt)
-        response = field(record, o.response_key, where, ["a string"])
+        response = text_field(record, o.response_key, where)
         return prompt + [{"role": "assistant", "content": response}]
 
     def _tokenize(
@@ -411,7 +455,7 @@ class PairSet(RowSet[PairExperience]):
         def check(record: Mapping[str, Any], where: str) -> None:
             _prompt(record, o.prompt_key, where)
             for key in keys:
-                field(record, key, where, ["a string"])
+                text_field(record, key, where)
             checker.same_kind(record, where)
 
         ds, origins = load_records(options, check)

@@ -41,7 +41,7 @@ from trinity_like.components import (
 from trinity_like.config.loader import KeyPath, Locator, RawRecipe, apply_overrides, load_recipe
 from trinity_like.config.presets import apply_preset, swapped_slots
 from trinity_like.config.schema import AlgorithmConfig, Config, field_default
-from trinity_like.errors import ConfigError, TrinityError
+from trinity_like.errors import ConfigError, DataError, TrinityError
 from trinity_like.explorer.tasks import task_source
 from trinity_like.plugins import load_plugins, loaded_plugins
 from trinity_like.registry import (
@@ -56,6 +56,7 @@ from trinity_like.registry import (
 
 # The handle of a resolved slot (kept under its old name for importers).
 ResolvedComponent = ComponentSpec
+_DATA_KEYS = ("tasks", "eval_tasks", "expert_data", "train_data", "eval_data")  # the buffer's data sets
 
 
 @dataclass(frozen=True)
@@ -307,12 +308,12 @@ def _check_sections(cfg: Config, algo: AlgorithmType, loc: Locator) -> Any:
         if cfg.buffer.experience.storage != "sqlite":
             raise loc.error(("buffer", "experience", "storage"), f"mode {cfg.mode!r}: the explorer and trainer "
                             f"processes share the buffer; {cfg.buffer.experience.storage!r} cannot, use 'sqlite'")
-    for key in ("tasks", "eval_tasks", "expert_data", "train_data", "eval_data"):
+    for key in _DATA_KEYS:
         ds = getattr(cfg.buffer, key)
         if ds is not None and ds.pairs_from_samples is not None and (key not in ("train_data", "eval_data") or algo.schema != "pair"):
             raise loc.error(("buffer", key, "pairs_from_samples"), "builds preference pairs from tasks: only for "
                             "buffer.train_data / buffer.eval_data of a pair algorithm (dpo, rm)")
-    for key in ("tasks", "eval_tasks", "expert_data", "train_data", "eval_data"):
+    for key in _DATA_KEYS:
         ds = getattr(cfg.buffer, key)
         if ds is not None and ds.generator is not None:  # a bad generator fails here, before anything runs
             try:
@@ -347,6 +348,25 @@ def _resolve_paths(data: dict, base: Path) -> dict:
     return data
 
 
+def _check_data_paths(cfg: Config, loc: Locator, base: Path) -> None:
+    """Every data file or folder a recipe names exists and holds data files: checked here, so the
+    error names the recipe's file, line and key (the data sets read the rows when a stage starts)."""
+    from trinity_like.buffer.datasets import data_files
+
+    for key in _DATA_KEYS:
+        ds = getattr(cfg.buffer, key)
+        if ds is None or ds.path is None:
+            continue
+        if not Path(ds.path).expanduser().exists():
+            where = "" if Path(ds.path).expanduser().is_absolute() else \
+                f" (looked in the recipe's folder {base.resolve()} and the working directory {Path.cwd()})"
+            raise loc.error(("buffer", key, "path"), f"{ds.path}: no such data file or folder{where}")
+        try:
+            data_files(ds.path)
+        except DataError as exc:
+            raise loc.error(("buffer", key, "path"), str(exc)) from None
+
+
 def resolve_stage(data: dict, loc: Locator, base: Path) -> ResolvedStage:
     alg = data.get("algorithm", {})
     default = field_default(AlgorithmConfig, "type")
@@ -359,6 +379,7 @@ def resolve_stage(data: dict, loc: Locator, base: Path) -> ResolvedStage:
     data = apply_preset(data, algo, algo_name, loc)
     data = _resolve_paths(data, base)
     cfg = _validate_schema(data, loc)
+    _check_data_paths(cfg, loc, base)
     comps = _resolve_components(cfg, algo, loc)
     needs = _check_inputs(algo, comps, loc, algo_name)
     reward_params = _check_sections(cfg, algo, loc)
@@ -407,9 +428,13 @@ def load_plan(path: str | Path, overrides: list[str] | None = None, plugins: lis
         looks_path = s.endswith(".py") or "/" in s or s.startswith(".")
         resolved_specs.append(str(base / p) if looks_path and not p.is_absolute() else s)
     try:
-        load_plugins(resolved_specs + list(plugins or []))
+        load_plugins(resolved_specs)
     except TrinityError as exc:
         raise type(exc)(f"{raw.where(('plugins',))}: {exc}") from exc.__cause__
+    try:
+        load_plugins(list(plugins or []))
+    except TrinityError as exc:
+        raise type(exc)(f"--plugin: {exc}") from exc.__cause__
     stages = []
     for d, i, over in _stage_datas(raw):
         stage = resolve_stage(d, Locator(raw, i, over), base)
