@@ -41,6 +41,7 @@ from trinity_like.monitor.evals import EVALS_FILE, append_evals
 from trinity_like.monitor.logger import MetricsLogger
 from trinity_like.pipeline.checkpoint import CheckpointManager
 from trinity_like.pipeline.data_sources import StageData, load_stage_data
+from trinity_like.pipeline.run_lock import RunLock
 from trinity_like.pipeline.self_pairs import add_self_pairs
 from trinity_like.pipeline.weight_channel import WeightChannel
 from trinity_like.registry import SAMPLE_STRATEGY
@@ -87,6 +88,7 @@ class Stage:
     nan_streak: int = 0  # consecutive steps skipped for a non-finite loss
     extra_state: dict[str, Any] = field(default_factory=dict)  # loop-specific state saved with checkpoints
     eval_log: Path | None = None  # where evaluate() appends each held-out answer (None: nowhere)
+    run_lock: RunLock | None = None  # this stage's claim on its run directory (:mod:`.run_lock`), freed by close()
 
     @property
     def config(self) -> Config:
@@ -231,6 +233,8 @@ class Stage:
         if self.storage is not None:
             self.storage.close()
         self.logger.close()
+        if self.run_lock is not None:
+            self.run_lock.release()
 
 
 def answer_items(tasks: list[Task], answered: list[Experience], tokenizer: PreTrainedTokenizerBase) -> list[dict[str, Any]]:
@@ -322,15 +326,15 @@ def is_on_policy(spec: ResolvedStage) -> bool:
     return offline or (cfg.synchronizer.interval == 1 and cfg.synchronizer.offset == 0 and cfg.trainer.update_epochs == 1)
 
 
-def _open_run_dir(cfg: Config, role: str) -> tuple[Path, MetricsLogger]:
+def _open_run_dir(cfg: Config, role: str) -> tuple[Path, MetricsLogger, RunLock]:
     run_dir = Path(cfg.run_dir())
-    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = RunLock.acquire(run_dir, role)  # before anything is written: a second run on the directory stops here
     (run_dir / "config.json").write_text(cfg.model_dump_json(indent=1))
     explorer_only = role == "explore"  # an explorer process logs beside the trainer, not over it
     logger = MetricsLogger(str(run_dir / "explorer" if explorer_only else run_dir), cfg.monitor.backends,
                            total_steps=cfg.trainer.total_steps, start_step=0, progress=cfg.monitor.progress,
                            desc=f"{cfg.name} explorer" if explorer_only else cfg.name)
-    return run_dir, logger
+    return run_dir, logger, lock
 
 
 def _build_trainer(stage: Stage) -> None:
@@ -369,8 +373,8 @@ def build_stage(spec: ResolvedStage, role: str) -> Stage:
     # Data first: a bad data file fails before the run directory is touched.
     data = load_stage_data(spec, role, tokenizer)
     objective = objective_from_stage(spec, on_policy=is_on_policy(spec)) if trains else None
-    run_dir, logger = _open_run_dir(cfg, role)
-    stage = Stage(spec=spec, role=role, run_dir=run_dir, model_path=model_path, tokenizer=tokenizer, data=data,
+    run_dir, logger, lock = _open_run_dir(cfg, role)
+    stage = Stage(spec=spec, role=role, run_dir=run_dir, model_path=model_path, tokenizer=tokenizer, data=data, run_lock=lock,
                   logger=logger, checkpoints=CheckpointManager(run_dir, cfg.checkpoint.keep_last), objective=objective,
                   eval_log=run_dir / EVALS_FILE,
                   batch_needs=frozenset(spec.needs | objective.inputs_needed()) if objective else frozenset())
