@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trinity_like.buffer.base import ExperienceSource
+from trinity_like.buffer.base import ExperienceSource, TrainingRecorder
+from trinity_like.buffer.rows import TrainedRecord
 from trinity_like.buffer.sqlite_storage import SqliteParams, SqliteStorage
 from trinity_like.buffer.storage import open_storage
 from trinity_like.errors import ConfigError
@@ -29,7 +30,7 @@ def buf(tmp_path: Path) -> SqliteStorage:
 
 def test_registered_default_satisfies_the_protocol(tmp_path: Path) -> None:
     storage = open_storage("sqlite", {"path": "b.sqlite"}, run_dir=tmp_path)
-    assert isinstance(storage, ExperienceSource)
+    assert isinstance(storage, ExperienceSource) and isinstance(storage, TrainingRecorder)
     assert BUFFER_STORAGE.get("sqlite") is SqliteStorage
     assert (tmp_path / "b.sqlite").exists()
     assert sqlite3.connect(tmp_path / "b.sqlite").execute("PRAGMA journal_mode").fetchone() == ("wal",)
@@ -158,3 +159,35 @@ def test_two_writer_processes_and_a_reader_process(tmp_path: Path) -> None:
         assert p.exitcode == 0
     assert sorted(seen) == sorted([f"e{i}" for i in range(300)] + [f"e{i}" for i in range(1000, 1300)])
     assert SqliteStorage(params=SqliteParams(path=path)).count("consumed") == 600
+
+
+def test_what_the_trainer_computed_is_kept_for_claimed_and_consumed_rows_only(buf: SqliteStorage) -> None:
+    """Records of a step that never reached a checkpoint go when its rows return (recover)."""
+    buf.put([exp(i) for i in range(4)])
+    first = buf.claim(2, timeout=0)
+    buf.record_trained(1, [TrainedRecord(r.eid, {"advantages": [0.5, -0.25], "trainer_logprob": [-1.0, -2.0]})
+                           for r in first] + [TrainedRecord("not-in-buffer", {"advantages": [1.0]})])
+    buf.commit(1)
+    second = buf.claim(2, timeout=0)
+    buf.record_trained(2, [TrainedRecord(r.eid, {"advantages": [1.0, 1.0]}) for r in second])
+    assert buf.trained() == {"e0": (1, {"advantages": [0.5, -0.25], "trainer_logprob": [-1.0, -2.0]}),
+                             "e1": (1, {"advantages": [0.5, -0.25], "trainer_logprob": [-1.0, -2.0]}),
+                             "e2": (2, {"advantages": [1.0, 1.0]}), "e3": (2, {"advantages": [1.0, 1.0]})}
+    buf.recover(1)  # killed before checkpoint 2: e2, e3 are available again, their records gone
+    assert set(buf.trained()) == {"e0", "e1"}
+    buf.claim(2, timeout=0)
+    buf.record_trained(2, [TrainedRecord("e2", {"advantages": [3.0, 3.0]})])  # trained again: replaced
+    assert buf.trained()["e2"] == (2, {"advantages": [3.0, 3.0]})
+
+
+def test_a_database_from_before_the_trained_table_gets_it_when_a_writer_opens_it(tmp_path: Path) -> None:
+    with SqliteStorage(params=SqliteParams(), run_dir=tmp_path) as storage:
+        storage.put([exp(0)])
+    db = sqlite3.connect(tmp_path / "buffer.sqlite")
+    db.execute("DROP TABLE trained")
+    db.commit()
+    db.close()
+    with SqliteStorage(params=SqliteParams(), run_dir=tmp_path) as storage:
+        assert storage.trained() == {} and storage.count() == 1
+        storage.record_trained(1, [TrainedRecord("e0", {"advantages": [0.0, 0.0]})])
+        assert storage.trained() == {"e0": (1, {"advantages": [0.0, 0.0]})}

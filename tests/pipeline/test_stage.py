@@ -61,8 +61,8 @@ def _row(group: str, reward: float, expert: bool = False) -> Experience:
 
 def test_dynamic_sampling_drops_equal_groups_but_keeps_expert_rows():
     rows = [_row("a", 1.0), _row("a", 1.0), _row("b", 0.0), _row("b", 1.0), _row("e1", 0.0, True), _row("e2", 0.0, True)]
-    batch, dropped = drop_uninformative_groups(experience_batch(rows, pad_id=0))
-    assert dropped == 2
+    batch, dropped, keep = drop_uninformative_groups(experience_batch(rows, pad_id=0))
+    assert dropped == 2 and keep.tolist() == [2, 3, 4, 5]
     assert batch["is_expert"].tolist() == [False, False, True, True]
     assert batch["rewards"].tolist() == [0.0, 1.0, 0.0, 0.0]
     assert float(batch["num_expert_seqs"]) == 2 and float(batch["num_seqs"]) == 4

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from trinity_like.buffer.rows import TrainedRecord
 from trinity_like.experience import Experience
 
 # Orders a storage can hand rows out in.
@@ -64,6 +65,16 @@ class ExperienceSource(Protocol):
 
     def close(self) -> None:
         """Release files and connections."""
+
+
+@runtime_checkable
+class TrainingRecorder(Protocol):
+    """A storage that also keeps what the trainer computed for the rows it trained on
+    (``sqlite``: for ``trinity-like view``). The trainer records into any storage that is
+    one; a storage that is not (``memory``: nothing outlives the process) is passed over."""
+
+    def record_trained(self, step: int, records: Sequence[TrainedRecord]) -> None:
+        """Keep ``records`` (:class:`~trinity_like.buffer.rows.TrainedRecord`) of step ``step``."""
 
 
 @runtime_checkable

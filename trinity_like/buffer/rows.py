@@ -19,7 +19,8 @@ import dataclasses
 import json
 import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Union
 
 from trinity_like.experience import ROW_TYPES, Experience, PairExperience
@@ -103,6 +104,46 @@ def unpack(kind: str, header: str, blob: bytes) -> Row:
         fields[name] = arr.tolist()
         at += size
     return _row_type(kind)(**fields)
+
+
+@dataclass(frozen=True)
+class TrainedRecord:
+    """What the trainer computed for one stored row when a step trained on it.
+
+    Recorded from tensors the step had anyway (no extra forward pass), so a person can see
+    what the loss saw: ``trinity-like view`` colours a response's tokens by them. Names in
+    ``arrays`` (per response token, float64 in storage): ``advantages`` (what the loss
+    used), ``trainer_logprob`` (the trainer's logprob of the token before the update; with
+    the sampler's ``logprobs`` it gives the sampler/trainer ratio).
+    """
+
+    eid: str  # the row's id (Experience.eid)
+    arrays: Mapping[str, Sequence[float]]  # name -> one value per response token
+
+
+def pack_floats(arrays: Mapping[str, Sequence[float]]) -> tuple[str, bytes]:
+    """``(JSON layout, blob)``: each list as little-endian float64, its length in the layout."""
+    layout, chunks = {}, []
+    for name, values in arrays.items():
+        arr = array("d", values)
+        if _SWAP:
+            arr.byteswap()
+        layout[name] = len(arr)
+        chunks.append(arr.tobytes())
+    return json.dumps(layout, separators=(",", ":")), b"".join(chunks)
+
+
+def unpack_floats(layout: str, blob: bytes) -> dict[str, list[float]]:
+    """The lists :func:`pack_floats` packed."""
+    out, view, at = {}, memoryview(blob), 0
+    for name, n in json.loads(layout).items():
+        arr = array("d")
+        arr.frombytes(view[at : at + 8 * n])
+        if _SWAP:
+            arr.byteswap()
+        out[name] = arr.tolist()
+        at += 8 * n
+    return out
 
 
 def model_version(row: Row) -> int:

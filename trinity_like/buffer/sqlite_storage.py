@@ -24,6 +24,14 @@ checkpoint and committing, the claimed rows *are* in the checkpoint and become c
 checkpoint that was lost) become available again. So no experience is lost and none is
 trained on twice, wherever the kill lands (tests/buffer/test_crash.py kills both sides).
 
+What the trainer computed for a row it trained on (its advantages, its own logprobs) is
+kept in a side table, ``trained`` (:meth:`SqliteStorage.record_trained`), for people to
+look at (``trinity-like view``); nothing in the contract reads it. A record exists only
+for a row that is claimed or consumed: ``recover`` deletes the records of rows it returns
+to available, so a resumed run never shows what a lost step computed. Databases written
+before the table existed get it the first time a writer opens them; readers of such a
+file see no records.
+
 Example::
 
     buf = SqliteStorage(params=SqliteParams(), run_dir="runs/demo")
@@ -31,6 +39,7 @@ Example::
     rows = buf.claim(1, order="newest_version", min_model_version=3, timeout=1.0)
     ...  # train, save checkpoint 7
     buf.commit(7)
+    buf.record_trained(7, [TrainedRecord(eid, {"advantages": [...], "trainer_logprob": [...]})])
 """
 
 from __future__ import annotations
@@ -48,11 +57,14 @@ from trinity_like.buffer.base import ORDERS
 from trinity_like.buffer.rows import (
     STATUSES,
     Row,
+    TrainedRecord,
     check_claim_args,
     check_status,
     model_version,
     pack,
+    pack_floats,
     unpack,
+    unpack_floats,
 )
 from trinity_like.registry import BUFFER_STORAGE
 
@@ -80,6 +92,12 @@ CREATE TABLE IF NOT EXISTS state (          -- where each row is in its life
 -- covering the staleness filter: a claim reads n entries, however many rows wait.
 CREATE INDEX IF NOT EXISTS state_fifo ON state (status, seq, model_version);
 CREATE INDEX IF NOT EXISTS state_newest ON state (status, model_version DESC, seq);
+CREATE TABLE IF NOT EXISTS trained (        -- what the trainer computed for a row (record_trained)
+    seq INTEGER PRIMARY KEY,                -- rows.seq
+    step INTEGER NOT NULL,                  -- the training step that computed it
+    layout TEXT NOT NULL,                   -- JSON {name: length} of the float64 lists in `arrays`
+    arrays BLOB NOT NULL                    -- per response token: advantages, trainer_logprob (rows.TrainedRecord)
+);
 CREATE TABLE IF NOT EXISTS commits (step INTEGER PRIMARY KEY, n_rows INTEGER NOT NULL, at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
@@ -239,6 +257,24 @@ class SqliteStorage:
             f"SELECT seq, kind, header, arrays FROM rows WHERE seq IN ({marks})", seqs)}
         return [unpack(*found[seq]) for seq in seqs]
 
+    def record_trained(self, step: int, records: Sequence[TrainedRecord]) -> None:
+        """Keep what step ``step`` computed for rows it trained on (one transaction).
+
+        A record replaces an earlier one of the same row; a record of a row this buffer does
+        not hold (an expert row of MIX, read from its dataset) is skipped.
+        """
+        packed = [(step, *pack_floats(r.arrays), r.eid) for r in records]
+        if not packed:
+            return
+        with self._tx() as db:
+            db.executemany("INSERT OR REPLACE INTO trained (seq, step, layout, arrays) "
+                           "SELECT seq, ?, ?, ? FROM rows WHERE eid = ?", packed)
+
+    def trained(self) -> dict[str, tuple[int, dict[str, list[float]]]]:
+        """``eid -> (step, arrays)`` of every record: for tests and post-mortems."""
+        got = self._read("SELECT eid, step, layout, t.arrays FROM trained t JOIN rows USING (seq)")
+        return {eid: (step, unpack_floats(layout, blob)) for eid, step, layout, blob in got}
+
     def drop_older_than(self, model_version: int) -> int:
         """Mark available rows sampled before ``model_version`` as dropped; returns how many."""
         with self._tx() as db:
@@ -306,6 +342,8 @@ class SqliteStorage:
                 db.execute("DELETE FROM commits WHERE step > ?", (checkpoint_step,))
             cur = db.execute("UPDATE state SET status = ? WHERE status = ?", (AVAILABLE, CLAIMED))
             moved["released"] = cur.rowcount
+            # what a lost step computed goes with it: records stay only for rows consumed
+            db.execute("DELETE FROM trained WHERE seq IN (SELECT seq FROM state WHERE status = ?)", (AVAILABLE,))
         self._recovered = True
         return moved
 

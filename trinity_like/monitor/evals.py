@@ -10,8 +10,14 @@ answer at step 0, 10, 20?). ``step`` is the trainer step whose weights answered.
      "metrics": {"reward_chosen": 0.12, "reward_rejected": -0.03, "reward_margin": 0.15, ...}}
 
 A pair's ``metrics`` are what the run's pair loss reports for that pair alone (DPO's
-implicit rewards and margin, a reward model's margin). Lines are appended and flushed per
-evaluation; a torn last line (a killed run) is skipped when read.
+implicit rewards and margin, a reward model's margin), and each per-row output of the
+model for its two rows (a reward model's ``scores_chosen`` / ``scores_rejected``). Lines are
+appended and flushed per evaluation; a torn last line (a killed run) is skipped when read.
+
+A DPO or reward-model stage also appends each *training* pair of each step, in the same
+``pair`` format, to ``<run_dir>/trained_pairs.jsonl``: the scores the step's own forward
+gave before its update (no extra pass). A resumed run writes its steps again; readers keep
+the last writing of each pair of a step.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 EVALS_FILE = "evals.jsonl"
+TRAINED_PAIRS_FILE = "trained_pairs.jsonl"
 
 
 def append_evals(path: str | os.PathLike, step: int, items: Iterable[dict[str, Any]]) -> None:

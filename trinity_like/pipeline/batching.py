@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
+from trinity_like.buffer.rows import TrainedRecord
 from trinity_like.experience import Experience, PairExperience
 from trinity_like.ops import normalizers, token_level_rewards
 from trinity_like.trainer.base import ROWS_PER_EXAMPLE
@@ -74,6 +75,16 @@ def experience_batch(rows: Sequence[Experience], pad_id: int) -> Batch:
         batch["advantages"] = _per_token([r.advantages for r in rows], R)
     batch.update(normalizers(mask, batch["is_expert"]))
     return batch
+
+
+def trained_records(rows: Sequence[Experience], batch: Batch, outputs: Batch) -> list[TrainedRecord]:
+    """What a step computed for each row of ``batch`` (built from ``rows`` by :func:`experience_batch`),
+    cut back to the row's response: the ``advantages`` the loss used and the trainer's own
+    ``logprob`` from ``outputs`` (``forward_backward``'s ``out``), whichever the step has."""
+    fields = {"advantages": batch.get("advantages"), "trainer_logprob": outputs.get("logprob")}
+    lists = {name: t.tolist() for name, t in fields.items() if t is not None}
+    return [TrainedRecord(row.eid, {name: values[i][: row.response_length] for name, values in lists.items()})
+            for i, row in enumerate(rows)] if lists else []
 
 
 def pair_batch(rows: Sequence[PairExperience], pad_id: int) -> Batch:

@@ -30,7 +30,7 @@ import torch
 from trinity_like.config import ResolvedStage
 from trinity_like.errors import TrinityError
 from trinity_like.monitor.logger import PhaseTimer
-from trinity_like.monitor.evals import append_evals
+from trinity_like.monitor.evals import TRAINED_PAIRS_FILE, append_evals
 from trinity_like.ops import normalizers
 from trinity_like.pipeline.batching import experience_batch, pair_batch, split_rows
 from trinity_like.pipeline.rl_loop import end_step, update
@@ -136,11 +136,20 @@ class OfflineTrainer:
         two = torch.tensor([2 * j, 2 * j + 1])
         alone = split_rows(batch, two)
         alone.update(normalizers(alone["response_mask"]))
-        _, m = self.stage.objective(split_rows(outputs, two), alone)
+        mine = split_rows(outputs, two)
+        _, m = self.stage.objective(mine, alone)
+        m.update({f"{k}_{side}": float(v[i]) for k, v in mine.items() if v.dim() == 1  # per-row outputs: RM scores
+                  for i, side in enumerate(("chosen", "rejected"))})
         prompt, chosen, rejected = self.stage.tokenizer.batch_decode(
             [row.prompt_tokens, row.chosen_tokens, row.rejected_tokens], skip_special_tokens=True)
         return {"kind": "pair", "task_id": row.task_id or row.eid, "prompt": prompt, "chosen": chosen,
                 "rejected": rejected, "metrics": m}
+
+    def record(self, step: int, rows: list[Any], batch: Batch, outputs: Batch) -> None:
+        """Each training pair of ``step`` with what the loss saw of it, to ``trained_pairs.jsonl``
+        (:mod:`trinity_like.monitor.evals`): the outputs of the step's own forward, no extra pass."""
+        append_evals(self.stage.run_dir / TRAINED_PAIRS_FILE, step,
+                     [self.pair_item(row, j, outputs, batch) for j, row in enumerate(rows)])
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Held-out rows, and answer accuracy on held-out tasks with the current weights."""
@@ -171,7 +180,11 @@ def run_offline(spec: ResolvedStage) -> dict[str, float]:
                 raise TrinityError("the training set is empty")
             with timer("reference"):
                 batch = trainer.batch(rows)
-            last = update(stage, step, batch, timer)
+            outputs: Batch | None = {} if stage.spec.algorithm.schema == "pair" else None
+            last = update(stage, step, batch, timer, outputs=outputs)
+            if outputs and "skipped/nan_loss" not in last:
+                with timer("record"):
+                    trainer.record(step, rows, batch, outputs)
             trainer.free_reference()
             stage.model_version = step
             end_step(stage, step, timer, t0, last, batch, evaluate=trainer.held_out)

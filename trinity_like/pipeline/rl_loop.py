@@ -36,7 +36,8 @@ from trinity_like.errors import TrinityError
 from trinity_like.experience import Experience
 from trinity_like.monitor.logger import PhaseTimer
 from trinity_like.ops import apply_kl_penalty, groups_with_signal, normalizers
-from trinity_like.pipeline.batching import experience_batch, split_rows
+from trinity_like.buffer.base import TrainingRecorder
+from trinity_like.pipeline.batching import experience_batch, split_rows, trained_records
 from trinity_like.pipeline.stage import Stage
 
 Batch = dict[str, torch.Tensor]
@@ -104,11 +105,16 @@ def learn(stage: Stage, step: int, timer: PhaseTimer) -> tuple[dict[str, float],
     batch: Batch | None = experience_batch(rows, stage.pad_id)
     metrics = rollout_stats(batch, stage.model_version)
     if stage.spec.dynamic_sampling:
-        batch, metrics["dynamic_sampling/dropped_rows"] = drop_uninformative_groups(batch)
+        batch, metrics["dynamic_sampling/dropped_rows"], keep = drop_uninformative_groups(batch)
+        rows = [rows[i] for i in keep.tolist()]
     if batch is None:
         metrics["skipped/no_signal"] = 1.0
     else:
-        metrics.update(update(stage, step, batch, timer, prepare=prepare_rl_batch))
+        outputs: Batch = {}
+        metrics.update(update(stage, step, batch, timer, prepare=prepare_rl_batch, outputs=outputs))
+        if isinstance(stage.storage, TrainingRecorder) and "skipped/nan_loss" not in metrics:
+            with timer("record"):  # for people (trinity-like view): what the loss saw, no extra pass
+                stage.storage.record_trained(step, trained_records(rows, batch, outputs))
     stage.model_version = step
     return metrics, batch
 
@@ -134,20 +140,21 @@ def rollout_stats(batch: Batch, model_version: int) -> dict[str, float]:
     }
 
 
-def drop_uninformative_groups(batch: Batch) -> tuple[Batch | None, float]:
+def drop_uninformative_groups(batch: Batch) -> tuple[Batch | None, float, torch.Tensor]:
     """Dynamic sampling (DAPO, arXiv:2503.14476 sec. 3.2): under a group baseline a group whose
     rewards are all equal carries no signal. Such groups are dropped; expert rows (MIX) are
-    demonstrations, not groups, and always stay. Returns the batch (None if empty) and the rows dropped."""
+    demonstrations, not groups, and always stay. Returns the batch (None if empty), the rows
+    dropped and the indices of the rows kept."""
     keep_B = groups_with_signal(batch["rewards"], batch["group_index"]) | batch["is_expert"].bool()
     keep = keep_B.nonzero(as_tuple=True)[0]
     dropped = float(batch["rewards"].shape[0] - keep.numel())
     if keep.numel() == 0:
-        return None, dropped
+        return None, dropped, keep
     if dropped == 0:
-        return batch, 0.0
+        return batch, 0.0, keep
     out = split_rows(batch, keep)
     out.update(normalizers(out["response_mask"], out.get("is_expert")))
-    return out, dropped
+    return out, dropped, keep
 
 
 def prepare_rl_batch(stage: Stage, batch: Batch, timer: PhaseTimer) -> dict[str, float]:
@@ -198,18 +205,22 @@ def compute_advantages(stage: Stage, batch: Batch) -> dict[str, float]:
 
 
 # -- shared by every loop ------------------------------------------------------------------------
-def update(stage: Stage, step: int, batch: Batch, timer: PhaseTimer, *, prepare: Prepare | None = None) -> dict[str, float]:
+def update(stage: Stage, step: int, batch: Batch, timer: PhaseTimer, *, prepare: Prepare | None = None,
+           outputs: Batch | None = None) -> dict[str, float]:
     """``trainer.update_epochs`` optimiser steps of the actor (then one of the critic) on ``batch``.
 
     ``prepare(stage, batch, timer)`` first adds what the losses read (reference logprobs,
     advantages, ...). A non-finite loss skips the step without touching the weights; more
     than ``trainer.max_nan_steps`` in a row stop the run with the last good weights.
+    ``outputs``, when given, receives the actor's outputs of the first epoch (``logprob [B, R]``,
+    ...: the weights before this step), from the forward the loss ran.
     """
     try:
         metrics = prepare(stage, batch, timer) if prepare is not None else {}
         with timer("update"):
-            for _ in range(stage.config.trainer.update_epochs):
-                out = stage.actor.forward_backward(batch, stage.objective, need_entropy=stage.objective.need_entropy)
+            for epoch in range(stage.config.trainer.update_epochs):
+                out = stage.actor.forward_backward(batch, stage.objective, need_entropy=stage.objective.need_entropy,
+                                                   out=outputs if epoch == 0 else None)
                 if out.get("nonfinite_loss", 0.0) > 0 or not math.isfinite(out.get("loss", 0.0)):
                     stage.actor.zero_grad()  # drop what the finite micro-batches accumulated
                     raise FloatingPointError("non-finite loss")
