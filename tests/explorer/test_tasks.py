@@ -79,3 +79,26 @@ def test_reasoning_gym_adapter():
         json.dumps(t.to_dict())  # rows must stay JSON-serialisable
         assert fn({"response": f"\\boxed{{{t.answer}}}", "task": t}) == 1.0
         assert exact({"response": f"So the answer is {t.answer}.", "answer": t.answer}) == 1.0
+
+
+def test_an_unsized_source_over_a_huge_space_is_an_error_naming_the_dataset(tmp_path):
+    """Without a size the source would draw a whole split of 810,000 problems by rejection
+    sampling -- minutes of silence. It says to set the size instead, before any run folder exists."""
+    from trinity_like.config import load_plan
+    from trinity_like.errors import ConfigError
+    from trinity_like.explorer.tasks import MAX_UNSIZED_SPACE, arithmetic_source
+    from trinity_like.pipeline.data_sources import generated_tasks
+
+    big = ArithmeticParams(ranges=((100, 999),))
+    with pytest.raises(TrinityError, match=r"holds 810,000 problems.*set size"):
+        arithmetic_source(split="train", size=None, seed=0, system_prompt=None, params=big)
+    assert len(arithmetic_source(split="eval", size=3, seed=0, system_prompt=None, params=big)) == 3
+    small = arithmetic_source(split="eval", size=None, seed=0, system_prompt=None, params=ArithmeticParams())
+    assert 0 < len(small) < MAX_UNSIZED_SPACE
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("buffer:\n  tasks:\n    generator: arithmetic\n    generator_args: {ranges: [[100, 999]]}\n")
+    plan = load_plan(recipe, [f"run_root={tmp_path / 'runs'}"])
+    ds = plan.stages[0].config.buffer.tasks
+    with pytest.raises(ConfigError, match=r"^buffer\.tasks: size is unset .* set size$"):
+        generated_tasks(ds, "buffer.tasks")
+    assert not (tmp_path / "runs").exists()

@@ -54,6 +54,7 @@ from trinity_like.registry import TASK_SOURCE, UnknownNameError
 
 CALCULATOR_PROMPT = "You are a calculator. Reply with only the number."
 SPLITS = ("train", "eval")
+MAX_UNSIZED_SPACE = 100_000  # most problems a source with size None enumerates
 _OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
@@ -147,6 +148,10 @@ def arithmetic_source(
     *, split: str, size: int | None, seed: int, system_prompt: str | None, params: ArithmeticParams
 ) -> list[Task]:
     """Seeded 'What is 47 + 8?' problems; the eval split never overlaps train (size None: the whole split)."""
+    space = _space_size(params)
+    if size is None and space > MAX_UNSIZED_SPACE:  # drawing a whole split of this size takes minutes
+        raise TrinityError(f"size is unset (the whole split), but this problem space holds {space:,} problems, "
+                           f"more than the {MAX_UNSIZED_SPACE:,} drawn without a size: set size")
     prompt = CALCULATOR_PROMPT if system_prompt is None else system_prompt
     return arithmetic_tasks(params, split, size, seed=seed, system_prompt=prompt)
 

@@ -14,6 +14,7 @@ from trinity_like.buffer.base import ExpertSource
 from trinity_like.buffer.datasets import DatasetOptions, ExpertSet, PairSet, RowSet, SftSet, TaskSet
 from trinity_like.config import ResolvedStage
 from trinity_like.config.schema import DatasetConfig
+from trinity_like.errors import ConfigError, TrinityError
 from trinity_like.experience import Task
 
 _OPTION_FIELDS = {f.name for f in fields(DatasetOptions)}
@@ -29,7 +30,12 @@ def generated_tasks(ds: DatasetConfig, where: str) -> list[Task]:
     from trinity_like.explorer.tasks import task_source
 
     source, params = task_source(ds.generator or "", ds.generator_args, where)
-    return list(source(split=ds.split, size=ds.size, seed=ds.seed, system_prompt=ds.system_prompt, params=params))
+    try:
+        return list(source(split=ds.split, size=ds.size, seed=ds.seed, system_prompt=ds.system_prompt, params=params))
+    except ConfigError:
+        raise
+    except TrinityError as exc:  # a source's complaint is about this dataset's settings: name them
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def task_set(ds: DatasetConfig, where: str, *, train: bool) -> RowSet[Task]:
