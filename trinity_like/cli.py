@@ -7,6 +7,7 @@
     trinity-like view RUN_DIR [RUN_DIR ...] [--port N]
     trinity-like report RUN_DIR [RUN_DIR ...] --out FILE.html
     trinity-like export CHECKPOINT --out DIR [--base MODEL]
+    trinity-like serve [--port N] [--host H --api-key K] [--data-dir DIR] [--model M ...]
     trinity-like version
 
 A user error (bad recipe, bad data, unknown name, failing plugin) prints one line and
@@ -78,6 +79,22 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--out", required=True, help="new folder to write (must not exist, or be empty)")
     exp.add_argument("--base", help="base model of a LoRA checkpoint, when not where its base_model.json says")
     exp.add_argument("--debug", action="store_true", help="show tracebacks")
+
+    srv = sub.add_parser("serve", help="Tinker's HTTP protocol over our engines: the official tinker SDK runs "
+                                       "against it with base_url=http://HOST:PORT")
+    srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --api-key)")
+    srv.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0: any free port)")
+    srv.add_argument("--api-key", default=os.environ.get("TRINITY_LIKE_SERVE_API_KEY"),
+                     help="require this key (tml-...) on every request (default: $TRINITY_LIKE_SERVE_API_KEY)")
+    srv.add_argument("--data-dir", default=None,
+                     help="where tinker:// checkpoints live (default: $TRINITY_LIKE_CACHE/serve or ~/.cache/trinity_like/serve)")
+    srv.add_argument("--model", action="append", default=[], metavar="M",
+                     help="a model id or Hugging Face folder to list beside the built-ins (repeatable)")
+    srv.add_argument("--train-engine", default="local", help="local (in-process torch, default) or verl")
+    srv.add_argument("--micro-batch-size", type=int, default=8, help="rows per forward/backward pass (default 8)")
+    srv.add_argument("--max-pending", type=int, default=512, help="requests queued at once before HTTP 429 (default 512)")
+    srv.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body in MiB (default 64)")
+    _add_common(srv)
 
     sub.add_parser("version", help="print versions")
     return parser
@@ -176,8 +193,28 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from pathlib import Path
+
+    from trinity_like.client.serve import ServeParams, serve
+    from trinity_like.models.resolve import CACHE_ENV
+    from trinity_like.plugins import load_plugins
+
+    load_plugins(args.plugin)
+    root = os.environ.get(CACHE_ENV)
+    default_dir = (Path(root).expanduser() if root else Path.home() / ".cache" / "trinity_like") / "serve"
+    params = ServeParams(data_dir=Path(args.data_dir) if args.data_dir else default_dir, host=args.host,
+                         port=args.port, api_key=args.api_key, max_body_bytes=int(args.max_body_mb * 2**20),
+                         max_pending=args.max_pending, train_engine=args.train_engine,
+                         micro_batch_size=args.micro_batch_size, models=tuple(args.model))
+    serve(params)
+    return 0
+
+
 COMMANDS = {"run": cmd_run, "validate": cmd_validate, "list": cmd_list, "plot": cmd_plot, "view": cmd_view,
-            "report": cmd_report, "export": cmd_export, "version": cmd_version}
+            "report": cmd_report, "export": cmd_export, "serve": cmd_serve,
+            "version": cmd_version}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

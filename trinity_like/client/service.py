@@ -97,10 +97,12 @@ class ServiceClient:
     def create_lora_training_client(self, base_model: str, rank: int = 32, seed: int | None = None,
                                     train_mlp: bool = True, train_attn: bool = True, train_unembed: bool = True,
                                     user_metadata: dict[str, str] | None = None,
-                                    optimizer: types.OptimizerConfig | None = None) -> TrainingClient:
+                                    optimizer: types.OptimizerConfig | None = None, *,
+                                    run_name: str | None = None) -> TrainingClient:
         """A training client over ``base_model`` with a fresh LoRA adapter of ``rank``.
 
-        ``rank=0`` (ours) trains every weight instead: a full fine-tune.
+        ``rank=0`` (ours) trains every weight instead: a full fine-tune. ``run_name`` (ours):
+        its folder under ``log_dir`` and its ``model_id`` (default: a new unique name).
         """
         if optimizer is not None and getattr(optimizer, "type", "adamw") != "adamw":
             raise ValueError(f"optimizer {optimizer.type!r}: only AdamW is available here")
@@ -111,32 +113,37 @@ class ServiceClient:
         if rank > 0:  # seed None: a fresh adapter draw (without reseeding torch's global generator)
             lora = LoraParams(rank=rank, train_attn=train_attn, train_mlp=train_mlp, train_unembed=train_unembed,
                               seed=seed if seed is not None else secrets.randbits(31))
-        return self._training_client(base_model, folder, lora)
+        return self._training_client(base_model, folder, lora, run_name)
 
     def create_training_client_from_state(self, path: str, base_model: str | None = None,
                                           user_metadata: dict[str, str] | None = None,
                                           weights_access_token: str | None = None,
-                                          optimizer: types.OptimizerConfig | None = None) -> TrainingClient:
+                                          optimizer: types.OptimizerConfig | None = None, *,
+                                          run_name: str | None = None) -> TrainingClient:
         """A training client resumed from ``save_state``'s folder: its weights, a fresh optimiser."""
-        return self._from_state(path, base_model, with_optimizer=False)
+        return self._from_state(path, base_model, with_optimizer=False, run_name=run_name)
 
     def create_training_client_from_state_with_optimizer(self, path: str, base_model: str | None = None,
                                                          user_metadata: dict[str, str] | None = None,
                                                          weights_access_token: str | None = None,
-                                                         optimizer: types.OptimizerConfig | None = None,
-                                                         ) -> TrainingClient:
+                                                         optimizer: types.OptimizerConfig | None = None, *,
+                                                         run_name: str | None = None) -> TrainingClient:
         """A training client resumed from ``save_state``'s folder: weights and optimiser state."""
-        return self._from_state(path, base_model, with_optimizer=True)
+        return self._from_state(path, base_model, with_optimizer=True, run_name=run_name)
 
-    def _from_state(self, path: str, base_model: str | None, *, with_optimizer: bool) -> TrainingClient:
+    def _from_state(self, path: str, base_model: str | None, *, with_optimizer: bool,
+                    run_name: str | None) -> TrainingClient:
         saved_base, lora = read_base_note(path)
         base = base_model or saved_base
-        client = self._training_client(base, resolve_model_path(base), lora)
+        client = self._training_client(base, resolve_model_path(base), lora, run_name)
         client._load(str(path), with_optimizer)
         return client
 
-    def _training_client(self, base_model: str, folder: Path, lora: LoraParams | None) -> TrainingClient:
+    def _training_client(self, base_model: str, folder: Path, lora: LoraParams | None,
+                         run_name: str | None = None) -> TrainingClient:
         """``lora``: the adapter's params, None for a full fine-tune."""
+        if run_name is not None and (not re.fullmatch(r"[A-Za-z0-9_.:-]+", run_name) or run_name in (".", "..")):
+            raise ValueError(f"run_name {run_name!r} must be a plain folder name (letters, digits, _ . : -)")
         model = ModelParams(path=str(folder), micro_batch_size=self.micro_batch_size, dtype=self.dtype, lora=lora)
         if self.train_engine == "local":
             from trinity_like.trainer.local_engine import LocalEngine
@@ -146,7 +153,7 @@ class ServiceClient:
             from trinity_like.trainer.verl_engine import VerlEngine, VerlParams
 
             engine = VerlEngine(model, OptimParams(), VerlParams(num_workers=self.trainer_workers))
-        model_id = f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', Path(base_model).name)}-{os.getpid()}-{next(_ids)}"
+        model_id = run_name or f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', Path(base_model).name)}-{os.getpid()}-{next(_ids)}"
         client = TrainingClient(engine, base_model=base_model, model_id=model_id, run_dir=self.log_dir / model_id,
                                 lora=lora, tokenizer=load_tokenizer(folder),
                                 exact_targets=self.train_engine == "local")

@@ -20,6 +20,8 @@ Example (the SDK's own loop, unchanged but for the import)::
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -201,7 +203,7 @@ class TrainingClient:
         out.update(sampler_diagnostics(logprob_BR, batch))
         if "entropy" in outputs:
             out["entropy:mean"] = entropy_mean(outputs["entropy"], mask)
-        out["tokens_per_s"] = float(mask.sum()) / max(seconds, 1e-9)
+        out["tokens_per_s:mean"] = float(mask.sum()) / max(seconds, 1e-9)
         return types.ForwardBackwardOutput(
             loss_fn_output_type="ArrayRecord",
             loss_fn_outputs=[{"logprobs": types.TensorData.from_torch(lp)} for lp in per_datum(logprob_BR, layout)],
@@ -235,7 +237,14 @@ class TrainingClient:
 
     def _save(self, kind: str, name: str, overwrite: bool) -> types.SaveWeightsResponse:
         folder = self._checkpoint_folder(kind, name, overwrite)
-        self._engine.save(str(folder))  # its base_model.json says what to resume it on
+        # Written beside its final name, then renamed: a save cut short (Ctrl-C, a crash)
+        # leaves no half-written checkpoint under the name, and an overwritten one stays whole.
+        partial = folder.with_name(f".{name}.partial-{os.getpid()}")
+        shutil.rmtree(partial, ignore_errors=True)
+        self._engine.save(str(partial))  # its base_model.json says what to resume it on
+        if folder.exists():
+            shutil.rmtree(folder)
+        partial.rename(folder)
         return types.SaveWeightsResponse(path=str(folder))
 
     def _checkpoint_folder(self, kind: str, name: str, overwrite: bool) -> Path:
@@ -281,7 +290,12 @@ class TrainingClient:
         """
         if kind != "snapshot":
             raise ValueError(f"kind {kind!r}: only 'snapshot' sampling clients exist here")
-        return self._queue.submit(self._snapshot).result()
+        return self.snapshot_sampler().result()
+
+    def snapshot_sampler(self) -> AwaitableConcurrentFuture[SamplingClient]:
+        """A future of the sampler ``save_weights_and_get_sampling_client`` returns, queued
+        in call order without waiting (``trinity-like serve`` answers the request at once)."""
+        return self._queue.submit(self._snapshot)
 
     def _snapshot(self) -> SamplingClient:
         return SamplingClient(self.base_model, weights=self._engine.state_dict(), version=self._version)
