@@ -55,8 +55,34 @@ def test_verify_detects_a_changed_weight_file(tmp_path):
     mgr = CheckpointManager(tmp_path)
     path = mgr.save(5, {}, {"model": writer(5.0)})
     save_file({"w": torch.zeros(4)}, str(path / "model" / "model.safetensors"))
-    with pytest.raises(TrinityError, match="does not match its manifest"):
+    with pytest.raises(TrinityError, match="model/model.safetensors does not match its sha256 in the manifest"):
         mgr.verify(path)
+
+
+def test_a_flipped_byte_or_a_truncated_file_names_the_file_and_the_way_back(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=3)
+    first = mgr.save(1, {}, {"model": writer(1.0)})
+    path = mgr.save(2, {}, {"model": writer(2.0)})
+    weights = path / "model" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x01  # one bit of the last weight
+    weights.write_bytes(bytes(data))
+    way_back = (f"to resume from the checkpoint before it (step_000001), move this one aside "
+                f"(mv {path} {path.parent / 'corrupt-step_000002'}) and run the same command")
+    with pytest.raises(TrinityError) as info:
+        mgr.verify(path)
+    assert str(info.value) == (f"checkpoint {path}: model/model.safetensors does not match its sha256 in the "
+                               f"manifest (bytes changed); {way_back}")
+    weights.write_bytes(bytes(data[:-10]))
+    with pytest.raises(TrinityError) as info:
+        mgr.verify(path)
+    assert str(info.value) == (f"checkpoint {path}: model/model.safetensors is {len(data) - 10} bytes, "
+                               f"{len(data)} when saved (truncated?); {way_back}")
+    path.rename(path.parent / "corrupt-step_000002")  # as the message says
+    assert mgr.latest() == first and mgr.verify(first)["step"] == 1
+    with pytest.raises(TrinityError, match="model/model.safetensors does not match .*; no earlier checkpoint is left"):
+        save_file({"w": torch.zeros(4)}, str(first / "model" / "model.safetensors"))
+        mgr.verify(first)
 
 
 def test_weights_hash_depends_only_on_weights(tmp_path):

@@ -7,13 +7,20 @@ Layout::
         critic/           the value model, for algorithms with a critic
         state.json        step, model version, dataset / sample-strategy / buffer positions
         rng.json          Python, NumPy and torch RNG states
-        manifest.json     sha256 of every file above: the content hash of the weights
+        manifest.json     sha256 and size of every file above: the content hash of the weights
     <run_dir>/checkpoints/latest     name of the newest complete checkpoint
 
 A checkpoint is written into a temporary folder beside the others, fsynced, then renamed
 into place, and only then does ``latest`` move (write + rename). A kill at any moment
 leaves the previous checkpoint intact and ``latest`` pointing at it; leftover temporary
 folders are removed on the next start. Only the ``keep_last`` newest are kept.
+
+Resuming checks every file of the checkpoint against its manifest first: a truncated or
+changed file (a disk that lied, a copy cut short) is an error naming the file and saying
+how to resume from the checkpoint before it -- move the bad one aside and run the same
+command; the buffer hands back the rows the later steps had consumed, so each is trained
+once. The named points of :mod:`trinity_like.fault_points` let a test SIGKILL a save
+anywhere in between (``tests/faults/test_checkpoint_kill.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trinity_like import fault_points
 from trinity_like.errors import TrinityError
 
 LATEST = "latest"
@@ -113,6 +121,7 @@ class CheckpointManager:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir()
+        fault_points.reach("before_weights")
         for sub, write in writers.items():
             write(str(tmp / sub))
         (tmp / STATE).write_text(json.dumps({"step": step, **state}, indent=1, sort_keys=True))
@@ -120,13 +129,16 @@ class CheckpointManager:
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
         manifest = {str(p.relative_to(tmp)): _sha256(p) for p in files}
         weights = [v for k, v in manifest.items() if k.endswith(".safetensors")]
-        body = {"step": step, "files": manifest, "weights_sha256": hashlib.sha256("".join(weights).encode()).hexdigest()}
+        body = {"step": step, "files": manifest, "sizes": {str(p.relative_to(tmp)): p.stat().st_size for p in files},
+                "weights_sha256": hashlib.sha256("".join(weights).encode()).hexdigest()}
         (tmp / MANIFEST).write_text(json.dumps(body, indent=1, sort_keys=True))
         _fsync_tree(tmp)
         if final.exists():  # a re-save of the same step (resumed run): replace it whole
             shutil.rmtree(final)
         os.replace(tmp, final)
+        fault_points.reach("before_latest")
         write_atomic(self.root / LATEST, name)
+        fault_points.reach("after_latest")
         self._prune()
         return final
 
@@ -151,15 +163,31 @@ class CheckpointManager:
         done = self.list()
         return done[-1] if done else None
 
-    @staticmethod
-    def verify(path: Path) -> dict[str, Any]:
-        """Check every file against the manifest; returns the manifest."""
-        manifest = json.loads((path / MANIFEST).read_text())
-        for rel, digest in manifest["files"].items():
+    def verify(self, path: Path) -> dict[str, Any]:
+        """Check every file against the manifest; returns the manifest. A mismatch is a
+        :class:`TrinityError` naming the file and the way back to the checkpoint before it."""
+        try:
+            manifest = json.loads((path / MANIFEST).read_text())
+            files, sizes = manifest["files"], manifest.get("sizes", {})
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise self._corrupt(path, MANIFEST, f"cannot be read ({exc})") from None
+        for rel, digest in files.items():
             f = path / rel
-            if not f.exists() or _sha256(f) != digest:
-                raise TrinityError(f"checkpoint {path}: {rel} does not match its manifest hash (corrupted?)")
+            if not f.is_file():
+                raise self._corrupt(path, rel, "is missing")
+            size = f.stat().st_size
+            if rel in sizes and size != sizes[rel]:
+                raise self._corrupt(path, rel, f"is {size} bytes, {sizes[rel]} when saved (truncated?)")
+            if _sha256(f) != digest:
+                raise self._corrupt(path, rel, "does not match its sha256 in the manifest (bytes changed)")
         return manifest
+
+    def _corrupt(self, path: Path, rel: str, what: str) -> TrinityError:
+        earlier = [p for p in self.list() if p.name < path.name]
+        way_back = (f"to resume from the checkpoint before it ({earlier[-1].name}), move this one aside "
+                    f"(mv {path} {path.parent / ('corrupt-' + path.name)}) and run the same command"
+                    if earlier else "no earlier checkpoint is left: move it aside to start the run over")
+        return TrinityError(f"checkpoint {path}: {rel} {what}; {way_back}")
 
     @staticmethod
     def read_state(path: Path) -> dict[str, Any]:

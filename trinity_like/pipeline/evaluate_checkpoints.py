@@ -36,7 +36,7 @@ def run_bench(spec: ResolvedStage) -> dict[str, float]:
     merged = Path(tempfile.mkdtemp(prefix="bench-merged-"))
     try:
         for path in found:
-            CheckpointManager.verify(path)
+            checkpoints.verify(path)
             model = path / "model"
             if is_adapter_folder(model):  # a LoRA run's checkpoint: evaluate adapter merged into its base
                 model = export_checkpoint(model, merged / path.name)

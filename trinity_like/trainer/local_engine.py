@@ -43,6 +43,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
+from trinity_like import fault_points
 from trinity_like.errors import TrinityError
 from trinity_like.malloc import retain_freed_memory
 from trinity_like.trainer import lora as lora_lib
@@ -228,8 +229,10 @@ class LocalEngine:
             _, adapter = lora_lib.split_state({k: v for k, v in self.model.state_dict().items() if ".lora_" in k})
             lora_lib.write_adapter(out, adapter, self.model.peft_config[lora_lib.ADAPTER_NAME])
         lora_lib.write_base_note(out, self.params.path, lora)
+        fault_points.reach("after_weights")
         if self.optimizer is not None:
             save_optimizer_state(get_optimizer_state_dict(self.model, self.optimizer, options=FULL), out / OPTIMIZER_FILE)
+        fault_points.reach("after_optimizer")
         save_file(rng_state(), str(out / RNG_FILE))
         write_trainer_state(out, self.step)
 
