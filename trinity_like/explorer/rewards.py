@@ -12,9 +12,11 @@ inputs (``reward_model`` loads a model that way). Example::
         \"\"\"Minus the response length in characters, scaled.\"\"\"
         return -params.scale * len(response)
 
-Reward code is user code and may hang or raise: :func:`score_with_retries` runs each call
-with a time limit and retries, and reports a failure instead of stopping the explorer
-(the workflow then skips the task and counts it).
+Reward code is user code and may hang, raise, or return NaN, None or a string:
+:func:`score_with_retries` runs each call with a time limit and retries, and reports a
+failure instead of stopping the explorer (the workflow then skips the task and counts it).
+It runs in the explorer's process: a reward that allocates without bound is not contained
+(a sandboxed process with memory and CPU limits is not built yet; docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -165,14 +167,32 @@ def reasoning_gym_reward(*, response: str, task: Task) -> float:
 
 
 # -- calling reward functions ---------------------------------------------------------------------
+class RewardTypeError(TypeError):
+    """A reward function returned something that is not a number (None, a string, a list)."""
+
+
+def as_reward(value: Any, name: str) -> float:
+    """``value`` as a float: a number (bool, int, float, a NumPy scalar, a one-element tensor).
+
+    ``None`` or a string is an error rather than a silent 0 or a parsed ``"1.0"``: such a
+    return is a bug in the reward code, and the caller counts the task as skipped.
+    """
+    if value is None or isinstance(value, (str, bytes)):
+        raise RewardTypeError(f"reward function {name!r} returned {type(value).__name__} {value!r:.60}, not a number")
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):  # a list, a dict, a tensor of several values
+        raise RewardTypeError(f"reward function {name!r} returned {type(value).__name__}, not a number") from None
+
+
 def build_reward_fn(name: str, values: Mapping[str, Any] | None = None) -> RewardCall:
     """The REWARD_FN entry ``name`` as a callable on an inputs mapping; params validated now."""
     component = REWARD_FN.get(name)
     params = build_params(component, values, where=f"reward_fn.{name}")
     if inspect.isclass(component):
         instance = component(params=params) if params is not None else component()
-        return lambda inputs: float(call_component(instance, inputs))
-    return lambda inputs: float(call_component(component, inputs, params))
+        return lambda inputs: as_reward(call_component(instance, inputs), name)
+    return lambda inputs: as_reward(call_component(component, inputs, params), name)
 
 
 @dataclass(frozen=True)
