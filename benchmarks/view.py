@@ -7,7 +7,8 @@ Run from the repository root (the exact command is also written into the results
 It writes a synthetic run directory through the real SQLite buffer (``SqliteStorage``):
 ``--rows`` experiences of the main job's shape (8 prompts x 8 samples per step, so 100k
 rows are ~1,560 steps; 42 prompt + 64 response tokens of SmolLM2's vocabulary, sampler
-logprobs, 0/1 rewards), plus a metrics.jsonl of one row per step. Then it starts the real
+logprobs, 0/1 rewards), each step's rows claimed, given a training record (advantages and
+trainer logprobs) and committed as a run's trainer does, plus a metrics.jsonl of one row per step. Then it starts the real
 server (``trinity_like.view.server``, uvicorn in a thread) and times, over HTTP as the page
 asks for them, medians over ``--repeats`` steps picked at random:
 
@@ -38,6 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ROOT, git_commit  # noqa: E402
 
+from trinity_like.buffer.rows import TrainedRecord  # noqa: E402
 from trinity_like.buffer.sqlite_storage import SqliteParams, SqliteStorage  # noqa: E402
 from trinity_like.experience import Experience  # noqa: E402
 from trinity_like.models.resolve import load_tokenizer  # noqa: E402
@@ -66,6 +68,13 @@ def write_run(run_dir: Path, rows: int, vocab: int, seed: int = 0) -> float:
                                             group_id=f"{step}-{g}", task_id=f"task-{step}-{g}", model_version=step,
                                             finish_reason=rng.choice(("stop", "length"))))
             buf.put(batch[: rows - step * GROUP * GROUPS])
+            # the trainer's half: claim, record what the step computed (advantages and its own
+            # logprobs: what the colour toggle reads), commit -- as a real run leaves the buffer
+            trained = buf.claim(len(batch), timeout=0)
+            buf.record_trained(step + 1, [TrainedRecord(r.eid, {"advantages": [r.reward - 0.3] * RESPONSE,
+                                                                "trainer_logprob": [x + 0.01 for x in r.logprobs]})
+                                          for r in trained])
+            buf.commit(step + 1)
             fh.write(json.dumps({"step": step + 1, "reward/mean": rng.random(), "loss": rng.random(),
                                  "time/step": 10.0, "throughput/tokens_per_s": 100.0}) + "\n")
     return time.perf_counter() - t0

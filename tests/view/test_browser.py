@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from tiny_runs import run
 
-from trinity_like.buffer.rows import unpack
+from trinity_like.buffer.rows import unpack, unpack_floats
 from trinity_like.models.resolve import load_tokenizer
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
@@ -129,8 +129,8 @@ def test_a_step_shows_its_samples_coloured_by_logprob(page, server, tiny_run):
         colour = span.evaluate("el => getComputedStyle(el).backgroundColor")
         alpha = colour.rsplit(",", 1)[1].strip(" )") if colour.startswith("rgba") else "1"
         assert float(alpha) == pytest.approx(0.85 * (1 - math.exp(logprob)), abs=0.006)  # CSS keeps 2 decimals
-    assert page.is_disabled("input[value=ratio]") and page.is_disabled("input[value=advantage]")
-    assert "advantages are not stored" in page.inner_text("#notes")
+    assert not page.is_disabled("input[value=ratio]") and not page.is_disabled("input[value=advantage]")  # step 2 trained them
+    assert page.inner_text("#notes") == ""
 
 
 def test_filter_by_reward(page, server, tiny_run):
@@ -195,3 +195,132 @@ def test_report_is_one_file_that_shows_curves_and_rollouts(browser, tiny_run, tm
     pg.wait_for_selector(".sample")
     assert len(pg.query_selector_all(".sample")) == 8  # the report keeps one group's worth per step
     pg.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+
+
+def trained_records(run_dir: Path, version: int) -> dict[str, dict]:
+    """``eid -> {"row": ..., "advantages": [...], "trainer_logprob": [...]}`` of the trained rows of ``version``, read with plain sqlite3."""
+    db = sqlite3.connect(f"file:{run_dir / 'buffer.sqlite'}?mode=ro", uri=True)
+    got = db.execute("SELECT r.kind, r.header, r.arrays, t.layout, t.arrays FROM rows r JOIN state s USING (seq) "
+                     "JOIN trained t USING (seq) WHERE s.model_version = ? ORDER BY seq", (version,)).fetchall()
+    db.close()
+    return {row.eid: {"row": row, **unpack_floats(layout, blob)} for row, layout, blob in
+            ((unpack(kind, header, blob), layout, t_blob) for kind, header, blob, layout, t_blob in got)}
+
+
+def background(span) -> tuple[tuple[int, ...], float]:
+    colour = span.evaluate("el => getComputedStyle(el).backgroundColor")
+    parts = [float(x) for x in colour[colour.index("(") + 1 : -1].split(",")]
+    return tuple(int(x) for x in parts[:3]), parts[3] if len(parts) == 4 else 1.0
+
+
+def test_a_trained_step_is_coloured_by_logprob_ratio_and_advantage(page, server, tiny_run):
+    """Version 0's rows were trained at step 1: each colouring against the values the trainer recorded."""
+    records = trained_records(tiny_run, 0)
+    assert records
+    page.goto(server)
+    page.click("text=Rollouts")
+    page.click(".step[data-version='0']")
+    page.wait_for_function("document.querySelector('#summary').textContent.startsWith('step 0:')")
+    assert not page.is_disabled("input[value=ratio]") and not page.is_disabled("input[value=advantage]")
+    checked = 0
+    for mode in ("logprob", "ratio", "advantage"):
+        page.check(f"input[value={mode}]")
+        shown = {s.get_attribute("data-eid"): s for s in page.query_selector_all(".sample")}
+        for eid, rec in records.items():
+            row, spans = rec["row"], shown[eid].query_selector_all(".tok")
+            assert len(spans) == row.response_length
+            for t, span in enumerate(spans):
+                rgb, alpha = background(span)
+                if mode == "logprob":
+                    want, colour = 0.85 * (1 - math.exp(row.logprobs[t])), (220, 38, 38)
+                elif mode == "ratio":
+                    d = row.logprobs[t] - rec["trainer_logprob"][t]
+                    want, colour = min(1.0, abs(d) / 0.5) * 0.8, (37, 99, 235) if d >= 0 else (234, 88, 12)
+                else:
+                    a = rec["advantages"][t]
+                    want, colour = min(1.0, abs(a) / 2) * 0.7, (22, 163, 74) if a >= 0 else (220, 38, 38)
+                assert alpha == pytest.approx(want, abs=0.006), (mode, t)
+                if want > 0.01:
+                    assert rgb == colour, (mode, t)
+                checked += 1
+        if mode != "logprob":  # rows no step trained on (groups dropped by dynamic sampling) stay uncoloured
+            for eid in set(shown) - set(records):
+                assert all(background(span)[1] == 0 for span in shown[eid].query_selector_all(".tok"))
+    assert checked > 0
+    assert any(abs(a) > 0.1 for rec in records.values() for a in rec["advantages"])  # the advantage test saw colour
+
+
+@pytest.fixture(scope="module")
+def pair_runs(tmp_path_factory) -> list[Path]:
+    """A tiny DPO run and a tiny reward-model run, 2 steps of 4 pairs each."""
+    from tiny_runs import REPO
+
+    from trinity_like.config import load_plan
+    from trinity_like.runner import run_plan
+
+    root, out = tmp_path_factory.mktemp("pairs"), []
+    for recipe, extra in (("dpo.yaml", ["buffer.eval_tasks=null"]), ("rm_tiny.yaml", [])):
+        plan = load_plan(REPO / "examples" / recipe, [f"run_root={root}", "model.path=tiny-random", "trainer.engine=local",
+                                                      "trainer.total_steps=2", "monitor.progress=false",
+                                                      "buffer.train_batch_size=4", "trainer.optimizer.lr=1e-3", *extra])
+        assert run_plan(plan) == 0
+        out.append(Path(plan.stages[0].config.run_dir()))
+    return out
+
+
+@pytest.mark.parametrize("which, score, margin", [(0, "reward", "reward_margin"), (1, "scores", "margin")])
+def test_dpo_and_rm_runs_show_chosen_vs_rejected_with_both_scores(browser, pair_runs, which, score, margin, tmp_path):
+    run_dir = pair_runs[which]
+    items = [json.loads(line) for line in (run_dir / "trained_pairs.jsonl").read_text().splitlines()]
+    items = [it for it in items if it["step"] == 2]
+    proc, url = serve(run_dir)
+    try:
+        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+        pg.goto(url)
+        pg.click("text=Rollouts")
+        pg.click(".step[data-version='2']")
+        pg.wait_for_function("document.querySelector('#summary').textContent.startsWith('step 2:')")
+        assert "4 of 4 training pairs" in pg.inner_text("#summary")
+        shown = pg.query_selector_all("#groups .group[data-pair]")
+        assert len(shown) == len(items) == 4
+        for el, it in zip(shown, items):
+            assert el.query_selector(".chosen").inner_text() == it["chosen"]
+            assert el.query_selector(".rejected").inner_text() == it["rejected"]
+            cells = [td.inner_text() for td in el.query_selector_all(f"tr[data-score='{score}'] td")]
+            m = it["metrics"]
+            assert cells == [score, f"{m[score + '_chosen']:.4f}", f"{m[score + '_rejected']:.4f}"]
+            assert el.query_selector(f"tr[data-score='{margin}'] td:last-child").inner_text() == f"{m[margin]:.4f}"
+        assert not pg.is_visible("#colour")  # pairs have no per-token colours
+        pg.screenshot(path=str(tmp_path / "pairs.png"), full_page=True)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_flat_curves_get_a_range_and_an_explorer_process_curves_join_the_trainers(browser, tmp_path):
+    """Split mode: explorer/metrics.jsonl beside metrics.jsonl. A curve of zeros is drawn on [-1, 1]
+    (uPlot's own range for it is [0, 100]); other curves keep uPlot's range (a flat 5: [0, 10])."""
+    run_dir = tmp_path / "split"
+    (run_dir / "explorer").mkdir(parents=True)
+    (run_dir / "config.json").write_text(json.dumps({"name": "split"}))
+    trainer = [{"step": s, "reward/mean": 0.5, "kl": 0.0, "entropy": 5.0, "time/update": 1.0 + s} for s in (1, 2, 3)]
+    explorer = [{"step": s, "reward/mean": 0.25 * s, "time/rollout": 2.0} for s in (1, 2, 3)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in trainer))
+    (run_dir / "explorer" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in explorer))
+    proc, url = serve(run_dir)
+    try:
+        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+        pg.goto(url)
+        pg.wait_for_selector(".panel[data-title='KL'] canvas")
+        assert pg.evaluate("[viewer.charts['KL'].scales.y.min, viewer.charts['KL'].scales.y.max]") == [-1, 1]
+        low, high = pg.evaluate("[viewer.charts['entropy'].scales.y.min, viewer.charts['entropy'].scales.y.max]")
+        assert (low, high) == (0, 10)
+        labels = pg.evaluate("viewer.charts['reward'].series.map((s) => s.label)")
+        assert labels[1:] == ["reward/mean", "explorer/reward/mean"]
+        assert pg.evaluate("viewer.charts['reward'].data[2]") == [0.25, 0.5, 0.75]
+        assert points(pg, "explorer process: seconds per step, by phase") == 3
+        assert points(pg, "seconds per step, by phase") == 3
+        pg.screenshot(path=str(tmp_path / "split.png"), full_page=True)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -11,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from trinity_like.buffer.rows import TrainedRecord
 from trinity_like.buffer.sqlite_storage import SqliteParams, SqliteStorage
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Experience, PairExperience
 from trinity_like.models.resolve import load_tokenizer
+from trinity_like.monitor.evals import TRAINED_PAIRS_FILE, append_evals
 from trinity_like.view.report import write_report
 from trinity_like.view.rollouts import NOT_STORED, step_page
 from trinity_like.view.run import Filters, Run
@@ -64,8 +67,9 @@ def test_a_step_shows_its_groups_with_text_and_per_token_logprobs(run_dir, tok):
     assert sample["response"] == tok.decode(tok.encode(" answer 3 more more more"))
     assert len(sample["tokens"]) == len(sample["logprobs"]) == sample["length"]
     assert sample["logprobs"][0] == pytest.approx(-0.1) and sample["reward"] == 1.0 and sample["status"] == "available"
-    assert page["stored"] == {"logprobs": True, "advantages": False, "action_mask": False, "token_level_reward": False}
-    assert NOT_STORED["advantages"] in page["notes"] and NOT_STORED["trainer_logprobs"] in page["notes"]
+    assert page["stored"] == {"logprobs": True, "advantages": False, "action_mask": False, "token_level_reward": False,
+                              "trainer_logprobs": False}
+    assert page["notes"] == [NOT_STORED["not_trained"]]
 
 
 def test_filters_and_pages(run_dir):
@@ -90,7 +94,7 @@ def test_stored_advantages_and_multi_turn_masks_are_shown(tmp_path, tok):
     page = step_page(Run.open(make_run(tmp_path / "run", [row])), 0)
     sample = page["groups"][0]["samples"][0]
     assert sample["mask"] == mask and sample["advantage"] == 0.25  # the mean over the policy's tokens
-    assert page["stored"]["advantages"] and NOT_STORED["advantages"] not in page["notes"]
+    assert page["stored"]["advantages"] and not page["stored"]["trainer_logprobs"]
 
 
 def test_pairs_in_a_buffer_are_shown_as_pairs(tmp_path, tok):
@@ -101,12 +105,12 @@ def test_pairs_in_a_buffer_are_shown_as_pairs(tmp_path, tok):
 
 def test_metrics_are_read_by_complete_lines_from_an_offset(tmp_path):
     run = Run.open(make_run(tmp_path / "run", [], [{"step": 1, "loss": 1.0}]))
-    rows, offset = run.metrics()
+    rows, offset, _ = run.metrics()
     with open(run.path / "metrics.jsonl", "a") as fh:
         fh.write('{"step": 2, "loss": 0.5}\n{"step": 3, "lo')  # a line being written
-    new, offset2 = run.metrics(offset)
+    new, offset2, _ = run.metrics(offset)
     assert [r["step"] for r in rows] == [1] and [r["step"] for r in new] == [2]
-    assert run.metrics(offset2) == ([], offset2)
+    assert run.metrics(offset2) == ([], offset2, 0)
 
 
 def tree_digest(path: Path) -> dict[str, str]:
@@ -176,3 +180,61 @@ def test_a_copied_run_without_its_model_shows_token_ids(tmp_path, tok):
     (run_dir / "config.json").write_text("{")
     with pytest.raises(TrinityError, match="not valid JSON"):
         Run.open(run_dir)
+
+
+def test_what_the_trainer_recorded_colours_the_rows_it_trained_on(run_dir):
+    with SqliteStorage(params=SqliteParams(), run_dir=run_dir) as buf:
+        rows = buf.claim(12, order="fifo", timeout=0)  # version 0
+        trained = rows[:4]  # group 0; dynamic sampling could have dropped the others
+        buf.record_trained(1, [TrainedRecord(r.eid, {"advantages": [0.5 * i] * r.response_length,
+                                                     "trainer_logprob": [-0.2] * r.response_length})
+                               for i, r in enumerate(trained)])
+        buf.commit(1)
+    page = step_page(Run.open(run_dir), 0)
+    assert page["stored"]["advantages"] and page["stored"]["trainer_logprobs"] and page["notes"] == []
+    samples = [s for g in page["groups"] for s in g["samples"]]
+    for i, s in enumerate(samples[:4]):
+        assert s["advantages"] == [0.5 * i] * s["length"] and s["advantage"] == 0.5 * i
+        assert s["trainer_logprobs"] == [-0.2] * s["length"] and s["trained_at"] == 1 and s["consumed_by"] == 1
+    assert all(s["advantages"] is None and s["trainer_logprobs"] is None and s["trained_at"] is None
+               for s in samples[4:])
+
+
+def test_a_buffer_from_before_training_records_opens_and_says_so(run_dir):
+    db = sqlite3.connect(run_dir / "buffer.sqlite")
+    db.execute("DROP TABLE trained")
+    db.commit()
+    db.close()
+    page = step_page(Run.open(run_dir), 0)
+    assert page["rows"] == 12 and page["notes"] == [NOT_STORED["no_records"]]
+    assert not page["stored"]["trainer_logprobs"] and not page["stored"]["advantages"]
+
+
+def test_an_explorer_process_metrics_join_the_curves_beside_the_trainers(tmp_path):
+    """Split mode: the explorer logs to explorer/metrics.jsonl; its keys that the trainer also
+    logs get an ``explorer/`` prefix, held-out metrics keep their names."""
+    run = Run.open(make_run(tmp_path / "run", [], [{"step": 1, "reward/mean": 0.5, "time/update": 2.0}]))
+    (run.path / "explorer").mkdir()
+    explorer_rows = [{"step": 0, "eval/accuracy": 0.25}, {"step": 1, "reward/mean": 0.75, "time/rollout": 3.0,
+                                                          "explorer/model_version": 0.0}]
+    (run.path / "explorer" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in explorer_rows))
+    rows, offset, explorer_offset = run.metrics()
+    assert rows == [{"step": 1, "reward/mean": 0.5, "time/update": 2.0}, {"step": 0, "eval/accuracy": 0.25},
+                    {"step": 1, "explorer/reward/mean": 0.75, "explorer/time/rollout": 3.0, "explorer/model_version": 0.0}]
+    with open(run.path / "explorer" / "metrics.jsonl", "a") as fh:
+        fh.write(json.dumps({"step": 2, "reward/mean": 1.0}) + "\n")
+    assert run.metrics(offset, explorer_offset)[0] == [{"step": 2, "explorer/reward/mean": 1.0}]
+
+
+def test_a_pair_run_shows_each_steps_training_pairs_with_their_scores(tmp_path):
+    run = Run.open(make_run(tmp_path / "run", [], [{"step": 1, "loss": 0.7}]))
+    def pair(i: int, margin: float) -> dict:
+        return {"kind": "pair", "task_id": f"p{i}", "prompt": f"q{i}", "chosen": "good", "rejected": "bad",
+                "metrics": {"reward_chosen": margin, "reward_rejected": 0.0, "reward_margin": margin}}
+    append_evals(run.path / TRAINED_PAIRS_FILE, 1, [pair(0, 0.1), pair(1, 0.2)])
+    append_evals(run.path / TRAINED_PAIRS_FILE, 2, [pair(2, 0.3), pair(3, 0.4)])
+    append_evals(run.path / TRAINED_PAIRS_FILE, 2, [pair(2, 0.5), pair(3, 0.6)])  # resumed: step 2 again
+    assert run.buffer_missing() == "" and run.steps() == [{"version": 1, "rows": 2}, {"version": 2, "rows": 2}]
+    page = step_page(run, 2)
+    assert [(p["task_id"], p["metrics"]["reward_margin"]) for p in page["pairs"]] == [("p2", 0.5), ("p3", 0.6)]
+    assert step_page(run, 1, Filters(text="Q1"))["matching"] == 1

@@ -31,12 +31,12 @@ from collections.abc import Callable
 
 import torch
 
+from trinity_like.buffer.base import TrainingRecorder
 from trinity_like.components import call_component
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Experience
 from trinity_like.monitor.logger import PhaseTimer
 from trinity_like.ops import apply_kl_penalty, groups_with_signal, normalizers
-from trinity_like.buffer.base import TrainingRecorder
 from trinity_like.pipeline.batching import experience_batch, split_rows, trained_records
 from trinity_like.pipeline.stage import Stage
 

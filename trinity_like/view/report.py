@@ -32,8 +32,7 @@ def spread(items: list[Any], n: int) -> list[Any]:
 def report_data(runs: list[Run]) -> dict[str, Any]:
     data: dict[str, Any] = {"runs": [], "metrics": [], "versions": [], "rollouts": [], "evals": []}
     for i, run in enumerate(runs):
-        buffer = run.buffer()
-        versions = buffer.versions() if buffer else []
+        versions = run.steps()
         data["runs"].append(run_summary(i, run))
         data["metrics"].append(run.metrics()[0])
         data["versions"].append(versions)

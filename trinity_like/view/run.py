@@ -12,11 +12,14 @@ blocked or changed (a WAL reader takes no lock a writer waits on):
 
 Rollouts are shown per *model version* -- the trainer step whose weights sampled them
 (each row records it; version 0 is the starting model), which is also the step of the
-held-out evaluation of the same weights. Example::
+held-out evaluation of the same weights. A row a step trained on carries what the trainer
+recorded for it (the buffer's ``trained`` table: advantages, the trainer's logprobs); a
+buffer from before that table reads as rows without records. A DPO / RM run has no buffer:
+its steps are training steps, each with its pairs (``trained_pairs.jsonl``). Example::
 
     run = Run.open("runs/grpo_arith")
-    rows, offset = run.metrics()              # later: run.metrics(offset) returns what is new
-    page = run.rollouts(version=3, filters=Filters(reward_min=1.0))
+    rows, offset, explorer_offset = run.metrics()   # later: run.metrics(offset, explorer_offset): what is new
+    stored = run.buffer().rows(3)                   # the page of a step: view.rollouts.step_page(run, 3)
 """
 
 from __future__ import annotations
@@ -30,13 +33,14 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from trinity_like.buffer.rows import STATUSES, unpack
+from trinity_like.buffer.rows import STATUSES, unpack, unpack_floats
 from trinity_like.buffer.sqlite_storage import SqliteParams
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Experience, PairExperience
-from trinity_like.monitor.evals import EVALS_FILE, read_jsonl
+from trinity_like.monitor.evals import EVALS_FILE, TRAINED_PAIRS_FILE, read_jsonl
 
 METRICS_FILE = "metrics.jsonl"
+EXPLORER_METRICS_FILE = "explorer/metrics.jsonl"  # an explorer process's own (modes explore / train)
 CONFIG_FILE = "config.json"
 
 
@@ -74,6 +78,27 @@ def connect_read_only(path: Path) -> sqlite3.Connection:
     return db
 
 
+def read_new_lines(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """The JSON records of ``path`` from byte ``offset`` on, and the offset after the last complete line.
+
+    A line still being written has no newline yet: it is left for the next call, so a page
+    polling a live run never reads half a record. A missing file has none (offset 0).
+    """
+    if not path.is_file():
+        return [], 0
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        data = fh.read()
+    end = data.rfind(b"\n") + 1
+    return [json.loads(line) for line in data[:end].splitlines() if line.strip()], offset + end
+
+
+def explorer_key(key: str) -> str:
+    """An explorer process's metric as the curves name it: ``explorer/<key>``, except held-out
+    metrics (``eval/*``: only the explorer evaluates in split mode) and its own ``explorer/*``."""
+    return key if key.startswith(("eval/", "explorer/")) else f"explorer/{key}"
+
+
 class Buffer:
     """Read-only queries over a run's SQLite buffer (the schema of :mod:`trinity_like.buffer.sqlite_storage`)."""
 
@@ -91,18 +116,39 @@ class Buffer:
             got = db.execute("SELECT model_version, COUNT(*) FROM state GROUP BY model_version ORDER BY model_version")
             return [{"version": v, "rows": n} for v, n in got]
 
-    def rows(self, version: int) -> list[tuple[Experience | PairExperience, str, int | None]]:
-        """``(row, status, step that consumed it)`` of every row of ``version``, in write order.
+    def has_training_records(self) -> bool:
+        """Whether the buffer has the ``trained`` table (buffers written before it existed do not)."""
+        with self._db() as db:
+            return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'trained'").fetchone() is not None
+
+    def rows(self, version: int) -> list[StoredRow]:
+        """Every row of ``version``, in write order, with what the trainer recorded for it.
 
         ``status IN (...)`` lets the ``state_newest`` index (status, model_version, seq)
         answer the version filter: the query reads only that version's rows.
         """
         marks = ",".join("?" * len(STATUSES))
-        sql = ("SELECT r.kind, r.header, r.arrays, s.status, s.step FROM state s JOIN rows r ON r.seq = s.seq "
+        trained = self.has_training_records()
+        extra = ", t.step, t.layout, t.arrays" if trained else ", NULL, NULL, NULL"
+        join = " LEFT JOIN trained t ON t.seq = s.seq" if trained else ""
+        sql = (f"SELECT r.kind, r.header, r.arrays, s.status, s.step{extra} FROM state s JOIN rows r ON r.seq = s.seq{join} "
                f"WHERE s.status IN ({marks}) AND s.model_version = ? ORDER BY s.seq")
         with self._db() as db:
             got = db.execute(sql, (*range(len(STATUSES)), version)).fetchall()
-        return [(unpack(kind, header, blob), STATUSES[status], step) for kind, header, blob, status, step in got]
+        return [StoredRow(unpack(kind, header, blob), STATUSES[status], step, t_step,
+                          unpack_floats(layout, t_blob) if layout is not None else {})
+                for kind, header, blob, status, step, t_step, layout, t_blob in got]
+
+
+@dataclass(frozen=True)
+class StoredRow:
+    """One buffer row as the view shows it."""
+
+    row: Experience | PairExperience
+    status: str  # available | claimed | consumed | dropped
+    consumed_by: int | None  # the checkpoint step that consumed it
+    trained_at: int | None  # the step that trained on it, where the trainer recorded it
+    trained: dict[str, list[float]]  # what that step computed per token (rows.TrainedRecord): advantages, trainer_logprob
 
 
 class Run:
@@ -130,26 +176,33 @@ class Run:
         return cls(path, config)
 
     # -- metrics and evaluations -------------------------------------------------------------
-    def metrics(self, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
-        """Rows of ``metrics.jsonl`` from byte ``offset`` on, and the offset after the last complete line.
+    def metrics(self, offset: int = 0, explorer_offset: int = 0) -> tuple[list[dict[str, Any]], int, int]:
+        """Rows of ``metrics.jsonl`` and of an explorer process's ``explorer/metrics.jsonl``
+        from byte offsets on, and the offsets after their last complete lines.
 
-        A line still being written has no newline yet: it is left for the next call, so a
-        page polling a live run never reads half a record.
+        In split mode (``explore`` / ``train``) the explorer process logs apart from the trainer;
+        its rows join the curves under :func:`explorer_key` names, so its reward and phase
+        times sit beside the trainer's (which has the same keys) instead of over them.
         """
-        path = self.path / METRICS_FILE
-        if not path.is_file():
-            return [], 0
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            data = fh.read()
-        end = data.rfind(b"\n") + 1
-        rows = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
-        return rows, offset + end
+        rows, end = read_new_lines(self.path / METRICS_FILE, offset)
+        explored, explorer_end = read_new_lines(self.path / EXPLORER_METRICS_FILE, explorer_offset)
+        rows += [{k if k == "step" else explorer_key(k): v for k, v in r.items()} for r in explored]
+        return rows, end, explorer_end
 
     def evals(self) -> list[dict[str, Any]]:
         """Every item of every held-out evaluation (``evals.jsonl``, :mod:`trinity_like.monitor.evals`)."""
         path = self.path / EVALS_FILE
         return read_jsonl(path) if path.is_file() else []
+
+    def trained_pairs(self) -> dict[int, list[dict[str, Any]]]:
+        """``step -> pairs`` a DPO / RM stage trained on, each with what its loss reported for it
+        (``trained_pairs.jsonl``). A pair written again at a step (a run resumed from an
+        earlier checkpoint trains the same pairs again) replaces what was written of it before."""
+        path = self.path / TRAINED_PAIRS_FILE
+        out: dict[int, dict[str, dict[str, Any]]] = {}
+        for item in read_jsonl(path) if path.is_file() else []:
+            out.setdefault(item["step"], {})[item["task_id"]] = item
+        return {step: list(pairs.values()) for step, pairs in sorted(out.items())}
 
     # -- the buffer ----------------------------------------------------------------------------
     def buffer_path(self) -> Path:
@@ -167,9 +220,17 @@ class Run:
         path = self.buffer_path()
         return Buffer(path) if path.is_file() else None
 
+    def steps(self) -> list[dict[str, int]]:
+        """``[{"version": v, "rows": n}, ...]``: the buffer's model versions, or the training steps
+        of a DPO / RM stage's pairs (no buffer: ``trained_pairs.jsonl``)."""
+        buffer = self.buffer()
+        if buffer is not None:
+            return buffer.versions()
+        return [{"version": step, "rows": len(pairs)} for step, pairs in self.trained_pairs().items()]
+
     def buffer_missing(self) -> str:
         """Why there are no rollouts to show ("" when there are)."""
-        if self.buffer() is not None:
+        if self.buffer() is not None or (self.path / TRAINED_PAIRS_FILE).is_file():
             return ""
         storage = self.config.get("buffer", {}).get("experience", {}).get("storage", "?")
         return (f"no buffer database at {self.buffer_path()} (buffer.experience.storage: {storage}); "

@@ -8,8 +8,9 @@ Routes (``i``: the run's index on the command line)::
 
     GET /                              the page
     GET /api/runs                      name, path and what each run has
-    GET /api/runs/{i}/metrics?offset=  metrics.jsonl rows from a byte offset (the page polls it)
-    GET /api/runs/{i}/versions         model versions in the buffer, with row counts
+    GET /api/runs/{i}/metrics?offset=&explorer_offset=   metrics.jsonl rows (and an explorer
+                                       process's, split mode) from byte offsets (the page polls it)
+    GET /api/runs/{i}/versions         model versions in the buffer (a DPO / RM run: training steps), with row counts
     GET /api/runs/{i}/rollouts?version=&page=&...filters   one page of one step (rollouts.step_page)
     GET /api/runs/{i}/evals            every held-out answer / pair of every evaluation
 """
@@ -53,14 +54,13 @@ def build_app(runs: list[Run]) -> Any:
         return [run_summary(i, r) for i, r in enumerate(runs)]
 
     @app.get("/api/runs/{i}/metrics")
-    def metrics(i: int, offset: int = Query(0, ge=0)) -> dict[str, Any]:
-        rows, end = get(i).metrics(offset)
-        return {"rows": rows, "offset": end}
+    def metrics(i: int, offset: int = Query(0, ge=0), explorer_offset: int = Query(0, ge=0)) -> dict[str, Any]:
+        rows, end, explorer_end = get(i).metrics(offset, explorer_offset)
+        return {"rows": rows, "offset": end, "explorer_offset": explorer_end}
 
     @app.get("/api/runs/{i}/versions")
     def versions(i: int) -> list[dict[str, int]]:
-        buffer = get(i).buffer()
-        return buffer.versions() if buffer else []
+        return get(i).steps()
 
     @app.get("/api/runs/{i}/rollouts")
     def rollouts(i: int, version: int, page: int = Query(0, ge=0), page_size: int = Query(32, ge=1, le=500),
@@ -84,8 +84,8 @@ def serve(run_dirs: list[str], port: int) -> None:
 
     runs = [Run.open(d) for d in run_dirs]
     for run in runs:
-        rows, _ = run.metrics()
-        if not rows and run.buffer() is None:
+        rows, _, _ = run.metrics()
+        if not rows and not run.steps():
             print(f"{run.path}: nothing recorded yet (no metrics, no buffer); the page fills in as the run writes")
     with socket.socket() as probe:  # a busy port is the user's to change: one line, not a traceback
         if probe.connect_ex(("127.0.0.1", port)) == 0:

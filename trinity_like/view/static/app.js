@@ -6,7 +6,7 @@
 const REPORT = window.REPORT || null;
 const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777", "#4b5563"];
 const PANELS = [  // keys a panel draws when present; `prefix` takes every key that starts with it
-  {title: "reward", keys: ["reward/mean"]},
+  {title: "reward", keys: ["reward/mean", "explorer/reward/mean"]},
   {title: "held-out accuracy (+- 1 s.e.)", keys: ["eval/accuracy"], band: "eval/accuracy_stderr"},
   {title: "loss", keys: ["loss", "policy_loss", "kl_loss", "sft_loss", "rl_loss", "eval/loss", "eval/nll", "critic/value_loss"]},
   {title: "KL", keys: ["kl", "approx_kl", "ppo_kl", "kl_penalty"]},
@@ -15,12 +15,14 @@ const PANELS = [  // keys a panel draws when present; `prefix` takes every key t
   {title: "response length (tokens)", keys: ["response_length/mean", "response_length/max", "eval/response_length"]},
   {title: "staleness (steps)", keys: ["staleness/mean", "staleness/max"]},
   {title: "seconds per step, by phase", prefix: "time/"},
+  {title: "explorer process: seconds per step, by phase", prefix: "explorer/time/"},  // split mode
   {title: "tokens / s", keys: ["throughput/tokens_per_s"]},
   {title: "held-out pairs", keys: ["eval/reward_margin", "eval/reward_accuracy", "eval/margin"]},
 ];
 const POLL_MS = 2000;
 
 const state = {runs: [], metrics: [], offsets: [], charts: {}, extra: [], version: null, page: 0};
+const ZERO_SPAN = 1;  // a curve of zeros is drawn on [-1, 1] (yRange)
 window.viewer = state;  // for the browser tests and for poking around in devtools
 
 // -- small helpers ---------------------------------------------------------------------------
@@ -50,7 +52,7 @@ function fromReport(path, params) {  // the same answers, from the data embedded
   const m = path.match(/^api\/runs(?:\/(\d+)\/(\w+))?$/);
   if (!m[1]) return REPORT.runs;
   const i = Number(m[1]), what = m[2];
-  if (what === "metrics") return {rows: params.offset ? [] : REPORT.metrics[i], offset: 1};
+  if (what === "metrics") return {rows: params.offset ? [] : REPORT.metrics[i], offset: 1, explorer_offset: 0};
   if (what === "versions") return REPORT.versions[i];
   if (what === "evals") return REPORT.evals[i];
   return REPORT.rollouts[i][params.version] || {error: `step ${params.version} is not in this report`};
@@ -98,6 +100,14 @@ function chartData(keys, band) {
   return {data, series, bands};
 }
 
+function yRange(u, min, max) {
+  // uPlot's own range (rangeNum with 10 % padding), except for a curve of zeros, which it
+  // draws on an axis from 0 to 100 as if the values were large: that one gets [-1, 1].
+  if (min === null || max === null) return [0, 1];
+  if (min === 0 && max === 0) return [-ZERO_SPAN, ZERO_SPAN];
+  return uPlot.rangeNum(min, max, 0.1, true);
+}
+
 function countPoints(data, series) {
   let n = 0;
   data.forEach((ys, s) => { if (s > 0 && !series[s].label.endsWith("s.e.")) n += ys.filter((y) => y !== null).length; });
@@ -129,7 +139,7 @@ function drawPanels() {
       if (!el) { el = h("div", {class: "panel", "data-title": p.title}, h("h3", {}, p.title)); box.append(el); }
       const width = Math.max(360, el.clientWidth - 10 || 460);
       chart = new uPlot({width, height: 220, series, bands, cursor: {sync: {key: "steps"}},
-                         scales: {x: {time: false}}, axes: [{label: "step"}, {}], legend: {live: false}}, data, el);
+                         scales: {x: {time: false}, y: {range: yRange}}, axes: [{label: "step"}, {}], legend: {live: false}}, data, el);
       state.charts[p.title] = chart;
     }
     chart.root.parentElement.dataset.points = countPoints(data, series);
@@ -140,9 +150,10 @@ async function pollMetrics() {
   let changed = false;
   for (const run of state.runs) {
     try {
-      const got = await api(`api/runs/${run.id}/metrics`, {offset: state.offsets[run.id]});
+      const at = state.offsets[run.id];
+      const got = await api(`api/runs/${run.id}/metrics`, {offset: at.offset, explorer_offset: at.explorer_offset});
       if (got.rows.length) { state.metrics[run.id].push(...got.rows); changed = true; }
-      state.offsets[run.id] = got.offset;
+      state.offsets[run.id] = {offset: got.offset, explorer_offset: got.explorer_offset};
     } catch (err) {
       $("#live").textContent = `cannot reach the server: ${err.message}`;
       return;
@@ -156,6 +167,8 @@ async function pollMetrics() {
 }
 
 // -- rollouts ----------------------------------------------------------------------------------
+const RATIO_FULL = 0.5;  // |log(sampler / trainer)| at which a token's colour is at its strongest
+
 function tokenColour(mode, sample, t) {
   if (mode === "logprob" && sample.logprobs) {
     const p = Math.exp(sample.logprobs[t]);  // certain tokens stay white, unlikely ones turn red
@@ -164,6 +177,12 @@ function tokenColour(mode, sample, t) {
   if (mode === "advantage" && sample.advantages) {
     const a = sample.advantages[t], alpha = Math.min(1, Math.abs(a) / 2) * 0.7;
     return a >= 0 ? `rgba(22, 163, 74, ${alpha.toFixed(3)})` : `rgba(220, 38, 38, ${alpha.toFixed(3)})`;
+  }
+  if (mode === "ratio" && sample.logprobs && sample.trainer_logprobs) {
+    // log ratio 0 (the two agree) stays white; the sampler surer than the trainer turns
+    // blue, less sure orange: where off-policy drift or a layout bug shows itself
+    const d = sample.logprobs[t] - sample.trainer_logprobs[t], alpha = Math.min(1, Math.abs(d) / RATIO_FULL) * 0.8;
+    return d >= 0 ? `rgba(37, 99, 235, ${alpha.toFixed(3)})` : `rgba(234, 88, 12, ${alpha.toFixed(3)})`;
   }
   return "";
 }
@@ -178,11 +197,13 @@ function responseEl(sample, mode) {
     const m = sample.mask ? sample.mask[t] : 1;
     if (masked && m !== prev) out.append(h("span", {class: "turn"}, m ? `turn ${++turn} (policy)` : "environment (masked, not trained)"));
     prev = m;
-    const lp = sample.logprobs ? sample.logprobs[t] : null;
-    const title = `token ${sample.token_ids[t]}` + (lp === null ? "" : `, logprob ${lp.toFixed(4)}`) +
+    const lp = sample.logprobs ? sample.logprobs[t] : null, tlp = sample.trainer_logprobs ? sample.trainer_logprobs[t] : null;
+    const title = `token ${sample.token_ids[t]}` + (lp === null ? "" : `, sampler logprob ${lp.toFixed(4)}`) +
+      (tlp === null ? "" : `, trainer logprob ${tlp.toFixed(4)}`) +
+      (lp === null || tlp === null ? "" : `, ratio ${Math.exp(lp - tlp).toFixed(4)}`) +
       (sample.advantages ? `, advantage ${sample.advantages[t].toFixed(4)}` : "");
     out.append(h("span", {class: m ? "tok" : "tok masked", style: m ? `background: ${tokenColour(mode, sample, t)}` : "",
-                          "data-lp": lp === null ? null : lp, title}, piece));
+                          "data-lp": lp, "data-tlp": tlp, "data-adv": sample.advantages ? sample.advantages[t] : null, title}, piece));
   });
   return out;
 }
@@ -190,14 +211,15 @@ function responseEl(sample, mode) {
 function sampleEl(s, mode) {
   const rewardClass = s.reward === 1 ? "reward-1" : s.reward === 0 ? "reward-0" : "";
   const info = Object.entries(s.info).filter(([k]) => k !== "answer").map(([k, v]) => `${k}: ${JSON.stringify(v)}`);
-  return h("div", {class: "sample", "data-reward": s.reward},
+  return h("div", {class: "sample", "data-reward": s.reward, "data-eid": s.eid},
     h("div", {class: "meta"},
       h("span", {class: rewardClass}, "reward ", h("b", {}, fmt(s.reward))),
-      h("span", {}, "advantage ", h("b", {}, s.advantage === null ? "not stored" : fmt(s.advantage))),
+      h("span", {}, "advantage ", h("b", {}, s.advantage === null ? "not recorded" : fmt(s.advantage))),
       h("span", {}, "finish ", h("b", {}, s.finish_reason || "-")),
       h("span", {}, "length ", h("b", {}, s.length)),
       h("span", {}, "model version ", h("b", {}, s.model_version)),
-      h("span", {}, s.status + (s.consumed_by === null ? "" : ` (trained; in checkpoint ${s.consumed_by})`)),
+      h("span", {}, s.status + (s.trained_at === null ? "" : `, trained at step ${s.trained_at}`) +
+        (s.consumed_by === null ? "" : ` (in checkpoint ${s.consumed_by})`)),
       s.is_expert ? h("b", {}, "expert row") : null,
       info.length ? h("span", {class: "hint"}, info.join("; ")) : null),
     responseEl(s, mode));
@@ -237,12 +259,14 @@ async function showStep(version) {
   const finish = $("#filters select[name=finish_reason]"), chosen = finish.value;
   finish.replaceChildren(h("option", {value: ""}, "any"), ...got.finish_reasons.map((f) => h("option", {value: f}, f)));
   finish.value = chosen;
-  document.querySelector("input[value=ratio]").disabled = true;  // not stored: see the note
+  document.querySelector("input[value=ratio]").disabled = !(got.stored.trainer_logprobs && got.stored.logprobs);
   document.querySelector("input[value=advantage]").disabled = !got.stored.advantages;
   document.querySelector("input[value=logprob]").disabled = !got.stored.logprobs;
+  $("#colour").style.display = got.groups.length || !got.pairs.length ? "" : "none";  // pairs have no per-token colours
   $("#notes").replaceChildren(...got.notes.map((n) => h("li", {}, n)));
   renderGroups();
-  $("#summary").textContent = `step ${version}: ${got.matching} of ${got.rows} samples match` +
+  const what = got.groups.length || !got.pairs.length ? "samples" : "training pairs";
+  $("#summary").textContent = `step ${version}: ${got.matching} of ${got.rows} ${what} match` +
     (REPORT ? ` (this report keeps the first ${got.page_size})` : "") + (got.pairs.length ? `; ${got.pairs.length} pairs` : "");
   const pager = $("#pager");
   pager.replaceChildren();
@@ -264,11 +288,25 @@ function renderGroups() {
         g.samples[0].info.answer !== undefined ? h("span", {}, "reference answer ", h("b", {}, g.samples[0].info.answer)) : null),
       h("div", {class: "prompt"}, g.prompt), ...g.samples.map((s) => sampleEl(s, mode)));
   });
-  const pairs = got.pairs.map((p) => h("div", {class: "group"}, h("div", {class: "prompt"}, p.prompt),
+  const pairs = got.pairs.map((p) => h("div", {class: "group", "data-pair": p.task_id}, h("div", {class: "prompt"}, p.prompt),
     h("div", {class: "pair"}, h("div", {class: "chosen"}, p.chosen), h("div", {class: "rejected"}, p.rejected)),
-    h("p", {class: "hint"}, "scores of training pairs are not stored in the buffer; held-out pairs are scored under Held-out")));
+    p.metrics ? pairScores(p.metrics) : h("p", {class: "hint"}, "this pair's scores were not recorded (a pair in a buffer)")));
   $("#groups").replaceChildren(...groups, ...pairs);
   if (!groups.length && !pairs.length) $("#groups").append(h("p", {class: "message"}, "no sample of this step matches the filters"));
+}
+
+function pairScores(metrics) {
+  // chosen and rejected side by side for each score (DPO's implicit reward, an RM's score),
+  // then whatever else the loss reported for the pair alone (margin, accuracy)
+  const sides = Object.keys(metrics).filter((k) => k.endsWith("_chosen")).map((k) => k.slice(0, -"_chosen".length))
+    .filter((base) => `${base}_rejected` in metrics);
+  const paired = new Set(sides.flatMap((b) => [`${b}_chosen`, `${b}_rejected`]));
+  const rest = Object.entries(metrics).filter(([k]) => !paired.has(k));
+  return h("table", {class: "evals scores"},
+    h("tr", {}, h("th", {}, "score"), h("th", {}, "chosen"), h("th", {}, "rejected")),
+    ...sides.map((b) => h("tr", {"data-score": b}, h("td", {}, b), h("td", {class: "good"}, fmt(metrics[`${b}_chosen`], 4)),
+                          h("td", {class: "bad"}, fmt(metrics[`${b}_rejected`], 4)))),
+    ...rest.map(([k, v]) => h("tr", {"data-score": k}, h("td", {}, k), h("td", {colspan: 2}, fmt(v, 4)))));
 }
 
 // -- held-out evaluations -----------------------------------------------------------------------
@@ -325,7 +363,7 @@ function renderEvals() {
 async function main() {
   state.runs = await api("api/runs");
   state.metrics = state.runs.map(() => []);
-  state.offsets = state.runs.map(() => 0);
+  state.offsets = state.runs.map(() => ({offset: 0, explorer_offset: 0}));
   $("#runs").replaceChildren(...state.runs.map((r, i) => h("span", {title: r.path},
     h("span", {class: "swatch", style: `background: ${COLORS[i % COLORS.length]}`}), r.name + (r.algorithm ? ` (${r.algorithm})` : ""))));
   for (const sel of document.querySelectorAll(".run-select")) {
