@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--micro-batch-size", type=int, default=8, help="rows per forward/backward pass (default 8)")
     srv.add_argument("--max-pending", type=int, default=512, help="requests queued at once before HTTP 429 (default 512)")
     srv.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body in MiB (default 64)")
+    srv.add_argument("--poll-seconds", type=float, default=10.0,
+                     help="how long a result fetch waits before the SDK is told to poll again (default 10)")
     _add_common(srv)
 
     sub.add_parser("version", help="print versions")
@@ -207,7 +209,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     params = ServeParams(data_dir=Path(args.data_dir) if args.data_dir else default_dir, host=args.host,
                          port=args.port, api_key=args.api_key, max_body_bytes=int(args.max_body_mb * 2**20),
                          max_pending=args.max_pending, train_engine=args.train_engine,
-                         micro_batch_size=args.micro_batch_size, models=tuple(args.model))
+                         micro_batch_size=args.micro_batch_size, models=tuple(args.model),
+                         poll_seconds=args.poll_seconds)
     serve(params)
     return 0
 

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from tinker import types
 
 import trinity_like.client as ours
+from serve_helpers import TEXTS, sft_data
 
 RANK, SEED = 4, 3
 
@@ -32,15 +33,6 @@ def local(tmp_path_factory):
         yield svc
 
 
-def sft_data(tok, texts):
-    out = []
-    for text in texts:
-        ids = tok.encode(text)
-        out.append(types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
-                               loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)}))
-    return out
-
-
 def rl_data(tok, texts, seed=0):
     """As tinker-cookbook builds them: zero arrays over the prompt, sampler logprobs and advantages after."""
     rng = np.random.default_rng(seed)
@@ -54,9 +46,6 @@ def rl_data(tok, texts, seed=0):
         out.append(types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs={
             "target_tokens": ids[1:], "logprobs": np.asarray(lp, np.float32), "advantages": np.asarray(adv, np.float32)}))
     return out
-
-
-TEXTS = ["one plus two is three", "the cat sat on the mat today", "seven minus four equals three"]
 
 
 def sampler_file(data_dir: Path, tinker_path: str) -> Path:
