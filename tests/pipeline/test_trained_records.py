@@ -35,8 +35,10 @@ def logprobs_of(model, row) -> list[float]:
     return [float(lp[t - 1, row.tokens[t]]) for t in range(row.prompt_length, len(row.tokens))]
 
 
-def test_each_trained_row_keeps_its_advantages_and_the_trainers_logprobs(tmp_path):
-    run_dir = run(tmp_path, "trainer.total_steps=2")
+@pytest.mark.parametrize("engine", ["local", "verl"])
+def test_each_trained_row_keeps_its_advantages_and_the_trainers_logprobs(engine, tmp_path):
+    """On both train engines: verl's workers hand back the outputs the loss saw, as the local engine does."""
+    run_dir = run(tmp_path, "trainer.total_steps=2", f"trainer.engine={engine}")
     with SqliteStorage(params=SqliteParams(), run_dir=run_dir) as buf:
         trained, statuses = buf.trained(), buf.statuses()
     db = sqlite3.connect(run_dir / "buffer.sqlite")
