@@ -10,9 +10,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # serve_helpers, under --import-mode=importlib
 
-from serve_helpers import LOCAL_KEY, running_server  # noqa: E402
+from serve_helpers import LOCAL_KEY, running_server
 
-from trinity_like.models.tiny import build_tiny_model  # noqa: E402
+from trinity_like.models.tiny import build_tiny_model
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")  # the SDK's usage reports: nothing to send them to
 

@@ -8,13 +8,13 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 import tinker
 import uvicorn
+from serve_helpers import TEXTS, free_port, running_server, sft_data
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -22,7 +22,6 @@ from starlette.routing import Route
 from tinker import types
 
 import trinity_like.client as ours
-from serve_helpers import TEXTS, free_port, running_server, sft_data
 
 
 class FlakyProxy:
@@ -116,7 +115,7 @@ def test_several_clients_long_polls_and_ctrl_c_finish_queued_work(tmp_path, tiny
 
 def test_security_defaults(tmp_path):
     cmd = [sys.executable, "-m", "trinity_like.cli", "serve", "--host", "0.0.0.0", "--data-dir", str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--api-key" in out.stderr, out.stderr
     with running_server(tmp_path / "data", "--api-key", "tml-secret", "--max-body-mb", "0.01",
                         key="tml-secret") as url:

@@ -11,10 +11,10 @@ import pytest
 import tinker
 import torch
 from safetensors.torch import load_file
+from serve_helpers import TEXTS, sft_data
 from tinker import types
 
 import trinity_like.client as ours
-from serve_helpers import TEXTS, sft_data
 
 RANK, SEED = 4, 3
 
