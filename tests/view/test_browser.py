@@ -290,7 +290,13 @@ def test_dpo_and_rm_runs_show_chosen_vs_rejected_with_both_scores(browser, pair_
             m = it["metrics"]
             assert cells == [score, f"{m[score + '_chosen']:.4f}", f"{m[score + '_rejected']:.4f}"]
             assert el.query_selector(f"tr[data-score='{margin}'] td:last-child").inner_text() == f"{m[margin]:.4f}"
-        assert not pg.is_visible("#colour")  # pairs have no per-token colours
+        assert not pg.is_visible("#colour") and not pg.is_visible("input[name=reward_min]")  # pairs: no token colours, text filter only
+        query = items[1]["chosen"].strip()
+        wanted = [it["task_id"] for it in items if any(query.lower() in it[k].lower() for k in ("prompt", "chosen", "rejected"))]
+        pg.fill("input[name=text]", query)
+        pg.click("#filters button[type=submit]")
+        pg.wait_for_function(f"document.querySelector('#summary').textContent.includes('{len(wanted)} of 4')")
+        assert [g.get_attribute("data-pair") for g in pg.query_selector_all("#groups .group[data-pair]")] == wanted
         pg.screenshot(path=str(tmp_path / "pairs.png"), full_page=True)
     finally:
         proc.terminate()

@@ -94,7 +94,7 @@ def step_page(run: Run, version: int, filters: Filters = Filters(), page: int = 
     stored_fields["advantages"] = stored_fields["advantages"] or any("advantages" in r.trained for r in experiences)
     stored_fields["trainer_logprobs"] = any("trainer_logprob" in r.trained for r in experiences)
     return {
-        "version": version, "rows": len(experiences), "matching": len(kept), "page": page, "pages": pages,
+        "kind": "rollouts", "version": version, "rows": len(experiences), "matching": len(kept), "page": page, "pages": pages,
         "page_size": page_size, "stored": stored_fields,
         "notes": _notes(run, buffer.has_training_records(), experiences, stored_fields),
         "finish_reasons": sorted({r.row.finish_reason for r in experiences}),
@@ -114,7 +114,7 @@ def pair_page(run: Run, step: int, filters: Filters = Filters(), page: int = 0, 
     pages = max(1, -(-len(items) // page_size))
     shown = items[page * page_size : (page + 1) * page_size]
     return {
-        "version": step, "rows": len(every), "matching": len(items), "page": page,
+        "kind": "pairs", "version": step, "rows": len(every), "matching": len(items), "page": page,
         "pages": pages, "page_size": page_size, "stored": {}, "notes": [], "finish_reasons": [], "groups": [],
         "pairs": [{"task_id": it["task_id"], "prompt": it["prompt"], "chosen": it["chosen"], "rejected": it["rejected"],
                    "metrics": it["metrics"]} for it in shown],

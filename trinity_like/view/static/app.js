@@ -262,12 +262,13 @@ async function showStep(version) {
   document.querySelector("input[value=ratio]").disabled = !(got.stored.trainer_logprobs && got.stored.logprobs);
   document.querySelector("input[value=advantage]").disabled = !got.stored.advantages;
   document.querySelector("input[value=logprob]").disabled = !got.stored.logprobs;
-  $("#colour").style.display = got.groups.length || !got.pairs.length ? "" : "none";  // pairs have no per-token colours
+  const pairPage = got.kind === "pairs";  // a DPO / RM run's training pairs: no per-token colours, only the text filter
+  $("#colour").style.display = pairPage ? "none" : "";
+  for (const el of document.querySelectorAll("#filters .sample-filter")) el.style.display = pairPage ? "none" : "";
   $("#notes").replaceChildren(...got.notes.map((n) => h("li", {}, n)));
   renderGroups();
-  const what = got.groups.length || !got.pairs.length ? "samples" : "training pairs";
-  $("#summary").textContent = `step ${version}: ${got.matching} of ${got.rows} ${what} match` +
-    (REPORT ? ` (this report keeps the first ${got.page_size})` : "") + (got.pairs.length ? `; ${got.pairs.length} pairs` : "");
+  $("#summary").textContent = `step ${version}: ${got.matching} of ${got.rows} ${pairPage ? "training pairs" : "samples"} match` +
+    (REPORT ? ` (this report keeps the first ${got.page_size})` : "") + (!pairPage && got.pairs.length ? `; ${got.pairs.length} pairs` : "");
   const pager = $("#pager");
   pager.replaceChildren();
   if (got.pages > 1) {
