@@ -18,6 +18,7 @@ BUILTIN_MODULES = (
     "trinity_like.monitor.sinks",
     "trinity_like.envs.arithmetic",
     "trinity_like.envs.calculator",
+    "trinity_like.envs.twenty_questions",
     "trinity_like.envs.workflow",
 )
 

@@ -28,4 +28,4 @@ def test_the_example_env_is_short_and_runs(tmp_path):
     listed = subprocess.run([sys.executable, "-m", "trinity_like.cli", "list", "env", "--plugin", "guess.py"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert listed.returncode == 0, listed.stderr[-3000:]
-    assert "guess_number  Guess the task's answer" in listed.stdout
+    assert re.search(r"\n  guess_number +Guess the task's answer", listed.stdout), listed.stdout

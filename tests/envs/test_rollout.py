@@ -266,3 +266,40 @@ def test_a_timeout_the_env_raises_itself_is_a_crash_and_retried(engine, tok):
                             params=RolloutParams(step_retries=2))
     assert result.dropped[0].reason.endswith("TimeoutError: the tool server did not answer")
     assert result.metrics["rollout/env_errors"] == 3 and result.metrics["rollout/step_timeouts"] == 0
+
+
+class Meeting(ChatTurns):
+    """Every step waits at a barrier for the steps of all ``parties`` episodes of the turn:
+    it finishes only if they run at the same time (``concurrent_steps``)."""
+
+    concurrent_steps = True
+
+    def __init__(self, tok, barrier, wait_s=10.0):
+        super().__init__(tok, turns=2)
+        self.barrier, self.wait_s = barrier, wait_s
+
+    def step(self, action):
+        self.barrier.wait(timeout=self.wait_s)
+        return super().step(action)
+
+
+class OneAtATime(Meeting):
+    concurrent_steps = False
+
+
+def test_envs_that_declare_concurrent_steps_step_together_and_results_keep_episode_order(engine, tok):
+    import threading
+
+    barrier = threading.Barrier(6)
+    builders = [Group(lambda: Meeting(tok, barrier), size=3), Group(lambda: Meeting(tok, barrier), size=3)]
+    result = rollout_groups(builders, engine=engine, seed=0, params=RolloutParams(step_timeout_s=30))
+    assert not result.dropped and result.metrics["rollout/env_errors"] == 0
+    assert [len(t.transitions) for g in result.groups for t in g.trajectories] == [2] * 6
+    sequential = rollout_groups([Group(lambda: ChatTurns(tok, turns=2), size=3)] * 2, engine=engine, seed=0)
+    assert [[t.transitions[-1].action for t in g.trajectories] for g in result.groups] == [
+        [t.transitions[-1].action for t in g.trajectories] for g in sequential.groups]  # same episodes, same order
+    # the oracle: stepped one at a time, the same envs never fill the barrier, and their groups are dropped
+    barrier = threading.Barrier(6)
+    alone = rollout_groups([Group(lambda: OneAtATime(tok, barrier, wait_s=0.1), size=3)] * 2, engine=engine, seed=0,
+                           params=RolloutParams(step_retries=0))
+    assert not alone.groups and "BrokenBarrierError" in alone.dropped[0].reason

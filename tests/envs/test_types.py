@@ -7,6 +7,7 @@ import doctest
 import pytest
 
 import trinity_like.envs.calculator
+import trinity_like.envs.twenty_questions
 import trinity_like.envs.types
 from trinity_like import cli
 from trinity_like.envs.dataset import TaskEnvDataset, build_env_factory
@@ -16,7 +17,8 @@ from trinity_like.experience import Task
 from trinity_like.registry import ENV, REGISTRIES, UnknownNameError
 
 
-@pytest.mark.parametrize("module", [trinity_like.envs.types, trinity_like.envs.calculator])
+@pytest.mark.parametrize("module", [trinity_like.envs.types, trinity_like.envs.calculator,
+                                    trinity_like.envs.twenty_questions])
 def test_docstring_examples_run(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

@@ -42,7 +42,8 @@ def run(args: list[str]) -> str:
 
 
 def test_every_client_example_has_a_smoke_test():
-    assert sorted(p.name for p in CLIENT.glob("*.py")) == ["rl_basic.py", "rl_env.py", "sl_basic.py"]
+    assert sorted(p.name for p in CLIENT.glob("*.py")) == ["rl_basic.py", "rl_env.py", "sl_basic.py",
+                                                                  "twenty_questions.py"]
 
 
 @pytest.mark.parametrize("variant", [[], ["--custom"], ["--loss", "ppo"]], ids=["is", "custom", "ppo"])
@@ -71,6 +72,19 @@ def test_rl_env_trains_evaluates_and_resumes(tmp_path, variant):
     again = run(args)  # the same log path: resumed from the last checkpoint, nothing left to train
     assert "resumed from the checkpoint of iteration 2" in again and re.search(result, again)
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+def test_twenty_questions_trains_two_models_game_and_reports_both_word_lists(tmp_path):
+    args = [str(CLIENT / "twenty_questions.py"), "--model", "tiny-random", "--answerer", "tiny-random",
+            "--iterations", "2", "--batch", "2", "--group", "4", "--eval-games", "1", "--eval-every", "1",
+            "--log-path", str(tmp_path / "run")]
+    out = run(args)
+    assert re.search(r"success, training words \(24 games\): [\d.]+% -> [\d.]+%; held-out words \(16 games\): "
+                     r"[\d.]+% -> [\d.]+%; after iteration 2", out), out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["iterations"] == 2 and set(summary) >= {"training_words", "held_out_words", "questions_per_game"}
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2] and all("env/solved" in r for r in rows[1:])
 
 
 @pytest.mark.parametrize("rank", ["0", "4"], ids=["full", "lora"])

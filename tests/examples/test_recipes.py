@@ -77,9 +77,10 @@ def test_recipe_runs_two_steps_on_the_tiny_model(recipe, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["grpo_arith.yaml", "sft.yaml", "dpo.yaml"])
+@pytest.mark.parametrize("recipe", ["grpo_arith.yaml", "sft.yaml", "dpo.yaml", "multiturn_tool.yaml"])
 def test_recipe_on_the_verl_engine_with_two_cpu_workers(recipe, tmp_path):
-    """The real default path: verl's FSDP workers through Ray, 2 workers over gloo."""
+    """The real default path: verl's FSDP workers through Ray, 2 workers over gloo (multi-turn
+    episodes included: their rows carry a loss mask with the env's tokens left out)."""
     import ray
 
     try:
@@ -89,6 +90,10 @@ def test_recipe_on_the_verl_engine_with_two_cpu_workers(recipe, tmp_path):
     steps = [r for r in metrics_of(run_dir) if "time/step" in r]
     assert [r["step"] for r in steps] == [1, 2]
     assert all("loss" in r or r.get("skipped/no_signal") == 1.0 for r in steps)
+    if recipe == "multiturn_tool.yaml":
+        assert all(r["rollout/episodes"] >= 8 and r["workflow/skipped_tasks"] == 0 for r in steps)
+
+
 def test_grpo_with_a_reward_model_trained_by_the_rm_recipe(tmp_path):
     (rm_dir,) = run_recipe("rm_tiny.yaml", tmp_path / "rm")
     (run_dir,) = run_recipe("grpo_with_rm.yaml", tmp_path / "grpo", [f"explorer.reward_args.path={rm_dir}"])

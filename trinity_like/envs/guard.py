@@ -15,8 +15,9 @@ Example::
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from trinity_like.errors import TrinityError
@@ -30,6 +31,11 @@ class EnvCalls:
     errors: int = 0  # attempts that raised
     retries: int = 0  # attempts after the first
     timeouts: int = 0  # calls that ran past their time limit
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)  # steps run in threads
+
+    def add(self, name: str) -> None:
+        with self.lock:
+            setattr(self, name, getattr(self, name) + 1)
 
 
 def call_env(fn: Callable[[], Any], *, timeout_s: float, retries: int, counts: EnvCalls) -> tuple[Any, str]:
@@ -45,15 +51,16 @@ def call_env(fn: Callable[[], Any], *, timeout_s: float, retries: int, counts: E
     """
     error = ""
     for attempt in range(retries + 1):
-        counts.retries += int(attempt > 0)
+        if attempt:
+            counts.add("retries")
         try:
             return call_with_deadline(fn, timeout_s, what="env call"), ""
         except TrinityError:
             raise
         except DeadlineExceeded:
-            counts.timeouts += 1
+            counts.add("timeouts")
             return None, f"timeout after {timeout_s:g} s"
         except Exception as exc:  # noqa: BLE001 -- see the docstring
-            counts.errors += 1
+            counts.add("errors")
             error = f"{type(exc).__name__}: {exc}"
     return None, error

@@ -5,7 +5,9 @@ engine call (one per distinct stop condition, which is one in practice), so the 
 continuous batching sees the whole batch. Each prompt is the episode's whole token
 history: nothing is re-tokenised or cached here -- reusing the keys and values of a
 history the engine has seen is the engine's business. Env steps then run one after the
-other, each in its own thread under a time limit.
+other, each in its own thread under a time limit -- or, for envs that declare
+``concurrent_steps``, all at once (a step waiting on another model is then batched
+with the others'; results are still taken in episode order).
 
 Randomness: the action of episode ``(group g, env i)`` at turn ``t`` is drawn from its own
 seed, :func:`episode_seed`; it does not depend on which other episodes share the call. At
@@ -40,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import statistics
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -291,12 +294,18 @@ def rollout_groups(
             break
         actions, n = _sample(engine, running, turn, seed, params)
         engine_calls += n
-        for ep, action in zip(running, actions):
-            if ep.group in dropped:  # a member that stepped earlier in this turn failed
-                continue
-            why = _step(ep, action, params, calls)
-            if why:
-                dropped[ep.group] = why
+        together = [(ep, a) for ep, a in zip(running, actions) if ep.env.concurrent_steps]
+        with ThreadPoolExecutor(max(1, len(together))) as pool:
+            started = {id(ep): pool.submit(_step, ep, a, params, calls) for ep, a in together}
+            for ep, action in zip(running, actions):  # results in episode order, whichever finished first
+                if id(ep) in started:
+                    why = started[id(ep)].result()
+                elif ep.group in dropped:  # a member that stepped earlier in this turn failed
+                    continue
+                else:
+                    why = _step(ep, action, params, calls)
+                if why and ep.group not in dropped:
+                    dropped[ep.group] = why
         turn += 1
     kept: list[GroupRollout] = []
     for g, group in enumerate(episodes):

@@ -111,6 +111,12 @@ class Env(abc.ABC):
     [1, 2, 3, 5, 6, 7]
     """
 
+    concurrent_steps: bool = False
+    """True: the rollout may run this env's ``step`` at the same time as other episodes'
+    steps (each in its own thread), so a step that waits on a model or a server can be
+    batched with the others' (see :class:`~trinity_like.envs.twenty_questions.Answerer`).
+    Set it only when steps of different envs share nothing unguarded."""
+
     @abc.abstractmethod
     def initial_observation(self) -> tuple[list[int], StopCondition]:
         """The prompt's token ids and where the first action stops."""
