@@ -71,4 +71,4 @@ def test_a_run_survives_every_kind_of_bad_reward_call(tmp_path, record_property)
     assert [r["step"] for r in rows if "time/rollout" in r] == [1, 2]
     record(record_property, "reward fn hangs / raises / returns NaN, None, a string",
            "survived: each call timed out or rejected, retried, 2 tasks skipped and counted",
-           f"not needed (run finished in {time.monotonic() - t0:.0f} s)", "0 lost, 0 twice")
+           f"not needed (run finished in {time.monotonic() - t0:.0f} s)", "not counted by this test")
