@@ -6,7 +6,7 @@ against an oracle that does not trust the run's own bookkeeping: the buffer's ro
 step (none lost, none trained twice) and the per-step rewards of an uninterrupted run.
 
 Each test reports what it showed with :func:`record` (pytest's ``record_property``), which
-``python -m tests.faults.report`` turns into the table of docs/reliability.md.
+``python tests/faults/report.py`` turns into the table of docs/reliability.md.
 """
 
 from __future__ import annotations
