@@ -415,6 +415,20 @@ def _stage_datas(raw: RawRecipe) -> list[tuple[dict, int | None, dict | None]]:
     return out
 
 
+def declared_run_dirs(path: str | Path, overrides: list[str] | None = None) -> list[tuple[Path, str]]:
+    """``(run directory, mode)`` of each stage as the recipe and overrides write them, read
+    without loading plugins or validating anything (a cheap look before :func:`load_plan`,
+    e.g. to refuse a run whose directory is in use at once). A value that is not text is
+    left out: :func:`load_plan` reports it. Raises :class:`ConfigError` as :func:`load_plan` would."""
+    out = []
+    for data, _, _ in _stage_datas(apply_overrides(load_recipe(path), list(overrides or []))):
+        name, root = data.get("name", field_default(Config, "name")), data.get("run_root", field_default(Config, "run_root"))
+        mode = data.get("mode", field_default(Config, "mode"))
+        if all(isinstance(v, str) for v in (name, root, mode)):
+            out.append((Path(root) / name, mode))
+    return out
+
+
 def load_plan(path: str | Path, overrides: list[str] | None = None, plugins: list[str] | None = None) -> RunPlan:
     """Load, validate and resolve a recipe. Raises :class:`ConfigError` with file and line."""
     raw = apply_overrides(load_recipe(path), list(overrides or []))

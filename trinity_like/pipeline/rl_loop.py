@@ -13,7 +13,7 @@ holds the engines and data (:mod:`.stage`). One step of GRPO::
     advantages = advantage_fn(rewards, groups, ...)                     compute_advantages
     forward_backward(objective); optim_step                             update
     every sync_interval steps: explorer weights <- trainer weights      end_step -> stage.sync_weights
-    every checkpoint.interval steps: checkpoint, then buffer.commit(step)
+    log the step's metrics; every checkpoint.interval steps: checkpoint, then buffer.commit(step)
 
 Off-policy: the explorer may run ``synchronizer.offset`` steps ahead of the trainer, so
 with offset k the batch trained at step t was sampled by the weights of step t - k;
@@ -244,11 +244,17 @@ def update(stage: Stage, step: int, batch: Batch, timer: PhaseTimer, *, prepare:
 
 def end_step(stage: Stage, step: int, timer: PhaseTimer, t0: float, metrics: dict[str, float],
              batch: Batch | None, evaluate: Callable[[int], dict[str, float]] | None = None) -> None:
-    """Sync weights, evaluate, checkpoint and log the end of ``step``.
+    """Sync weights, evaluate, log and checkpoint the end of ``step``.
 
     Weights go to the explorer every ``synchronizer.interval`` steps of an online stage, and
     at the last step when an explorer process waits for them (``train`` mode) to evaluate
     the final model. ``evaluate`` replaces :meth:`Stage.evaluate` (an offline stage's held-out loss).
+
+    The step's metrics are logged *before* its checkpoint: a run killed in between redoes the
+    step from the previous checkpoint and logs it again (readers keep a step's last line), while
+    the other order would lose the line of a step that the checkpoint had already kept. The
+    checkpoint's own time follows on a line of its own (``time/checkpoint``); ``time/step``
+    leaves it out.
     """
     cfg = stage.config
     total = cfg.trainer.total_steps
@@ -258,13 +264,14 @@ def end_step(stage: Stage, step: int, timer: PhaseTimer, t0: float, metrics: dic
     if cfg.monitor.eval_interval and step % cfg.monitor.eval_interval == 0 and step != total:
         with timer("eval"):
             metrics.update((evaluate or stage.evaluate)(step))
-    if step % cfg.checkpoint.interval == 0 or step == total:
-        with timer("checkpoint"):
-            stage.checkpoint(step)
     metrics.update(timer.metrics())
     metrics.update(stage.memory())
     metrics["time/step"] = time.perf_counter() - t0
     tokens = float(batch["attention_mask"].sum()) if batch is not None else 0.0
     metrics["throughput/tokens_per_s"] = tokens / max(metrics["time/step"], 1e-9)
     stage.log(step, metrics)
+    if step % cfg.checkpoint.interval == 0 or step == total:
+        t1 = time.perf_counter()
+        stage.checkpoint(step)
+        stage.log(step, {"time/checkpoint": time.perf_counter() - t1})
     stage.logger.advance()

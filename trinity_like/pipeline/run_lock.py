@@ -11,9 +11,14 @@ per role: ``explore`` takes ``.lock-explorer``, ``train`` and offline stages tak
 ``.lock-trainer``, and ``both`` takes the two. The file holds who has it (pid, host, start
 time, command), for the message the second run prints::
 
+    RunLock.probe(Path("runs/grpo_arith"), "both")            # RunInUseError at once if taken
     lock = RunLock.acquire(Path("runs/grpo_arith"), "both")   # RunInUseError if taken
     ...
     lock.release()                                            # (or the process ends)
+
+:meth:`RunLock.probe` asks without holding and without writing anything, so a run can refuse
+before its slow start (loading the tokenizer, validating data) instead of after it; the
+lock a stage holds is still the one :meth:`RunLock.acquire` takes when it opens the directory.
 
 ``flock`` is advisory and local to one machine's kernel (on NFS it may not exclude a run on
 another node); the run directory of a multi-node run lives on the driver's machine.
@@ -74,6 +79,24 @@ class RunLock:
             raise
         return lock
 
+    @staticmethod
+    def probe(run_dir: Path, role: str) -> None:
+        """:class:`RunInUseError` now if a live run holds a lock ``role`` needs; creates nothing.
+
+        A directory or lock file that does not exist yet is free (no run ever held it)."""
+        for part in LOCKS_OF_ROLE[role]:
+            path = lock_file(run_dir, part)
+            try:
+                fd = os.open(path, os.O_RDONLY)  # flock needs no write access
+            except FileNotFoundError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise _in_use(path, run_dir) from None
+            finally:
+                os.close(fd)  # drops the probe's own lock, if it got one
+
     def release(self) -> None:
         for fd in self.fds.values():
             os.close(fd)  # closing the only descriptor drops the flock
@@ -86,12 +109,14 @@ def _take(path: Path, role: str, run_dir: Path) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise RunInUseError(
-            f"{run_dir}: in use by another run ({_holder(path)}); two runs on one run directory would train "
-            f"steps twice: wait for it to end, or give this run another name (name=...)"
-        ) from None
+        raise _in_use(path, run_dir) from None
     info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "role": role,
             "command": " ".join(sys.argv)}
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(info).encode(), 0)
     return fd
+
+
+def _in_use(path: Path, run_dir: Path) -> RunInUseError:
+    return RunInUseError(f"{run_dir}: in use by another run ({_holder(path)}); two runs on one run directory would "
+                         f"train steps twice: wait for it to end, or give this run another name (name=...)")
