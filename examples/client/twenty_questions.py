@@ -44,7 +44,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=8, help="games (env groups) per iteration")
     p.add_argument("--group", type=int, default=8, help="episodes per game")
     p.add_argument("--lr", type=float, default=2e-5)
-    p.add_argument("--temperature", type=float, default=0.7, help="of the training games; evaluation is greedy")
     p.add_argument("--max-turns", type=int, default=4)
     p.add_argument("--candidates", type=int, default=6, help="words in a game's list")
     p.add_argument("--eval-games", type=int, default=2, help="evaluation games per word")
@@ -59,7 +58,7 @@ def main() -> None:
     log_path = Path(args.log_path)
     config = RLTrainConfig(
         log_path=str(log_path), iterations=args.iterations, batch_size=args.batch, group_size=args.group,
-        learning_rate=args.lr, temperature=args.temperature, eval_every=args.eval_every, save_every=args.eval_every,
+        learning_rate=args.lr, eval_every=args.eval_every, save_every=args.eval_every,
         seed=args.seed,
     )
     lists = TwentyQuestionsTaskParams(candidates=args.candidates)

@@ -106,7 +106,6 @@ class RLTrainConfig:
     kl_penalty_coef: float = 0.0  # beta of the shaping r - beta * KL(pi || ref); 0: no reference pass at all
     advantage_per_turn: bool = False  # each turn's advantage from its return-to-go (module docstring)
     skip_zero_advantage_groups: bool = True  # leave groups whose advantages are all 0 out of the batch (counted)
-    temperature: float = 1.0  # of the training rollouts; evaluation is greedy
     max_total_tokens: int = 2048  # tokens of one episode, history and actions (an action's length is the env's)
     max_turns: int = 64  # actions per episode, a safety net over the env's own end
     eval_every: int = 5  # greedy held-out evaluation every this many iterations, at the start and the end; 0: never
@@ -126,7 +125,6 @@ class RLTrainConfig:
         self._check("log_path", bool(self.log_path), "must name a folder")
         self._check("learning_rate", self.learning_rate > 0, "must be > 0")
         self._check("kl_penalty_coef", self.kl_penalty_coef >= 0, "must be >= 0")
-        self._check("temperature", self.temperature > 0, "must be > 0 (evaluation is greedy anyway)")
         self._check("loss_fn", self.loss_fn in RL_LOSSES, f"must be one of {', '.join(RL_LOSSES)}")
         load_plugins()  # the losses are registry entries
         try:
@@ -143,7 +141,10 @@ class RLTrainConfig:
                                 weight_decay=self.weight_decay, grad_clip_norm=self.grad_clip_norm)
 
     def rollout(self, *, greedy: bool = False) -> RolloutParams:
-        return RolloutParams(temperature=self.temperature, greedy=greedy, max_turns=self.max_turns,
+        # Training episodes sample at temperature 1: the losses' importance ratio compares the
+        # learner's logprobs (temperature 1) with the sampler's, so any other temperature would
+        # make every token's ratio wrong (a sharper sampler inflates the rare tokens' ratios).
+        return RolloutParams(temperature=1.0, greedy=greedy, max_turns=self.max_turns,
                              max_total_tokens=self.max_total_tokens)
 
 
