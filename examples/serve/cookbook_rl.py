@@ -31,15 +31,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import os
-import re
-import subprocess
-import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
@@ -63,6 +59,8 @@ from tinker_cookbook.rl.problem_env import ProblemEnv, ProblemGroupBuilder
 from tinker_cookbook.rl.types import EnvGroupBuilder, RLDataset, RLDatasetBuilder
 from tinker_cookbook.tokenizer_utils import get_tokenizer
 
+from trinity_like.client.serve.launch import local_server
+from trinity_like.errors import TrinityError
 from trinity_like.experience import Task
 from trinity_like.explorer.rewards import exact_match
 from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks
@@ -178,49 +176,6 @@ class GreedyAccuracy(SamplingClientEvaluator):
         return await self.test_set.eval_token_completer(greedy)
 
 
-# -- a local server, unless --base-url names one ------------------------------------------------
-@contextlib.contextmanager
-def local_server(data_dir: Path, model_path: str) -> Iterator[str]:
-    """``trinity-like serve`` on a free port of 127.0.0.1; yields its URL; Ctrl-C'd (SIGINT) at the end."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    log_path = data_dir / "server.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "trinity_like.cli", "serve", "--port", "0",
-                                 "--data-dir", str(data_dir), "--model", model_path], stdout=log, stderr=subprocess.STDOUT)
-        try:
-            url = wait_for_server(proc, log_path)
-            print(f"server: {url} (log {log_path})", flush=True)
-            yield url
-        finally:
-            proc.send_signal(2)  # as Ctrl-C: queued training requests finish, then it exits
-            try:
-                proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-def wait_for_server(proc: subprocess.Popen, log_path: Path, timeout: float = 300.0) -> str:
-    """The URL the server prints once it has a port, after its health check answers."""
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    url = None
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"trinity-like serve exited with {proc.returncode}:\n{log_path.read_text()[-2000:]}")
-        if url is None:
-            found = re.search(r"trinity-like serve: (http://\S+)", log_path.read_text())
-            url = found.group(1) if found else None
-        if url is not None:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{url}/api/v1/healthz", timeout=5).status_code == 200:
-                    return url
-        time.sleep(0.3)
-    proc.kill()
-    raise SystemExit(f"trinity-like serve did not answer within {timeout:.0f} s (log: {log_path})")
-
-
 # -- the run -------------------------------------------------------------------------------------
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -285,12 +240,16 @@ def main() -> None:
     args = parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    model_path = str(resolve_model_path(args.model).resolve())  # the cookbook's tokenizer helper reads a folder
-    if args.base_url is not None:
-        asyncio.run(run(args, model_path, args.base_url))
-        return
-    with local_server(Path(args.log_path) / "serve", model_path) as url:
-        asyncio.run(run(args, model_path, url))
+    try:
+        model_path = str(resolve_model_path(args.model).resolve())  # the cookbook's tokenizer helper reads a folder
+        if args.base_url is not None:
+            asyncio.run(run(args, model_path, args.base_url))
+            return
+        with local_server(Path(args.log_path) / "serve", "--model", model_path) as url:  # stopped as by Ctrl-C
+            print(f"server: {url} (log {Path(args.log_path) / 'serve' / 'server.log'})", flush=True)
+            asyncio.run(run(args, model_path, url))
+    except TrinityError as err:  # an unknown model, a server that did not start
+        raise SystemExit(f"cookbook_rl.py: {err}") from None
 
 
 if __name__ == "__main__":

@@ -207,6 +207,16 @@ def test_sample_async_and_await(client, ids):
     assert asyncio.run(main()) == [direct, direct]
 
 
+def test_a_sampler_is_its_own_future_like_the_sdks_transitional_one(client):
+    """SDK 0.38 code writes ``training.save_weights_and_get_sampling_client().result()`` or awaits it."""
+
+    async def awaited():
+        return await client
+
+    assert client.result() is client and client.result(timeout=1.0) is client
+    assert asyncio.run(awaited()) is client
+
+
 @pytest.mark.parametrize(
     ("prompt", "n", "kw", "message"),
     [

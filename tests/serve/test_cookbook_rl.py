@@ -152,8 +152,13 @@ def test_cookbook_rl_trains_the_weights_on_a_given_server(server, tiny_model, tm
     assert any(not torch.equal(trained[k], base[k]) for k in base)
 
 
-def test_a_bad_flag_is_one_line_and_starts_nothing(tmp_path):
-    done = subprocess.run([sys.executable, str(SCRIPT), "--eval-every", "0", "--log-path", str(tmp_path / "run")],
+@pytest.mark.parametrize(("flags", "code", "says"), [
+    (["--eval-every", "0"], 2, "--eval-every must be >= 1, got 0"),
+    (["--model", "no-such-model"], 1, "model 'no-such-model' not found"),
+], ids=["flag", "model"])
+def test_bad_input_is_one_line_and_starts_nothing(tmp_path, flags, code, says):
+    done = subprocess.run([sys.executable, str(SCRIPT), *flags, "--log-path", str(tmp_path / "run")],
                           check=False, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].endswith("--eval-every must be >= 1, got 0")
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == code and says in lines[-1] and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert not (tmp_path / "run").exists()

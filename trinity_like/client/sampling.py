@@ -251,6 +251,15 @@ class SamplingClient:
         self.device = device  # where the shared model runs ("cpu", "cuda", ...)
         self._tokenizer: PreTrainedTokenizerBase | None = None
 
+    # -- the SDK's 0.38 transitional future: a sampler handed back is also its own future ----------
+    def result(self, timeout: float | None = None) -> SamplingClient:
+        """This client (``save_weights_and_get_sampling_client`` returns it; SDK code calls ``.result()``)."""
+        return self
+
+    def __await__(self):
+        yield from ()
+        return self
+
     @property
     def model_path(self) -> Path | None:
         """The folder the weights come from (set for in-memory weights once pickled); None: the base."""
