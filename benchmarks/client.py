@@ -18,11 +18,27 @@ Sampling: the same prompts, G samples each, same seeds and max tokens, through
 ``RolloutEngine.generate`` (all prompts in one call) and through ``SamplingClient.sample``
 (one request per prompt, as Tinker code sends them, futures read after all are sent).
 
+HTTP (``--compare http``): one GRPO iteration of the client loop (examples/client/rl_basic.py's:
+P prompts x G samples from the current sampler, reward = exact match, advantage = reward -
+group mean, ``forward_backward(data, "importance_sampling")`` + ``optim_step``, a sampler
+snapshot of the new weights) run by the same function on two contenders that start from the
+same weights and take the same steps with the same seeds:
+
+- ``in-process``: ``trinity_like.client`` in the benchmark's process;
+- ``http``: the official ``tinker`` SDK against ``trinity-like serve`` in its own process.
+
+Every group is trained (zero advantages included) so the work does not depend on the
+rewards, and each round checks that both sides sampled the same tokens (same weights, same
+seeds): the HTTP side's extra time is the protocol -- bodies, futures polled over HTTP, the
+SDK's client-side bookkeeping -- not different work.
+
 Rounds alternate which contender goes first; medians and the median of per-round ratios
 are reported, with the machine's measured fp32 matmul peak for scale. Run::
 
     python benchmarks/client.py --model tiny-random --reps 2          # smoke, seconds
     python benchmarks/client.py --model smollm2-135m-instruct --reps 5
+    python benchmarks/client.py --compare http --model tiny-random --reps 2
+    python benchmarks/client.py --compare http --model smollm2-135m-instruct --reps 5
 """
 
 from __future__ import annotations
@@ -42,7 +58,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
-from common import matmul_peak_gflops  # noqa: E402
+from common import git_commit, matmul_peak_gflops  # noqa: E402
 
 import trinity_like.client as tinker  # noqa: E402
 from trinity_like.components import ComponentSpec, build_params  # noqa: E402
@@ -207,6 +223,116 @@ def markdown(result: dict, command: str) -> str:
     return "\n".join(lines)
 
 
+# -- HTTP (the official SDK against `trinity-like serve`) vs the in-process client ------------------
+def grpo_iteration(training, sampler, renderer, tasks, args, step: int):
+    """One iteration of the client loop, written once for both doors: sample, score, train, snapshot.
+
+    Returns the new sampler and the iteration's phases (s) and sampled tokens."""
+    started = time.perf_counter()
+    params = types.SamplingParams(max_tokens=args.max_tokens, stop=renderer.get_stop_sequences(), temperature=1.0)
+    prompts = [renderer.build_generation_prompt(t.messages()) for t in tasks]
+    futures = [sampler.sample(p, args.group, params.model_copy(update={"seed": step * 1000 + i}))
+               for i, p in enumerate(prompts)]
+    groups = [f.result().sequences for f in futures]
+    sampled = time.perf_counter()
+    data = []
+    for task, prompt, group in zip(tasks, prompts, groups, strict=True):
+        rewards = [exact_match(response=renderer.parse_response(s.tokens)[0]["content"], answer=task.answer)
+                   for s in group]
+        mean = sum(rewards) / len(rewards)
+        ob = prompt.length - 1  # every group is trained, equal rewards too: the work does not depend on them
+        for seq, r in zip(group, rewards, strict=True):
+            data.append(types.Datum(
+                model_input=prompt.append(types.EncodedTextChunk(tokens=seq.tokens[:-1])),
+                loss_fn_inputs={"target_tokens": [0] * ob + seq.tokens, "logprobs": [0.0] * ob + seq.logprobs,
+                                "advantages": [0.0] * ob + [r - mean] * len(seq.tokens)}))
+    fwd = training.forward_backward(data, "importance_sampling")
+    opt = training.optim_step(types.AdamParams(learning_rate=args.lr, beta1=0.9, beta2=0.95, eps=1e-8))
+    fwd.result(), opt.result()
+    trained = time.perf_counter()
+    sampler = training.save_weights_and_get_sampling_client().result()  # in-process: the client answers result()
+    done = time.perf_counter()
+    phases = {"iteration": done - started, "sample": sampled - started, "train": trained - sampled,
+              "snapshot": done - trained}
+    return sampler, phases, [s.tokens for g in groups for s in g]
+
+
+def compare_http(args, folder: Path, peak: float, command: str) -> None:
+    import tinker as sdk
+
+    from trinity_like.client.renderers import get_renderer
+    from trinity_like.client.serve.launch import local_server
+
+    os.environ.setdefault("TINKER_API_KEY", "tml-local")  # the SDK insists on a "tml-" key; a local server takes any
+    os.environ.setdefault("TINKER_TELEMETRY", "0")
+    tasks = arithmetic_tasks(ArithmeticParams(), "train", (args.reps + 1) * args.prompts, seed=args.seed)
+    scratch = Path(tempfile.mkdtemp(prefix="bench-client-http-"))
+    local = tinker.ServiceClient(micro_batch_size=args.micro_batch, log_dir=scratch / "local")
+    with local_server(scratch / "serve", "--model", str(folder), "--micro-batch-size", str(args.micro_batch)) as url:
+        remote = sdk.ServiceClient(base_url=url)
+        trainers = {"in-process": local.create_lora_training_client(str(folder), rank=0, seed=args.seed),
+                    "http": remote.create_lora_training_client(str(folder), rank=0, seed=args.seed).result()}
+        renderer = get_renderer("chatml", trainers["in-process"].get_tokenizer())
+        samplers = {k: t.save_weights_and_get_sampling_client().result() for k, t in trainers.items()}
+        phases: dict[str, list[dict]] = {"in-process": [], "http": []}
+        same_samples = []
+        for rep in range(args.reps + 1):  # the first round warms up and is not counted
+            batch = tasks[rep * args.prompts: (rep + 1) * args.prompts]
+            order = ["in-process", "http"] if rep % 2 == 0 else ["http", "in-process"]
+            tokens = {}
+            for name in order:
+                samplers[name], took, tokens[name] = grpo_iteration(trainers[name], samplers[name], renderer, batch,
+                                                                   args, rep)
+                if rep:
+                    phases[name].append(took)
+            same_samples.append(tokens["in-process"] == tokens["http"])
+            print(f"round {rep}: " + ", ".join(f"{k} {v[-1]['iteration']:.2f} s" for k, v in phases.items() if v)
+                  + ("" if same_samples[-1] else " (samples differ)"), flush=True)
+        remote.close("success").result()
+    local.close()
+    times = {k: [p["iteration"] for p in v] for k, v in phases.items()}
+    result = {"meta": {**vars(args), "peak_gflops": peak, "commit": git_commit(), "load": os.getloadavg()[0],
+                       "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
+                       "python": platform.python_version()},
+              "phases": phases, "same_samples": same_samples,
+              "median_s": {k: statistics.median(v) for k, v in times.items()},
+              "phase_medians_s": {k: {ph: statistics.median(p[ph] for p in v) for ph in v[0]} for k, v in phases.items()},
+              "median_ratio": statistics.median(times["http"]) / statistics.median(times["in-process"]),
+              "median_round_ratio": statistics.median(h / i for h, i in zip(times["http"], times["in-process"]))}
+    name = args.out or ("client_http_tiny" if args.model == "tiny-random" else "client_http")
+    OUT.mkdir(exist_ok=True)
+    (OUT / f"{name}.json").write_text(json.dumps(result, indent=1))
+    (OUT / f"{name}.md").write_text(markdown_http(result, command))
+    print(markdown_http(result, command))
+
+
+def markdown_http(result: dict, command: str) -> str:
+    meta, ph = result["meta"], result["phase_medians_s"]
+    added = result["median_ratio"] - 1
+    verdict = "met" if added <= 0.15 else "NOT met"
+    lines = [
+        "# One GRPO iteration of the client loop: the official SDK over HTTP vs the in-process client",
+        "", f"Command: `{command}`", "",
+        f"{meta['model']}, {meta['prompts']} prompts x {meta['group']} samples, up to {meta['max_tokens']} new tokens, "
+        f"`importance_sampling`, full fine-tune, micro-batch {meta['micro_batch']}, fp32; the server in its own "
+        f"process; {meta['reps']} interleaved rounds after one warm-up; commit {meta['commit']}, {meta['when']}, "
+        f"load average {meta['load']:.1f}. Machine fp32 matmul peak: {meta['peak_gflops']:.1f} GFLOP/s.",
+        f"Both sides sampled the same tokens in {sum(result['same_samples'])} of {len(result['same_samples'])} "
+        "rounds (same weights, same seeds: the same work).", "",
+        "| phase (median s) | in-process | http | http / in-process |", "|---|---|---|---|",
+    ]
+    for phase in ("iteration", "sample", "train", "snapshot"):
+        a, b = ph["in-process"][phase], ph["http"][phase]
+        lines.append(f"| {phase} | {a:.3f} | {b:.3f} | {b / a:.3f} |")
+    lines += [
+        "", f"HTTP adds **{added:+.1%}** to an iteration (ratio of medians {result['median_ratio']:.3f}; median of "
+        f"per-round ratios {result['median_round_ratio']:.3f}); target at most +15 %: {verdict}.",
+        f"Per-round iteration times (s): in-process {[round(p['iteration'], 3) for p in result['phases']['in-process']]},"
+        f" http {[round(p['iteration'], 3) for p in result['phases']['http']]}.", "",
+    ]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
@@ -217,11 +343,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=None, help="results name (default: client, or client_tiny for tiny-random)")
+    p.add_argument("--compare", default="engine", choices=["engine", "http"],
+                   help="engine: the client vs the engines it drives; http: the SDK over HTTP vs the in-process client")
+    p.add_argument("--out", default=None, help="results name (default: client[_http], with _tiny for tiny-random)")
     args = p.parse_args(argv)
     load_plugins()
     folder = resolve_model_path(args.model)
     peak = matmul_peak_gflops()
+    command = ("python benchmarks/client.py " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
+    if args.compare == "http":
+        compare_http(args, folder, peak, command)
+        return
     model, tokenizer = load_model(folder)
     prompts, groups, answers = sample_batch(model, tokenizer, args)
     adv = advantages(tokenizer, groups, answers)
@@ -237,11 +369,10 @@ def main(argv: list[str] | None = None) -> None:
             "train_gflop": 6 * params * training["tokens"] / 1e9}
     result = {"meta": meta, "training": training, "sampling": sampling}
     name = args.out or ("client_tiny" if args.model == "tiny-random" else "client")
-    command = "python benchmarks/client.py " + " ".join(sys.argv[1:] if argv is None else argv)
     OUT.mkdir(exist_ok=True)
     (OUT / f"{name}.json").write_text(json.dumps(result, indent=1))
-    (OUT / f"{name}.md").write_text(markdown(result, command.strip()))
-    print(markdown(result, command.strip()))
+    (OUT / f"{name}.md").write_text(markdown(result, command))
+    print(markdown(result, command))
 
 
 if __name__ == "__main__":
