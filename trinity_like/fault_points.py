@@ -1,8 +1,9 @@
-"""Named points where a test may SIGKILL this process: fault injection into real runs.
+"""Named points where a test may SIGKILL this process or fail a write: fault injection into real runs.
 
-``TRINITY_LIKE_FAULT=<point>:<n>`` kills the process (SIGKILL: no handler, no cleanup, no
-flush) the ``n``-th time it reaches ``<point>``; unset, :func:`reach` only counts. The points
-sit where a kill is hardest to survive -- inside a checkpoint write::
+``TRINITY_LIKE_FAULT=<point>:<n>`` acts the ``n``-th time the process reaches ``<point>``;
+unset, :func:`reach` and :func:`write` only count. The kill points (:func:`reach`) SIGKILL
+the process (no handler, no cleanup, no flush) where a kill is hardest to survive -- inside
+a checkpoint write::
 
     before_weights    the checkpoint's temporary folder exists, nothing written in it
     after_weights     the weights are written, the optimiser state is not
@@ -11,18 +12,39 @@ sit where a kill is hardest to survive -- inside a checkpoint write::
     after_latest      ``latest`` moved, the buffer has not yet marked the step consumed
 
 The two inside the model folder are reached by the local engine's ``save``; verl's workers
-write in their own processes, where the driver's kill would not reach.
-``tests/faults/test_checkpoint_kill.py`` kills a run at each and resumes it. Nothing else
-reads the variable; an unknown point name is an error so a typo cannot test nothing.
+write in their own processes, where the driver's kill would not reach. One point lives in
+the verl workers (the engine passes the variable on to them)::
+
+    verl_worker_update  the last rank of a verl worker group, between the forward and the
+                        backward of its first micro-batch (once per forward_backward): the
+                        other ranks are left waiting in FSDP's gradient collective
+
+``tests/faults/test_checkpoint_kill.py`` kills a run at each and resumes it.
+
+The write points (:func:`write`) raise ``OSError(ENOSPC)`` -- what ``write(2)`` returns on
+a full disk -- for the file about to be written, so the run's own handling of a full disk
+is what a test sees (``tests/faults/test_disk_full.py``)::
+
+    checkpoint_write  a checkpoint's weights (reached before each writer: model, then critic)
+    buffer_write      a batch of rollouts going into the buffer (once per put)
+
+Injecting here rather than filling a real filesystem: making a small one (tmpfs, a loop
+device) needs root, and a per-process file-size limit (RLIMIT_FSIZE) fails every file
+past a size with EFBIG, not the one write a test means. SQLite's own "database or disk is
+full" is produced for real in the unit tests with its page limit (``max_page_count``).
+Nothing else reads the variable; an unknown point name is an error so a typo cannot test nothing.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 
 ENV_VAR = "TRINITY_LIKE_FAULT"
-POINTS = ("before_weights", "after_weights", "after_optimizer", "before_latest", "after_latest")
+CHECKPOINT_POINTS = ("before_weights", "after_weights", "after_optimizer", "before_latest", "after_latest")
+POINTS = (*CHECKPOINT_POINTS, "verl_worker_update")  # every kill point
+WRITE_POINTS = ("checkpoint_write", "buffer_write")
 
 _seen: dict[str, int] = {}  # point -> times reached in this process
 
@@ -32,16 +54,28 @@ def _armed() -> tuple[str, int] | None:
     if not raw:
         return None
     point, _, n = raw.partition(":")
-    if point not in POINTS or not n.isdigit() or int(n) < 1:
-        raise ValueError(f"{ENV_VAR}={raw!r}: expected <point>:<n> with a point of {', '.join(POINTS)} and n >= 1")
+    if point not in POINTS + WRITE_POINTS or not n.isdigit() or int(n) < 1:
+        raise ValueError(f"{ENV_VAR}={raw!r}: expected <point>:<n> with a point of "
+                         f"{', '.join(POINTS + WRITE_POINTS)} and n >= 1")
     return point, int(n)
 
 
-def reach(point: str) -> None:
-    """Count one arrival at ``point``; SIGKILL this process if the armed fault says so."""
-    if point not in POINTS:
-        raise ValueError(f"unknown fault point {point!r} (known: {', '.join(POINTS)})")
+def _arrive(point: str, known: tuple[str, ...]) -> bool:
+    """Count one arrival at ``point``; True if the armed fault is this arrival."""
+    if point not in known:
+        raise ValueError(f"unknown fault point {point!r} (known: {', '.join(known)})")
     _seen[point] = _seen.get(point, 0) + 1
-    armed = _armed()
-    if armed == (point, _seen[point]):
+    return _armed() == (point, _seen[point])
+
+
+def reach(point: str) -> None:
+    """Count one arrival at kill point ``point``; SIGKILL this process if the armed fault says so."""
+    if _arrive(point, POINTS):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def write(point: str, path: str | os.PathLike) -> None:
+    """Count one arrival at write point ``point`` about to write ``path``; raise the OSError a
+    full disk gives (ENOSPC) if the armed fault says so."""
+    if _arrive(point, WRITE_POINTS):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))

@@ -35,6 +35,7 @@ TINY = [
     # the random tiny model never answers right: reward "contains a digit", so rewards vary
     "explorer.reward_fn=format", "explorer.reward_args={pattern: '.*[0-9].*'}", "explorer.eval_reward_fn=exact_match",
 ]
+STEPS = 3  # steps of the runs that are broken and resumed (tests/faults/conftest.py: the uninterrupted one)
 FAULT_ENV = "TRINITY_LIKE_FAULT"  # trinity_like.pipeline.checkpoint.FAULT_ENV (a point name: SIGKILL there)
 
 
@@ -115,3 +116,20 @@ def record(record_property: Callable[[str, Any], None], fault: str, outcome: str
     command resumed it, and the buffer rows lost / trained twice."""
     for key, value in (("fault", fault), ("outcome", outcome), ("resumed", resumed), ("rows", rows)):
         record_property(key, value)
+
+
+def check_resumed(run_dir: Path, straight: Path, steps: int = STEPS) -> None:
+    """After a resume: every checkpoint left verifies, each step consumed exactly its
+    ``BATCH * GROUP`` buffer rows (none lost, none twice, none left claimed, none by a step
+    that never was), and every step's mean reward, logged, equals the uninterrupted run's."""
+    from trinity_like.pipeline.checkpoint import CheckpointManager
+
+    mgr = CheckpointManager(run_dir)
+    for path in mgr.list():
+        mgr.verify(path)
+    expected = {s: BATCH * GROUP for s in range(1, steps + 1)}
+    rows = rows_by_step(run_dir)
+    assert {s: rows.get(s) for s in range(1, steps + 1)} == expected, rows
+    assert rows.get("claimed", 0) == 0
+    assert set(rows) - {"available"} == set(expected), rows
+    assert step_metrics(run_dir, "reward/mean") == step_metrics(straight, "reward/mean")

@@ -13,39 +13,15 @@ from __future__ import annotations
 
 import shutil
 import time
-from pathlib import Path
 
 import pytest
-from faultlib import BATCH, FAULT_ENV, GROUP, command, one_line_error, record, rows_by_step, run, step_metrics
+from faultlib import FAULT_ENV, STEPS, check_resumed, command, one_line_error, record, run
 
-from trinity_like.fault_points import POINTS
+from trinity_like.fault_points import CHECKPOINT_POINTS
 from trinity_like.pipeline.checkpoint import CheckpointManager
 
-STEPS = 3
-EXPECTED_ROWS = {s: BATCH * GROUP for s in range(1, STEPS + 1)}
 
-
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory) -> Path:
-    """The uninterrupted run: the oracle of per-step rewards."""
-    root = tmp_path_factory.mktemp("straight")
-    out = run(command(root, f"trainer.total_steps={STEPS}"))
-    assert out.returncode == 0, out.stderr[-3000:]
-    return root / "grpo_arith"
-
-
-def check_resumed(run_dir: Path, straight: Path) -> None:
-    mgr = CheckpointManager(run_dir)
-    for path in mgr.list():
-        mgr.verify(path)
-    rows = rows_by_step(run_dir)
-    assert {s: rows.get(s) for s in range(1, STEPS + 1)} == EXPECTED_ROWS, rows
-    assert rows.get("claimed", 0) == 0
-    assert set(rows) - {"available"} == set(EXPECTED_ROWS), rows  # nothing consumed by a step that never was
-    assert step_metrics(run_dir, "reward/mean") == step_metrics(straight, "reward/mean")  # every step logged
-
-
-@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize("point", CHECKPOINT_POINTS)
 def test_sigkill_inside_a_checkpoint_write_resumes_exactly(point, tmp_path, straight, record_property):
     cmd = command(tmp_path, f"trainer.total_steps={STEPS}")
     killed = run(cmd, **{FAULT_ENV: f"{point}:2"})  # while saving step 2

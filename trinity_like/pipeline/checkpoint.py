@@ -20,7 +20,8 @@ changed file (a disk that lied, a copy cut short) is an error naming the file an
 how to resume from the checkpoint before it -- move the bad one aside and run the same
 command; the buffer hands back the rows the later steps had consumed, so each is trained
 once. The named points of :mod:`trinity_like.fault_points` let a test SIGKILL a save
-anywhere in between (``tests/faults/test_checkpoint_kill.py``).
+anywhere in between (``tests/faults/test_checkpoint_kill.py``). A full disk during a save
+is one line (:mod:`.disk_full`); the partial folder is removed and ``latest`` is untouched.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import torch
 
 from trinity_like import fault_points
 from trinity_like.errors import TrinityError
+from trinity_like.pipeline.disk_full import DiskFullError, disk_full_as_error
 
 LATEST = "latest"
 MANIFEST = "manifest.json"
@@ -120,9 +122,31 @@ class CheckpointManager:
         tmp = self.root / f".tmp-{name}-{os.getpid()}"
         if tmp.exists():
             shutil.rmtree(tmp)
-        tmp.mkdir()
-        fault_points.reach("before_weights")
+        previous = self.latest()
+        intact = (f"nothing of it was kept and the previous checkpoint {previous.name} is intact" if previous
+                  else "nothing of it was kept (no earlier checkpoint)")
+        try:
+            with disk_full_as_error(f"checkpoint {name} in {self.root}", intact):
+                tmp.mkdir()
+                fault_points.reach("before_weights")
+                self._write_tmp(tmp, step, state, writers)
+        except DiskFullError:
+            shutil.rmtree(tmp, ignore_errors=True)  # the part written frees its space; latest is untouched
+            raise
+        if final.exists():  # a re-save of the same step (resumed run): replace it whole
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        fault_points.reach("before_latest")
+        write_atomic(self.root / LATEST, name)
+        fault_points.reach("after_latest")
+        self._prune()
+        return final
+
+    @staticmethod
+    def _write_tmp(tmp: Path, step: int, state: dict[str, Any], writers: dict[str, Callable[[str], None]]) -> None:
+        """Everything of checkpoint ``step`` into ``tmp``, manifest last, fsynced."""
         for sub, write in writers.items():
+            fault_points.write("checkpoint_write", tmp / sub)
             write(str(tmp / sub))
         (tmp / STATE).write_text(json.dumps({"step": step, **state}, indent=1, sort_keys=True))
         (tmp / "rng.json").write_text(json.dumps(rng_state()))
@@ -133,14 +157,6 @@ class CheckpointManager:
                 "weights_sha256": hashlib.sha256("".join(weights).encode()).hexdigest()}
         (tmp / MANIFEST).write_text(json.dumps(body, indent=1, sort_keys=True))
         _fsync_tree(tmp)
-        if final.exists():  # a re-save of the same step (resumed run): replace it whole
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        fault_points.reach("before_latest")
-        write_atomic(self.root / LATEST, name)
-        fault_points.reach("after_latest")
-        self._prune()
-        return final
 
     def _prune(self) -> None:
         done = self.list()

@@ -123,7 +123,7 @@ class ExplorerProcess:
             with timer("rollout"):
                 rows, metrics = ctx.explore(step)
             with timer("buffer_write"):
-                ctx.storage.put(rows)
+                ctx.put_rows(rows, step)
             self.state.save({"step": step, "tasks": ctx.data.train.state_dict(), "version": self.version})
             rewards = [float(r.reward or 0.0) for r in rows]
             metrics.update(timer.metrics())

@@ -61,7 +61,7 @@ def run_online(stage: Stage) -> dict[str, float]:
                 rows, explore_metrics = stage.explore(step + len(pending))
             metrics.update(explore_metrics)
             with timer("buffer_write"):
-                stage.storage.put(rows)
+                stage.put_rows(rows, step + len(pending))
             pending.append(rows)
         pending.pop(0)
         # -- sample a batch, train, sync, checkpoint, log ---------------------------------------

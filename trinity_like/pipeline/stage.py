@@ -30,6 +30,7 @@ import numpy as np
 import psutil
 import torch
 
+from trinity_like import fault_points
 from trinity_like.buffer.base import ExperienceSource, SampleStrategy
 from trinity_like.buffer.storage import open_storage
 from trinity_like.config import ResolvedStage
@@ -41,6 +42,7 @@ from trinity_like.monitor.evals import EVALS_FILE, append_evals
 from trinity_like.monitor.logger import MetricsLogger
 from trinity_like.pipeline.checkpoint import CheckpointManager
 from trinity_like.pipeline.data_sources import StageData, load_stage_data
+from trinity_like.pipeline.disk_full import disk_full_as_error
 from trinity_like.pipeline.run_lock import RunLock
 from trinity_like.pipeline.self_pairs import add_self_pairs
 from trinity_like.pipeline.weight_channel import WeightChannel
@@ -113,6 +115,17 @@ class Stage:
             self.logger.write(f"step {step}: task {sk.task_id} skipped: {sk.reason}")
         return result.experiences, {**result.metrics, "explorer/restarts": float(self.explorer.restarts)}
 
+    def put_rows(self, rows: list[Experience], step: int) -> None:
+        """Write step ``step``'s explored rows into the buffer; a full disk is one line (:mod:`.disk_full`)."""
+        target = getattr(self.storage, "path", self.run_dir)
+        with disk_full_as_error(f"step {step}'s rollouts into the buffer ({target})", self._intact("the buffer")):
+            fault_points.write("buffer_write", target)
+            self.storage.put(rows)
+
+    def _intact(self, what: str) -> str:
+        latest = self.checkpoints.latest()
+        return f"{what} keeps every earlier row and {f'checkpoint {latest.name}' if latest else 'the run'} is intact"
+
     def evaluate(self, step: int) -> dict[str, float]:
         """Mean evaluation reward (``eval_reward_fn``, else ``reward_fn``) on the held-out tasks,
         greedy by default: with a 0/1 reward, the answer accuracy. Skipped tasks score 0.
@@ -169,8 +182,9 @@ class Stage:
         if self.critic is not None:
             writers["critic"] = self.critic.save
         path = self.checkpoints.save(step, self._positions(), writers)
-        if self.storage is not None:
-            self.storage.commit(step)
+        if self.storage is not None:  # a run stopped here resumes from `path` and marks the step then
+            with disk_full_as_error(f"step {step}'s consumed rows into the buffer", self._intact("the buffer")):
+                self.storage.commit(step)
         return path
 
     def resume(self) -> None:
