@@ -11,7 +11,8 @@ the problems and the chat format are ours, written with the cookbook's own types
 
 - `ArithmeticEnv` is a cookbook `ProblemEnv` over one of our arithmetic tasks
   (`trinity_like.explorer.tasks.arithmetic_tasks`: "What is 47 + 8?", a train split and a
-  held-out split that never overlap), graded by our `exact_match` reward;
+  held-out split that never overlap), graded by our `exact_match` reward (1 for the right
+  number; ProblemEnv takes 0.1 off a turn that does not end with `<|im_end|>`);
 - `ArithmeticDataset` / `ArithmeticDatasetBuilder` are the cookbook's `RLDataset` /
   `RLDatasetBuilder`: batch i is --batch problems, each a `ProblemGroupBuilder` of --group
   episodes;
