@@ -50,6 +50,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
+import shutil  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -290,6 +291,7 @@ def compare_http(args, folder: Path, peak: float, command: str) -> None:
                   + ("" if same_samples[-1] else " (samples differ)"), flush=True)
         remote.close("success").result()
     local.close()
+    shutil.rmtree(scratch)  # the server's data directory and the in-process client's logs
     times = {k: [p["iteration"] for p in v] for k, v in phases.items()}
     result = {"meta": {**vars(args), "peak_gflops": peak, "commit": git_commit(), "load": os.getloadavg()[0],
                        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
