@@ -31,13 +31,16 @@ Example::
 
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import ray
 import torch
 
+from trinity_like import fault_points
 from trinity_like.config.schema import ClusterConfig, Config
 from trinity_like.config.schema import field_default as _default
 from trinity_like.errors import TrinityError
@@ -48,6 +51,7 @@ from trinity_like.trainer.base import Batch, LossCallable, batch_rows, mean_metr
 from trinity_like.trainer.forward import packing_metrics
 from trinity_like.trainer.params import AdamStep, ModelParams, OptimParams
 from trinity_like.trainer.shared_weights import SharedWeights, WeightMailbox
+from trinity_like.trainer.verl_watch import gather
 
 @dataclass(frozen=True)
 class VerlParams:
@@ -251,6 +255,8 @@ class VerlEngine:
         self.params, self.verl_params = model, verl
         self.pool = RayResourcePool(process_on_nodes=[verl.num_workers], use_gpu=self.use_gpu, max_colocate_count=1)
         worker_env = dict(ray_runtime_env()["env_vars"])
+        if os.environ.get(fault_points.ENV_VAR):  # a fault test's kill point inside a worker (verl_worker_update)
+            worker_env[fault_points.ENV_VAR] = os.environ[fault_points.ENV_VAR]
         if not self.use_gpu:
             worker_env.update(verl_cpu.worker_env())
         worker_cls = RayClassWithInitArgs(cls=ray.remote(TrinityVerlWorker), config=config, kind=model.kind,
@@ -262,11 +268,16 @@ class VerlEngine:
             device_name="cuda" if self.use_gpu else "cpu",
         )
         self.group.reset()  # verl builds the model, FSDP wrapping, optimiser and scheduler here
+        self.pids: list[int] = []
+        self.pids = list(self._call("trinity_pid", "start-up"))  # the workers' processes (memory metrics, errors)
         if model.adapter is not None:
-            self.group.trinity_init_adapter()  # the local engine's seeded start, in place of verl's own draw
+            self._call("trinity_init_adapter", "start-up")  # the local engine's seeded start, in place of verl's own draw
         self._loss_fn: LossCallable | None = None
-        self.pids = list(self.group.trinity_pid())  # the workers' processes (memory metrics)
         self.mailbox = WeightMailbox()  # export_weights writes here (rank 0 on the driver's machine)
+
+    def _call(self, method: str, what: str, *args: Any) -> list[Any]:
+        """``method`` on every worker; a worker that dies meanwhile stops the run at once (:mod:`.verl_watch`)."""
+        return gather(getattr(self.group, method)(*args), what, self.pids)
 
     # -- the contract --------------------------------------------------------------
     def forward_backward(self, batch: Batch, loss_fn: LossCallable, *, need_entropy: bool = False,
@@ -277,11 +288,12 @@ class VerlEngine:
         if self.params.forward_only:
             raise TrinityError("forward_backward on a forward-only engine (the reference model is frozen)")
         if loss_fn is not self._loss_fn:
-            self.group.set_loss_fn(loss_fn)
+            self._call("set_loss_fn", "the loss's set-up", loss_fn)
             self._loss_fn = loss_fn
         workers = self.verl_params.num_workers
         blocks = split_over_workers(with_normalisers(batch), workers)
-        parts = self.group.trinity_forward_backward(blocks, [need_entropy] * workers, [out is not None] * workers)
+        parts = self._call("trinity_forward_backward", "forward/backward", blocks, [need_entropy] * workers,
+                           [out is not None] * workers)
         if out is not None:
             rows = batch_rows(batch)  # padded rows (see pad_rows) come last: drop them
             out.update({k: torch.cat([p["outputs"][k] for p in parts])[:rows] for k in parts[0]["outputs"]})
@@ -294,22 +306,22 @@ class VerlEngine:
         """Clip, step AdamW (at ``adam``'s values when given, else the schedule's) and zero grads."""
         if self.params.forward_only:
             raise TrinityError("optim_step on a forward-only engine (the reference model is frozen)")
-        return self.group.trinity_optim_step(adam)[0]
+        return self._call("trinity_optim_step", "the optimiser step", adam)[0]
 
     def zero_grad(self) -> None:
         """Drop accumulated gradients without an optimiser step."""
-        self.group.trinity_zero_grad()
+        self._call("trinity_zero_grad", "zero_grad")
 
     def compute_logprobs(self, batch: Batch, *, need_entropy: bool = False) -> dict[str, torch.Tensor]:
         """``logprob [B, R]`` (and ``entropy``), or ``values``/``scores`` for value/reward models, no grad."""
         workers = self.verl_params.num_workers
-        parts = self.group.trinity_infer(split_over_workers(batch, workers), [need_entropy] * workers)
+        parts = self._call("trinity_infer", "a forward pass", split_over_workers(batch, workers), [need_entropy] * workers)
         rows = batch_rows(batch)  # padded rows (see pad_rows) come last: drop them
         return {k: torch.cat([p[k] for p in parts])[:rows] for k in parts[0]}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Full weights gathered from the shards, on the driver's CPU."""
-        return self.group.trinity_state_dict()[0]
+        return self._call("trinity_state_dict", "gathering the weights")[0]
 
     def export_weights(self) -> SharedWeights:
         """The full weights in this engine's shared-memory mailbox
@@ -317,22 +329,22 @@ class VerlEngine:
         this machine (the explorer actor) maps them without a trip through the driver or
         Ray's object store. Each export overwrites the last. A tied output embedding is left
         out (the reader's model ties it)."""
-        return self.group.trinity_export(self.mailbox.path)[0]
+        return self._call("trinity_export", "the weight export", self.mailbox.path)[0]
 
     def save(self, path: str) -> None:
         """The checkpoint layout of :mod:`~trinity_like.trainer.base`, written by rank 0."""
-        self.group.trinity_save(str(Path(path).resolve()), self.params.path)
+        self._call("trinity_save", "a checkpoint save", str(Path(path).resolve()), self.params.path)
 
     def load(self, path: str, *, with_optimizer: bool = True) -> None:
         """Weights (the adapter, with LoRA) and, with ``with_optimizer``, optimiser, step and RNG state."""
         folder = Path(path).resolve()
         lora_lib.check_checkpoint(folder, self.params.adapter)  # one clear error here, not a worker's traceback
-        self.group.trinity_load(str(folder), with_optimizer)
+        self._call("trinity_load", "a checkpoint load", str(folder), with_optimizer)
 
     def release_memory(self) -> None:
         """The workers hand back what their last step freed (they keep it for the next step
         otherwise: :mod:`trinity_like.malloc`)."""
-        self.group.trinity_release_memory()
+        self._call("trinity_release_memory", "releasing memory")
 
     def close(self) -> None:
         """Kill the workers, and Ray itself when this engine started it."""

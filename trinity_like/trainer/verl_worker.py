@@ -49,6 +49,7 @@ from torch.distributed.tensor import DTensor  # noqa: E402
 from verl.single_controller.base.decorator import Dispatch, register  # noqa: E402
 from verl.workers.engine_workers_tinker import TinkerTrainingWorker  # noqa: E402
 
+from trinity_like import fault_points  # noqa: E402
 from trinity_like.errors import TrinityError  # noqa: E402
 from trinity_like.malloc import release_freed_memory, retain_freed_memory  # noqa: E402
 from trinity_like.trainer import lora as lora_lib  # noqa: E402
@@ -118,7 +119,7 @@ class TrinityVerlWorker(TinkerTrainingWorker):
         super().__init__(config)
 
     # -- training ------------------------------------------------------------------
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def set_loss_fn(self, loss_fn: LossCallable) -> None:
         """The loss callable (:mod:`~trinity_like.trainer.base`) the next forward/backward calls run."""
         self.loss_fn = loss_fn
@@ -152,6 +153,8 @@ class TrinityVerlWorker(TinkerTrainingWorker):
                 outputs = root()
                 if train:
                     loss, mb_metrics = self.loss_fn(outputs, mb)
+                    if i == 0 and dist.get_rank() == dp - 1:  # the last rank, between its forward and backward
+                        fault_points.reach("verl_worker_update")
                     (loss * dp).backward()
                     losses.append(float(loss.detach()) * dp)
                     for k, v in mb_metrics.items():
@@ -163,7 +166,7 @@ class TrinityVerlWorker(TinkerTrainingWorker):
             result["outputs"] = {k: torch.cat([part[k] for part in kept])[restore] for k in kept[0]}
         return result
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    @register(dispatch_mode=Dispatch.DP_COMPUTE, blocking=False)
     def trinity_forward_backward(self, batch: dict[str, torch.Tensor], need_entropy: bool,
                                  keep_outputs: bool = False) -> dict[str, Any]:
         """Forward/backward over this rank's rows; grads accumulate until ``trinity_optim_step``.
@@ -174,7 +177,7 @@ class TrinityVerlWorker(TinkerTrainingWorker):
         with self.engine.train_mode(zero_grad_on_exit=False):
             return self._run(batch, need_entropy, train=True, keep_outputs=keep_outputs)
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def trinity_optim_step(self, adam: AdamStep | None = None) -> dict[str, float]:
         """Clip + AdamW step, then advance the scheduler; zeroes grads.
 
@@ -193,30 +196,30 @@ class TrinityVerlWorker(TinkerTrainingWorker):
             self.engine.lr_scheduler_step()
         return {"grad_norm": float(grad_norm), "lr": float(lr)}
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def trinity_pid(self) -> int:
         """This worker's process id (the driver reads its resident memory)."""
         return os.getpid()
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def trinity_release_memory(self) -> None:
         """Hand the memory freed since the last step back to the kernel (:mod:`trinity_like.malloc`)."""
         release_freed_memory()
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def trinity_zero_grad(self) -> None:
         """Drop accumulated gradients without stepping (a skipped, non-finite step)."""
         self.engine.optimizer.zero_grad(set_to_none=True)
 
     # -- inference -----------------------------------------------------------------
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    @register(dispatch_mode=Dispatch.DP_COMPUTE, blocking=False)
     def trinity_infer(self, batch: dict[str, torch.Tensor], need_entropy: bool) -> dict[str, torch.Tensor]:
         """Forward only: our ``[B, R]`` outputs (``scores [B]`` for a reward model) for this rank's rows."""
         with self.engine.eval_mode(), torch.no_grad():
             return self._run(batch, need_entropy, train=False, keep_outputs=True)["outputs"]
 
     # -- weights and checkpoints ---------------------------------------------------
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def trinity_init_adapter(self) -> None:
         """Put the adapter at our seeded start (:func:`~trinity_like.trainer.lora.initial_adapter`),
         in place of the one verl's peft drew from its own RNG: the same start as the local engine."""
@@ -254,13 +257,13 @@ class TrinityVerlWorker(TinkerTrainingWorker):
             full.pop("lm_head.weight", None)
         return full
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def trinity_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Full weights, returned by rank 0 only (the others return None to spare the transfer)."""
         full = self._full_state(keep=self.rank == 0)
         return full if self.rank == 0 else None
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def trinity_export(self, path: str) -> SharedWeights | None:
         """Rank 0 writes the full weights (tied output embedding left out) into the mailbox
         file ``path`` (:mod:`~trinity_like.trainer.shared_weights`) and returns its handle:
@@ -271,7 +274,7 @@ class TrinityVerlWorker(TinkerTrainingWorker):
     def _trainable_names(self) -> set[str]:
         return {name for name, p in self.engine.module.named_parameters() if p.requires_grad}
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def trinity_save(self, path: str, base_model: str) -> None:
         """Rank 0 writes the checkpoint folder (layout in :mod:`~trinity_like.trainer.base`):
         a Hugging Face folder or peft's adapter folder, the full optimiser state, the step
@@ -344,7 +347,7 @@ class TrinityVerlWorker(TinkerTrainingWorker):
             unexpected = sorted(result.unexpected_keys)
             raise TrinityError(f"checkpoint {folder}: missing weights {sorted(missing)}, unexpected {unexpected}")
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def trinity_load(self, path: str, with_optimizer: bool = True) -> None:
         """Every rank reads the folder written by ``trinity_save`` and keeps its own shard;
         without ``with_optimizer`` the optimiser restarts (no moments, schedule at step 0)."""
