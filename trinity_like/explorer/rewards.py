@@ -15,8 +15,11 @@ inputs (``reward_model`` loads a model that way). Example::
 Reward code is user code and may hang, raise, or return NaN, None or a string:
 :func:`score_with_retries` runs each call with a time limit and retries, and reports a
 failure instead of stopping the explorer (the workflow then skips the task and counts it).
-It runs in the explorer's process: a reward that allocates without bound is not contained
-(a sandboxed process with memory and CPU limits is not built yet; docs/reliability.md).
+These functions run in the explorer's process: they are code you installed or named
+(trusted), and one that allocates without bound is not contained. Code the *model* wrote
+runs only in a sandboxed child process with CPU, memory, wall-time and network limits:
+the ``code_exec`` reward (:mod:`trinity_like.explorer.code_exec`; trust model in
+docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Any
 from trinity_like.components import build_params, call_component
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Task
+from trinity_like.explorer.code_exec import CodeExecReward
 from trinity_like.registry import REWARD_FN
 
 RewardCall = Callable[[Mapping[str, Any]], float]
@@ -164,6 +168,9 @@ def reasoning_gym_reward(*, response: str, task: Task) -> float:
     score = load_reasoning_gym().get_score_answer_fn(dataset)
     # Its scorers compare the bare answer; a boxed answer is unwrapped first.
     return float(score(last_boxed(response) or response.strip(), entry))
+
+
+REWARD_FN.register_module("code_exec", module=CodeExecReward)  # unit tests of the model's code, sandboxed
 
 
 # -- calling reward functions ---------------------------------------------------------------------
