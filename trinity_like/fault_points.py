@@ -12,14 +12,14 @@ a checkpoint write::
     after_latest      ``latest`` moved, the buffer has not yet marked the step consumed
 
 The two inside the model folder are reached by the local engine's ``save``; verl's workers
-write in their own processes, where the driver's kill would not reach. One point lives in
-the verl workers (the engine passes the variable on to them)::
+write in their own processes, where the driver's kill would not reach.
+``tests/faults/test_checkpoint_kill.py`` kills a run at each and resumes it. One point
+lives in the verl workers (the engine passes the variable on to them;
+``tests/faults/test_verl_worker_kill.py``)::
 
     verl_worker_update  the last rank of a verl worker group, between the forward and the
                         backward of its first micro-batch (once per forward_backward): the
                         other ranks are left waiting in FSDP's gradient collective
-
-``tests/faults/test_checkpoint_kill.py`` kills a run at each and resumes it.
 
 The write points (:func:`write`) raise ``OSError(ENOSPC)`` -- what ``write(2)`` returns on
 a full disk -- for the file about to be written, so the run's own handling of a full disk
@@ -29,7 +29,7 @@ is what a test sees (``tests/faults/test_disk_full.py``)::
     buffer_write      a batch of rollouts going into the buffer (once per put)
 
 Injecting here rather than filling a real filesystem: making a small one (tmpfs, a loop
-device) needs root, and a per-process file-size limit (RLIMIT_FSIZE) fails every file
+device) needs root, which CI and users do not have, and a per-process file-size limit (RLIMIT_FSIZE) fails every file
 past a size with EFBIG, not the one write a test means. SQLite's own "database or disk is
 full" is produced for real in the unit tests with its page limit (``max_page_count``).
 Nothing else reads the variable; an unknown point name is an error so a typo cannot test nothing.
