@@ -124,7 +124,7 @@ def test_cookbook_rl_runs_as_written_and_resumes(tmp_path):
     assert [r["step"] for r in metrics] == [0, 1]
     assert all("test/env/all/correct" in r and r["env/all/total_episodes"] == 8 for r in metrics)  # 2 x 4 episodes
     assert rows(log_path / "checkpoints.jsonl")[-1]["name"] == "final"
-    assert "interrupted" in (log_path / "serve" / "server.log").read_text()  # stopped by the script (SIGINT)
+    assert "trinity-like serve: stopped" in (log_path / "serve" / "server.log").read_text()  # by the script (SIGINT)
 
     # The same log path, a new server on the same data directory: the cookbook finds its final
     # checkpoint (a tinker:// path that outlived the first server) and has nothing left to train.

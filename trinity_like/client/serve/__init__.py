@@ -40,4 +40,7 @@ def serve(params: ServeParams) -> None:
     server = uvicorn.Server(config)
     print(f"trinity-like serve: http://{params.host}:{params.port} (data in {params.data_dir}; Ctrl-C stops)",
           flush=True)
-    server.run()
+    try:
+        server.run()  # after Ctrl-C uvicorn may re-raise the signal once it has shut down, or just return
+    finally:
+        print("trinity-like serve: stopped", flush=True)
