@@ -152,7 +152,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from trinity_like.config import describe_plan, load_plan
+    from trinity_like.runner import probe_recipe
 
+    if not args.dry_run:  # a run directory in use refuses at once, before models and plugins load
+        probe_recipe(args.config, args.overrides)
     plan = load_plan(args.config, args.overrides, args.plugin)
     if args.dry_run:
         print(describe_plan(plan))
