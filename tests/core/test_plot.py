@@ -22,3 +22,15 @@ def test_plot_writes_a_png_of_the_run(tmp_path):
 def test_plot_of_a_folder_without_metrics_is_one_line(tmp_path):
     r = subprocess.run([sys.executable, "-m", "trinity_like.cli", "plot", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 2 and "no metrics.jsonl" in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_a_steps_checkpoint_time_logged_on_its_own_line_joins_the_steps_bar():
+    import doctest
+
+    import trinity_like.monitor.plot as plot
+
+    assert doctest.testmod(plot).failed == 0
+    rows = [{"step": 1, "time/step": 2.0, "time/rollout": 0.5}, {"step": 1, "time/checkpoint": 0.4},
+            {"step": 2, "time/step": 1.0, "time/update": 0.7}]
+    assert plot.phase_rows(rows) == [{"step": 1, "time/step": 2.0, "time/rollout": 0.5, "time/checkpoint": 0.4},
+                                     {"step": 2, "time/step": 1.0, "time/update": 0.7}]

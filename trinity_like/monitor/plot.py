@@ -20,6 +20,20 @@ PANELS = (
 PHASES = ("time/rollout", "time/reference", "time/old_logprob", "time/update", "time/sync", "time/eval", "time/checkpoint")
 
 
+def phase_rows(rows: list[dict]) -> list[dict]:
+    """One row per trained step with its phase times, merged over the step's lines (its
+    checkpoint's time is logged on a line of its own, after the step's).
+
+    >>> phase_rows([{"step": 1, "time/step": 2.0, "time/update": 1.5}, {"step": 1, "time/checkpoint": 0.4},
+    ...             {"step": 0, "time/eval": 3.0}])
+    [{'step': 1, 'time/step': 2.0, 'time/update': 1.5, 'time/checkpoint': 0.4}]
+    """
+    merged: dict[int, dict] = {}
+    for r in rows:
+        merged.setdefault(r["step"], {}).update({k: v for k, v in r.items() if k in PHASES or k == "time/step"})
+    return [{"step": s, **m} for s, m in sorted(merged.items()) if "time/step" in m]
+
+
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write ``<run_dir>/metrics.png`` (or ``out``); returns its path."""
     import matplotlib
@@ -52,7 +66,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         if ax.lines or ax.containers:
             ax.legend(fontsize=8)
     ax = axes.flat[4]
-    steps = [r for r in rows if "time/step" in r]
+    steps = phase_rows(rows)
     bottom = [0.0] * len(steps)
     for phase in PHASES:
         vals = [float(r.get(phase, 0.0)) for r in steps]
