@@ -133,16 +133,9 @@ def test_questions_asked_together_are_answered_in_one_engine_call(tok):
     with ThreadPoolExecutor(len(questions)) as pool:
         together = list(pool.map(lambda q: answerer.answer("lamp", q), questions))
     assert answerer.calls == calls + 12 and answerer.batches <= batches + 2  # one batch, two if a thread was late
-    alone = [answerer.engine.generate([answerer_prompt(answerer, "lamp", q)], greedy(answerer))[0][0] for q in questions]
-    assert together == [answerer.tokenizer.decode(s.token_ids, skip_special_tokens=True).strip().split("\n")[0].strip()
-                        or "I don't know." for s in alone]  # batched greedy answers equal one-by-one ones
-
-
-def answerer_prompt(answerer, word, question):
-    from trinity_like.envs.twenty_questions import ANSWERER_PROMPT
-
-    return render_prompt(answerer.tokenizer, [{"role": "system", "content": ANSWERER_PROMPT.format(word=word)},
-                                              {"role": "user", "content": question}])
+    alone = [answerer.engine.generate([answerer.prompt("lamp", q)], greedy(answerer))[0][0] for q in questions]
+    assert together == [answerer.reply(answerer.tokenizer.decode(s.token_ids, skip_special_tokens=True))
+                        for s in alone]  # batched greedy answers equal one-by-one ones
 
 
 def greedy(answerer):

@@ -168,6 +168,16 @@ class Answerer:
                     self._cond.notify_all()
         return future.result()
 
+    def prompt(self, word: str, question: str) -> list[int]:
+        """The answerer's prompt: the secret word in the system message, the question as the user's."""
+        return render_prompt(self.tokenizer, [{"role": "system", "content": ANSWERER_PROMPT.format(word=word)},
+                                              {"role": "user", "content": question}])
+
+    @staticmethod
+    def reply(text: str) -> str:
+        """What the host says: the first line of the generated text (or "I don't know." when it is empty)."""
+        return text.strip().split("\n")[0].strip() or "I don't know."
+
     def _generate(self, batch: dict[tuple[str, str], Future[str]]) -> None:
         from trinity_like.explorer.engine import SamplingParams
 
@@ -175,8 +185,7 @@ class Answerer:
             return
         keys = list(batch)
         try:
-            prompts = [render_prompt(self.tokenizer, [{"role": "system", "content": ANSWERER_PROMPT.format(word=w)},
-                                                      {"role": "user", "content": q}]) for w, q in keys]
+            prompts = [self.prompt(w, q) for w, q in keys]
             out = self.engine.generate(prompts, SamplingParams(greedy=True, max_new_tokens=self.max_tokens))
             texts = [self.tokenizer.decode(samples[0].token_ids, skip_special_tokens=True) for samples in out]
         except BaseException as exc:  # every asker of this batch sees the failure (its env step raises)
@@ -187,7 +196,7 @@ class Answerer:
             self.calls += len(keys)
             self.batches += 1
             for key, text in zip(keys, texts):
-                reply = text.strip().split("\n")[0].strip() or "I don't know."
+                reply = self.reply(text)
                 self.cache[key] = reply
                 batch[key].set_result(reply)
             while len(self.cache) > self.cache_size:
