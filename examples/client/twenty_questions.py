@@ -6,7 +6,8 @@ The `twenty_questions` env (trinity_like/envs/twenty_questions.py) shows the pla
 6 words; the host holds one of them. Each turn the player asks a yes/no question -- answered
 by the frozen answerer model, the built-in model prompted with the secret word, on its own
 rollout engine -- or guesses ("Is it a lamp?", judged by rule). A right guess at turn t is
-worth 1 - 0.1 (t - 1); after 4 turns the game is lost. `trinity_like.client.rl_train.train`
+worth 1 - 0.1 (t - 1), a guess of a word already ruled out costs 0.2; after 4 turns the game is
+lost. `trinity_like.client.rl_train.train`
 plays groups of games on a SamplingClient, centres each game's reward on its group's mean
 and trains the player's own tokens (the host's words carry no loss).
 
@@ -40,14 +41,15 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct", help="the player (trained)")
     p.add_argument("--answerer", default="smollm2-135m-instruct", help="the host's model (frozen)")
-    p.add_argument("--iterations", type=int, default=10)
+    p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--batch", type=int, default=8, help="games (env groups) per iteration")
     p.add_argument("--group", type=int, default=8, help="episodes per game")
     p.add_argument("--lr", type=float, default=2e-5)
     p.add_argument("--max-turns", type=int, default=4)
     p.add_argument("--candidates", type=int, default=6, help="words in a game's list")
+    p.add_argument("--repeat-penalty", type=float, default=0.2, help="cost of guessing a word already ruled out")
     p.add_argument("--eval-games", type=int, default=2, help="evaluation games per word")
-    p.add_argument("--eval-every", type=int, default=5)
+    p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--log-path", default="runs/client_twenty_questions")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args()
@@ -68,7 +70,7 @@ def main() -> None:
     started = time.perf_counter()
     with tinker.ServiceClient(log_dir=log_path / "client") as service:  # checkpoints in the run
         training = service.create_lora_training_client(args.model, rank=0, seed=args.seed)  # full fine-tune
-        env_args = {"max_turns": args.max_turns, "answerer_model": args.answerer}
+        env_args = {"max_turns": args.max_turns, "answerer_model": args.answerer, "repeat_penalty": args.repeat_penalty}
         factory = build_env_factory("twenty_questions", env_args, tokenizer=training.get_tokenizer())
         before_file = log_path / "before_training_words.json"  # kept, so a resumed run reports the true start
         if not before_file.exists():

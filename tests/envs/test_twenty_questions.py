@@ -75,6 +75,20 @@ def test_a_game_ends_unsolved_after_max_turns(tok):
     assert (last.reward, last.episode_done, last.metrics["solved"]) == (0.0, True, 0.0)
 
 
+def test_a_repeated_guess_costs_repeat_penalty_at_any_turn(tok):
+    env = factory_of(tok, max_turns=3, repeat_penalty=0.25).group_builder(TASK, 1).make_envs()[0]
+    env.initial_observation()
+    assert play(tok, env, "Is it a cup?").reward == 0.0  # a first wrong guess costs nothing
+    second = play(tok, env, "Is it a cup?")
+    assert (second.reward, second.episode_done, second.metrics["repeats"]) == (-0.25, False, 1.0)
+    last = play(tok, env, "Cups?")  # the last turn: the game ends, and the repeat still costs
+    assert (last.reward, last.episode_done, last.metrics["solved"]) == (-0.25, True, 0.0)
+    default = factory_of(tok, max_turns=3).group_builder(TASK, 1).make_envs()[0]
+    default.initial_observation()
+    play(tok, default, "Is it a cup?")
+    assert play(tok, default, "Is it a cup?").reward == 0.0  # off by default
+
+
 def test_the_answerer_model_answers_once_per_word_and_question(tok):
     answerer = factory_of(tok).answerer()
     before = answerer.calls
@@ -102,6 +116,8 @@ def test_held_out_games_never_show_a_training_word():
 def test_bad_params_and_tasks_are_one_line_errors(tok):
     with pytest.raises(TrinityError, match="turn_penalty"):
         factory_of(tok, max_turns=5, turn_penalty=0.25)
+    with pytest.raises(TrinityError, match="repeat_penalty must be >= 0"):
+        factory_of(tok, repeat_penalty=-0.1)
     with pytest.raises(TrinityError, match="candidates must be in 2..16"):
         TwentyQuestionsTaskParams(candidates=17)
     with pytest.raises(TrinityError, match="needs info.candidates holding its answer 'lamp'"):

@@ -4,7 +4,8 @@ The host thinks of one word from a short list the player is shown ("cat, bread, 
 ..."). Each turn the policy (the player) asks a yes/no question or guesses ("Is it a
 lamp?"). A turn that names exactly one word of the list is a guess, judged by rule: right
 ends the episode with reward ``1 - turn_penalty * (turn - 1)`` (fewer turns, more
-reward), wrong gets "No, it is not lamp." Any other question is answered by a frozen
+reward), wrong gets "No, it is not lamp." (and reward ``-repeat_penalty`` when that word
+was ruled out already). Any other question is answered by a frozen
 **answerer model** -- the built-in model by default, prompted with the secret word and told
 to answer Yes or No -- served by its own rollout engine (greedy, so a question asked twice
 about one word gets one answer, which is cached). After ``max_turns`` turns without the
@@ -225,6 +226,7 @@ class TwentyQuestionsParams:
     max_turns: int = 4  # questions and guesses per episode; the episode ends after the last one
     max_tokens: int = 24  # most tokens of one question
     turn_penalty: float = 0.1  # a right guess at turn t is worth 1 - turn_penalty * (t - 1)
+    repeat_penalty: float = 0.0  # reward of a turn that guesses a word already ruled out: -repeat_penalty
     answerer_model: str = "smollm2-135m-instruct"  # built-in id or local folder of the frozen answerer
     answerer_max_tokens: int = 8  # most tokens of one answer
     example: bool = True  # play the worked example game (example_conversation) before the task
@@ -238,6 +240,8 @@ class TwentyQuestionsParams:
                 f"TwentyQuestionsParams.turn_penalty must be >= 0 and leave a right guess at turn max_turns "
                 f"worth more than 0, got {self.turn_penalty} with max_turns={self.max_turns}"
             )
+        if self.repeat_penalty < 0:
+            raise TrinityError(f"TwentyQuestionsParams.repeat_penalty must be >= 0, got {self.repeat_penalty}")
         if self.answerer_max_tokens < 1:
             raise TrinityError(f"TwentyQuestionsParams.answerer_max_tokens must be >= 1, got {self.answerer_max_tokens}")
         StopCondition(max_tokens=self.max_tokens)
@@ -268,24 +272,26 @@ class TwentyQuestionsEnv(Env):
         self.turns += 1
         text = self.tokenizer.decode(action_tokens, skip_special_tokens=True).strip()
         named = named_words(text, self.candidates)
-        metrics = {"guesses": float(len(named) == 1), "questions": float(len(named) != 1), "repeats": 0.0}
-        if len(named) == 1 and named[0] == self.word:
+        guess = named[0] if len(named) == 1 else None
+        repeat = guess is not None and guess in self.ruled_out
+        metrics = {"guesses": float(guess is not None), "questions": float(guess is None), "repeats": float(repeat)}
+        if guess == self.word:
             metrics["solved"] = 1.0
             return StepResult(1.0 - self.params.turn_penalty * (self.turns - 1), True, [], self.stop, metrics)
+        reward = -self.params.repeat_penalty if repeat else 0.0
         if self.turns >= self.params.max_turns:
             metrics["solved"] = 0.0
-            return StepResult(0.0, True, [], self.stop, metrics)
-        if len(named) == 1:
-            metrics["repeats"] = float(named[0] in self.ruled_out)
-            self.ruled_out.add(named[0])
-            reply = f"No, it is not {named[0]}."
+            return StepResult(reward, True, [], self.stop, metrics)
+        if guess is not None:
+            self.ruled_out.add(guess)
+            reply = f"No, it is not {guess}."
         else:  # a question (or several words at once): the answerer model's turn
             reply = self.answerer.answer(self.word, text)
         host = {"role": "user", "content": reply}
         delta = message_tokens(self.tokenizer, self.messages, [host], action_tokens=action_tokens)
         self.messages += [{"role": "assistant", "content": text}, host]
         self.history += list(action_tokens) + delta
-        return StepResult(0.0, False, list(self.history), self.stop, metrics)
+        return StepResult(reward, False, list(self.history), self.stop, metrics)
 
 
 @ENV.register_module("twenty_questions")
