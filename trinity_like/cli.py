@@ -8,6 +8,7 @@
     trinity-like report RUN_DIR [RUN_DIR ...] --out FILE.html
     trinity-like export CHECKPOINT --out DIR [--base MODEL]
     trinity-like serve [--port N] [--host H --api-key K] [--data-dir DIR] [--model M ...]
+    trinity-like rm-check RM_RUN --tasks RECIPE_OR_TASKS [--samples N] [--out FILE.json]
     trinity-like version
 
 A user error (bad recipe, bad data, unknown name, failing plugin) prints one line and
@@ -97,6 +98,20 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--poll-seconds", type=float, default=10.0,
                      help="how long a result fetch waits before the SDK is told to poll again (default 10)")
     _add_common(srv)
+
+    rmc = sub.add_parser("rm-check", help="a reward model against the task's verifier on the starting policy's own "
+                                          "samples: AUC overall, by format, within prompt groups; probes; length bias")
+    rmc.add_argument("rm", nargs="?", metavar="RM_RUN", help="reward model folder or rm run directory (its latest checkpoint)")
+    rmc.add_argument("--tasks", required=True, metavar="RECIPE_OR_TASKS",
+                     help="an RL recipe (its model, sampling, buffer.eval_tasks, eval_reward_fn) or a task file")
+    rmc.add_argument("--samples", type=int, default=8, help="samples per task (default 8)")
+    rmc.add_argument("--num-tasks", type=int, default=64, help="held-out tasks used (the first N; default 64)")
+    rmc.add_argument("--model", help="the policy to sample (default: the recipe's model.path)")
+    rmc.add_argument("--verifier", help="REWARD_FN of right/wrong (default: the recipe's eval_reward_fn, else exact_match)")
+    rmc.add_argument("--reward-fn", help="score with this REWARD_FN instead of RM_RUN (rm_ensemble, composite, ...)")
+    rmc.add_argument("--reward-args", default="{}", help="its params, a YAML/JSON mapping (default {})")
+    rmc.add_argument("--out", default="rm_check.json", help="JSON report to write (default rm_check.json)")
+    _add_common(rmc)
 
     sub.add_parser("version", help="print versions")
     return parser
@@ -218,9 +233,48 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rm_check(args: argparse.Namespace) -> int:
+    import json
+
+    import yaml
+
+    from trinity_like.runner import _quiet_libraries
+
+    if (args.rm is None) == (args.reward_fn is None):
+        raise TrinityError("rm-check: give a reward model (RM_RUN) or --reward-fn, not both and not neither")
+    for name in ("samples", "num_tasks"):
+        if getattr(args, name) < 1:
+            raise TrinityError(f"rm-check: --{name.replace('_', '-')} must be at least 1")
+    try:
+        reward_args = yaml.safe_load(args.reward_args)
+    except yaml.YAMLError as exc:
+        raise TrinityError(f"rm-check: --reward-args is not YAML/JSON: {' '.join(str(exc).split())}") from None
+    if not isinstance(reward_args, dict):
+        raise TrinityError(f"rm-check: --reward-args must be a mapping, got {args.reward_args!r}")
+    _quiet_libraries()
+    from trinity_like.explorer.rewards import build_reward_fn
+    from trinity_like.plugins import load_plugins
+    from trinity_like.rm_check.check import check_setup, format_report, run_check
+
+    load_plugins(args.plugin)
+    setup = check_setup(args.tasks, num_tasks=args.num_tasks, model=args.model, verifier=args.verifier,
+                        plugins=args.plugin)
+    if args.rm is not None:
+        scorer, name = build_reward_fn("reward_model", {"path": args.rm}), args.rm
+    else:
+        scorer, name = build_reward_fn(args.reward_fn, reward_args), args.reward_fn
+    report = run_check(setup, scorer, name, samples=args.samples)
+    from pathlib import Path
+
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    print(format_report(report))
+    print(f"report: {args.out}")
+    return 0
+
+
 COMMANDS = {"run": cmd_run, "validate": cmd_validate, "list": cmd_list, "plot": cmd_plot, "view": cmd_view,
             "report": cmd_report, "export": cmd_export, "serve": cmd_serve,
-            "version": cmd_version}
+            "rm-check": cmd_rm_check, "version": cmd_version}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
