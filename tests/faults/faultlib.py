@@ -96,6 +96,22 @@ def rows_by_step(run_dir: Path) -> dict[Any, int]:
         db.close()
 
 
+def consumed_batches(run_dir: Path) -> dict[int, list[tuple[str, int, float]]]:
+    """What each step trained on, by content: ``(task_id, model_version, reward)`` of its
+    consumed rows, sorted. Row ids cannot show a batch trained twice when the second copy is
+    a re-explored row with a new id; this can."""
+    db = sqlite3.connect(f"file:{run_dir / 'buffer.sqlite'}?mode=ro", uri=True)
+    try:
+        out: dict[int, list[tuple[str, int, float]]] = {}
+        for status, step, header in db.execute("SELECT s.status, s.step, r.header FROM state s JOIN rows r USING (seq)"):
+            if STATUSES[status] == "consumed":
+                row = json.loads(header)
+                out.setdefault(step, []).append((row["task_id"], row["model_version"], row["reward"]))
+        return {step: sorted(rows) for step, rows in sorted(out.items())}
+    finally:
+        db.close()
+
+
 def step_metrics(run_dir: Path, key: str) -> dict[int, float]:
     """``key`` of every trained step in metrics.jsonl (a resumed step's last line wins)."""
     out: dict[int, float] = {}

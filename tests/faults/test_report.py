@@ -16,6 +16,11 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="py
 <testcase classname="b" name="test_lock"><properties><property name="fault" value="second run"/>
 <property name="outcome" value="x"/><property name="resumed" value="y"/><property name="rows" value="z"/></properties><failure message="boom"/></testcase>
 <testcase classname="c" name="test_helper"/>
+<testcase classname="d" name="test_known"><properties><property name="fault" value="resume"/>
+<property name="outcome" value="KNOWN BUG: x"/><property name="resumed" value="yes"/><property name="rows" value="1 twice"/></properties>
+<skipped type="pytest.xfail" message="known bug"/></testcase>
+<testcase classname="d" name="test_no_ray"><properties><property name="fault" value="skipped one"/></properties>
+<skipped type="pytest.skip" message="no ray"/></testcase>
 </testsuite></testsuites>"""
 
 
@@ -25,13 +30,14 @@ def test_rows_come_from_recorded_properties_and_failures_show(tmp_path):
         ["bad input: 2 recipes, overrides, plugins and data files", "clean one-line error, exit 2, no run directory: 1/2", "-", "-"],
         ["SIGKILL at a", "killed", "yes (3 s)", "0 lost, 0 twice"],
         ["second run", "FAILED", "FAILED", "FAILED"],
+        ["resume", "KNOWN BUG: x", "yes", "1 twice"],  # a strict xfail keeps its row; a skip has none
     ]
     doc = tmp_path / "r.md"
     doc.write_text(f"# t\n\n{report.START}\nold\n{report.END}\n\nafter\n")
     (tmp_path / "f.xml").write_text(JUNIT)
     assert report.main(["--junit", str(tmp_path / "f.xml"), "--doc", str(doc)]) == 0
     text = doc.read_text()
-    assert "old" not in text and text.endswith(f"| second run | FAILED | FAILED | FAILED |\n{report.END}\n\nafter\n")
+    assert "old" not in text and text.endswith(f"| resume | KNOWN BUG: x | yes | 1 twice |\n{report.END}\n\nafter\n")
     assert "| fault injected | what the run did |" in text
 
 
