@@ -184,6 +184,7 @@ BUFFER_STORAGE = Registry("BUFFER_STORAGE", "buffer storage")
 MONITOR = Registry("MONITOR", "monitor")
 TASK_SOURCE = Registry("TASK_SOURCE", "task source")  # `buffer.<key>.generator` (trinity_like.explorer.tasks)
 ENV = Registry("ENV", "environment")  # env factories: a task -> a group of envs (trinity_like.envs)
+REWARD_TRANSFORM = Registry("REWARD_TRANSFORM", "reward transform")  # a batch's rewards -> new rewards (clip, normalise)
 
 REGISTRIES: dict[str, Registry] = {
     r.name: r
@@ -200,6 +201,7 @@ REGISTRIES: dict[str, Registry] = {
         MONITOR,
         TASK_SOURCE,
         ENV,
+        REWARD_TRANSFORM,
     )
 }
 

@@ -14,6 +14,19 @@ engine's continuous batching sees the whole batch. A task whose reward cannot be
 (the reward function raised or exceeded its time limit on every retry) is skipped as a
 whole group -- a group with a missing member would bias its advantage baseline -- and
 counted in ``metrics["workflow/skipped_tasks"]``.
+
+**The gold reward.** When the trained reward is not the task's verifier (a learned reward
+model, a shaped reward), every response is also scored by the verifier
+(``explorer.gold_reward_fn``, by default ``eval_reward_fn`` when it differs from
+``reward_fn``: :func:`gold_reward`). It is kept in ``info["gold_reward"]`` and logged as
+``reward/gold_mean`` beside ``reward/mean``, with their Pearson correlation over the batch
+(``reward/gold_corr``); it never trains. A gold call that fails leaves that response's gold
+reward out (``workflow/gold_errors``) and skips nothing.
+
+**Batch transforms.** ``reward_transform`` (a REWARD_TRANSFORM name, set through
+``explorer.workflow_args``) rewrites the batch's rewards after they are all scored (per-batch
+clipping or normalisation of reward-model scores: :mod:`.reward_mitigations`); the raw
+reward stays in ``info["raw_reward"]`` and ``reward/raw_mean``.
 """
 
 from __future__ import annotations
@@ -26,11 +39,14 @@ from typing import TYPE_CHECKING, Any
 
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Experience, Task
-from trinity_like.explorer.rewards import build_reward_fn, score_with_retries
+from trinity_like.components import build_params
+from trinity_like.explorer.rewards import RewardCall, build_reward_fn, score_with_retries
 from trinity_like.models.resolve import render_prompt
-from trinity_like.registry import WORKFLOW
+from trinity_like.registry import REWARD_TRANSFORM, WORKFLOW
+from trinity_like.rm_check.metrics import pearson
 
 if TYPE_CHECKING:  # the engine imports transformers: only when a workflow runs
+    from trinity_like.config.schema import ExplorerConfig
     from trinity_like.explorer.engine import RolloutEngine, SamplingParams
 
 
@@ -51,6 +67,16 @@ class WorkflowResult:
     metrics: dict[str, float]
 
 
+def gold_reward(explorer: ExplorerConfig) -> tuple[str, dict[str, Any]]:
+    """The gold reward fn's name and params (``""``: none): ``gold_reward_fn`` when set, else
+    ``eval_reward_fn`` when it is set and is not the trained ``reward_fn``."""
+    if explorer.gold_reward_fn is not None:
+        return explorer.gold_reward_fn, dict(explorer.gold_reward_args)
+    if explorer.eval_reward_fn is not None and explorer.eval_reward_fn != explorer.reward_fn:
+        return explorer.eval_reward_fn, dict(explorer.eval_reward_args)
+    return "", {}
+
+
 @dataclass(frozen=True)
 class MathWorkflowParams:
     """Single-turn answer tasks: chat prompt -> response -> reward."""
@@ -59,6 +85,25 @@ class MathWorkflowParams:
     reward_params: Mapping[str, Any] = field(default_factory=dict)  # params of that reward fn
     reward_timeout_s: float = 10.0  # time limit of one reward call
     reward_retries: int = 1  # further attempts after a failed or timed-out call
+    gold_reward_fn: str = ""  # REWARD_FN scored beside the reward and logged, never trained on; "": none
+    gold_reward_params: Mapping[str, Any] = field(default_factory=dict)  # params of that gold reward fn
+    reward_transform: str = ""  # REWARD_TRANSFORM applied to the batch's rewards once all are scored; "": none
+    reward_transform_args: Mapping[str, Any] = field(default_factory=dict)  # params of that transform
+
+
+class BatchTransform:
+    """A REWARD_TRANSFORM entry with its params, called on a batch's rewards."""
+
+    def __init__(self, name: str, values: Mapping[str, Any]) -> None:
+        self.name = name
+        self.fn = REWARD_TRANSFORM.get(name)
+        self.params = build_params(self.fn, values, where="explorer.workflow_args.reward_transform_args")
+
+    def __call__(self, rewards: list[float]) -> list[float]:
+        out = self.fn(rewards=list(rewards), params=self.params) if self.params is not None else self.fn(rewards=list(rewards))
+        if len(out) != len(rewards):
+            raise TrinityError(f"reward transform {self.name!r} returned {len(out)} rewards for {len(rewards)}")
+        return [float(x) for x in out]
 
 
 @WORKFLOW.register_module("math")
@@ -68,6 +113,12 @@ class MathWorkflow:
     def __init__(self, *, params: MathWorkflowParams) -> None:
         self.params = params
         self.reward = build_reward_fn(params.reward_fn, params.reward_params)
+        self.gold: RewardCall | None = (
+            build_reward_fn(params.gold_reward_fn, params.gold_reward_params) if params.gold_reward_fn else None
+        )
+        self.transform = (
+            BatchTransform(params.reward_transform, params.reward_transform_args) if params.reward_transform else None
+        )
 
     def run(self, tasks: Sequence[Task], *, engine: RolloutEngine, sampling: SamplingParams) -> WorkflowResult:
         tokenizer = engine.tokenizer
@@ -77,7 +128,7 @@ class MathWorkflow:
         groups = engine.generate(prompts, sampling)
         experiences: list[Experience] = []
         skipped: list[SkippedTask] = []
-        failures = {"timeout": 0, "error": 0}
+        failures = {"timeout": 0, "error": 0, "gold": 0}
         retried = 0
         for task, prompt, group in zip(tasks, prompts, groups):
             group_id = uuid.uuid4().hex
@@ -94,6 +145,12 @@ class MathWorkflow:
                     failures["timeout" if outcome.error == "timeout" else "error"] += 1
                     reason = f"reward_fn {self.params.reward_fn}: {outcome.error}"
                     break
+                info: dict[str, Any] = {"response_text": text, "answer": task.answer}
+                if self.gold is not None:
+                    gold = score_with_retries(self.gold, inputs, retries=self.params.reward_retries,
+                                              timeout_s=self.params.reward_timeout_s)
+                    failures["gold"] += gold.reward is None
+                    info["gold_reward"] = gold.reward
                 rows.append(
                     Experience(
                         tokens=list(prompt) + list(sample.token_ids),
@@ -104,15 +161,39 @@ class MathWorkflow:
                         task_id=task.task_id,
                         model_version=sample.model_version,
                         finish_reason=sample.finish_reason,
-                        info={"response_text": text, "answer": task.answer},
+                        info=info,
                     )
                 )
             if reason:
                 skipped.append(SkippedTask(task.task_id, reason))
             else:
                 experiences.extend(rows)
+        raw = [float(e.reward) for e in experiences]
+        if self.transform is not None and experiences:
+            for e, r, new in zip(experiences, raw, self.transform(raw)):
+                e.info["raw_reward"] = r
+                e.reward = new
         metrics = workflow_metrics(experiences, len(tasks), skipped, failures, retried)
+        if self.transform is not None and raw:
+            metrics["reward/raw_mean"] = statistics.fmean(raw)
+        if self.gold is not None:
+            metrics.update(gold_metrics(experiences, failures["gold"]))
         return WorkflowResult(experiences, skipped, metrics)
+
+
+def gold_metrics(experiences: list[Experience], errors: int) -> dict[str, float]:
+    """``reward/gold_mean`` and ``reward/gold_corr`` (Pearson's r of the trained reward and the
+    gold one over the batch; absent when either is constant) of the rows with a gold reward."""
+    pairs = [(float(e.reward), float(e.info["gold_reward"])) for e in experiences
+             if e.info.get("gold_reward") is not None]
+    out = {"workflow/gold_errors": float(errors)}
+    if pairs:
+        learned, gold = zip(*pairs)
+        out["reward/gold_mean"] = statistics.fmean(gold)
+        corr = pearson(learned, gold)
+        if corr is not None:
+            out["reward/gold_corr"] = corr
+    return out
 
 
 def workflow_metrics(
