@@ -16,7 +16,16 @@ import time
 from pathlib import Path
 
 import torch
-from faultlib import BATCH, GROUP, command, one_line_error, record, rows_by_step, run, step_metrics
+from faultlib import (
+    BATCH,
+    GROUP,
+    command,
+    one_line_error,
+    record,
+    rows_by_step,
+    run,
+    step_metrics,
+)
 from safetensors.torch import load_file
 
 from trinity_like.pipeline.checkpoint import CheckpointManager

@@ -7,10 +7,12 @@ import json
 import textwrap
 import time
 
+import psutil
 import pytest
 from faultlib import RECIPE, TINY, record
 
 from trinity_like.config import load_plan
+from trinity_like.errors import TrinityError
 from trinity_like.explorer.rewards import build_reward_fn, score_with_retries
 from trinity_like.registry import REWARD_FN
 from trinity_like.runner import run_plan
@@ -72,3 +74,98 @@ def test_a_run_survives_every_kind_of_bad_reward_call(tmp_path, record_property)
     record(record_property, "reward fn hangs / raises / returns NaN, None, a string",
            "survived: each call timed out or rejected, retried, 2 tasks skipped and counted",
            f"not needed (run finished in {time.monotonic() - t0:.0f} s)", "not counted by this test")
+
+
+# -- a reward fn that allocates without bound, run by the `isolated` reward ------------------------
+HOG_MB, LIMIT_MB = 512, 256  # what the fn tries to allocate (in 32 MB steps), what it may: never more than this is touched
+
+REWARD_FN.register_module("faulttest_hog", module=lambda *, response: len([bytearray(32 << 20) for _ in range(HOG_MB // 32)]),
+                          force=True)
+REWARD_FN.register_module("faulttest_hang", module=lambda *, response: time.sleep(3600), force=True)
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+def test_an_isolated_reward_that_allocates_without_bound_fails_in_its_child_not_in_the_explorer():
+    fn = build_reward_fn("isolated", {"fn": "faulttest_hog", "memory_mb": LIMIT_MB})
+    before = rss_mb()
+    out = score_with_retries(fn, {"response": "4"}, retries=1, timeout_s=10)
+    assert out.reward is None and out.attempts == 2
+    assert out.error == f"RewardProcessError: faulttest_hog: MemoryError: allocated more than memory_mb={LIMIT_MB} MB"
+    assert rss_mb() - before < 32, "the allocation happened in the explorer's process"
+    # the same fn with room enough answers (the bound is the limit, not a refusal)
+    assert score_with_retries(build_reward_fn("isolated", {"fn": "faulttest_hog", "memory_mb": HOG_MB + 256}),
+                              {"response": "4"}, retries=0, timeout_s=10).reward == HOG_MB // 32
+
+
+def test_an_isolated_reward_that_hangs_is_killed_not_abandoned():
+    fn = build_reward_fn("isolated", {"fn": "faulttest_hang", "wall_s": 0.5})
+    t0 = time.monotonic()
+    out = score_with_retries(fn, {"response": "4"}, retries=0, timeout_s=5)
+    assert out.error == "RewardProcessError: faulttest_hang: no result within wall_s=0.5 s (child killed)"
+    assert time.monotonic() - t0 < 3
+    assert not [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ({}, "isolated: fn is empty"),
+    ({"fn": "no_such_reward"}, "isolated.fn: "),
+    ({"fn": "format", "args": {"patern": "x"}}, "isolated.fn: reward_fn.format.patern: unknown parameter"),
+    ({"fn": "exact_match", "memory_mb": 0}, "isolated: memory_mb and cpu_s must be >= 1"),
+])
+def test_isolated_reward_args_are_checked_when_built(args, message):
+    with pytest.raises(TrinityError) as info:
+        build_reward_fn("isolated", args)
+    assert str(info.value).startswith(message), str(info.value)
+
+
+HOG_PLUGIN = textwrap.dedent(f'''
+    import os
+    import signal
+    from pathlib import Path
+    from trinity_like.registry import REWARD_FN
+
+    CALLS = Path(os.environ["FAULTTEST_CALLS_FILE"])  # each call appends a line: the children share no memory
+
+    @REWARD_FN.register_module("faulttest_hog_then_honest")
+    def hog_then_honest(*, response):
+        """Test: calls 1 and 2 allocate {HOG_MB} MB in 32 MB steps, call 3 kills its own process; then honest."""
+        with CALLS.open("a") as f:
+            f.write("call\\n")
+        n = len(CALLS.read_text().splitlines())
+        if n <= 2:
+            hoard = [bytearray(32 << 20) for _ in range({HOG_MB // 32})]
+            return float(len(hoard))
+        if n == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return float(any(c.isdigit() for c in response))
+''')
+
+
+def test_a_run_survives_a_reward_that_allocates_without_bound(tmp_path, record_property, monkeypatch):
+    plugin = tmp_path / "hog_reward.py"
+    plugin.write_text(HOG_PLUGIN)
+    monkeypatch.setenv("FAULTTEST_CALLS_FILE", str(tmp_path / "calls.txt"))
+    plan = load_plan(RECIPE, [f"run_root={tmp_path}", *TINY, "explorer.batch_size=4", "buffer.train_batch_size=8",
+                              "explorer.reward_fn=isolated",
+                              f"explorer.reward_args={{fn: faulttest_hog_then_honest, memory_mb: {LIMIT_MB}, wall_s: 5}}",
+                              "explorer.reward_retries=1", "trainer.total_steps=2"],
+                     plugins=[str(plugin)])
+    t0 = time.monotonic()
+    before = rss_mb()
+    assert run_plan(plan) == 0
+    rows = [json.loads(line) for line in (tmp_path / "grpo_arith" / "metrics.jsonl").read_text().splitlines()]
+    first = next(r for r in rows if r["step"] == 1 and "workflow/skipped_tasks" in r)
+    # calls 1+2 (MemoryError twice) skip task 1; call 3 (its process killed) is retried by call 4: task 2 is kept
+    assert first["workflow/skipped_tasks"] == 1.0
+    assert first["workflow/reward_errors"] == 1.0 and first["workflow/reward_retries"] == 2.0
+    assert [r["step"] for r in rows if "time/rollout" in r] == [1, 2]
+    grown = rss_mb() - before
+    record(record_property, f"reward fn allocates {HOG_MB} MB, wrapped in `isolated` (memory_mb={LIMIT_MB})",
+           "survived: the allocation failed in the reward's child (MemoryError), retried, 1 task skipped and counted; "
+           "a reward process killed mid-call retried", f"not needed (run finished in {time.monotonic() - t0:.0f} s)",
+           "not counted by this test")
+    assert grown < HOG_MB / 2, f"the run's process grew {grown:.0f} MB"

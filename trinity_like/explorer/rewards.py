@@ -16,7 +16,9 @@ Reward code is user code and may hang, raise, or return NaN, None or a string:
 :func:`score_with_retries` runs each call with a time limit and retries, and reports a
 failure instead of stopping the explorer (the workflow then skips the task and counts it).
 These functions run in the explorer's process: they are code you installed or named
-(trusted), and one that allocates without bound is not contained. Code the *model* wrote
+(trusted), and one that allocates without bound is not contained there; wrapped in the
+``isolated`` reward (:mod:`trinity_like.explorer.reward_isolation`) each call runs in a
+forked child whose allocations beyond ``memory_mb`` fail. Code the *model* wrote
 runs only in a sandboxed child process with CPU, memory, wall-time and network limits:
 the ``code_exec`` reward (:mod:`trinity_like.explorer.code_exec`; trust model in
 docs/reliability.md).
@@ -38,6 +40,7 @@ from trinity_like.components import build_params, call_component
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Task
 from trinity_like.explorer.code_exec import CodeExecReward
+from trinity_like.explorer.reward_isolation import IsolatedReward
 from trinity_like.registry import REWARD_FN
 
 RewardCall = Callable[[Mapping[str, Any]], float]
@@ -171,6 +174,7 @@ def reasoning_gym_reward(*, response: str, task: Task) -> float:
 
 
 REWARD_FN.register_module("code_exec", module=CodeExecReward)  # unit tests of the model's code, sandboxed
+REWARD_FN.register_module("isolated", module=IsolatedReward)  # any reward fn, each call in a child with memory limits
 
 
 # -- calling reward functions ---------------------------------------------------------------------
