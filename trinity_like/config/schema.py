@@ -109,6 +109,8 @@ class ExplorerConfig(Section):
     reward_args: dict[str, Any] = {}  # params of the reward fn
     eval_reward_fn: str | None = None  # REWARD_FN of held-out evaluation; None: reward_fn (accuracy needs 0/1)
     eval_reward_args: dict[str, Any] = {}  # params of eval_reward_fn
+    gold_reward_fn: str | None = None  # REWARD_FN of the true reward logged beside the trained one (reward/gold_mean), never trained on; None: eval_reward_fn when set and not reward_fn; "": off
+    gold_reward_args: dict[str, Any] = {}  # params of gold_reward_fn (gold_reward_fn None: eval_reward_args)
     reward_timeout_s: PosFloat = 10.0  # a reward call slower than this fails (and is retried)
     reward_retries: NonNegInt = 1  # retries before the task is skipped and counted
     sampling: SamplingConfig = SamplingConfig()  # rollout sampling
@@ -155,6 +157,8 @@ class MonitorConfig(Section):
     eval_interval: NonNegInt = 0  # evaluate every N steps; 0: only at start and end
     eval_at_start: bool = True  # evaluate before the first step
     progress: bool = True  # progress bar with the latest figures on the terminal
+    reward_hacking_window: PosInt = 3  # K: the gold reward falling over K steps while the learned one rises is a warning
+    stop_on_reward_hacking: bool = False  # then stop the run; the best-by-gold weights are kept in <run_dir>/best_gold
 
 
 class ClusterConfig(Section):

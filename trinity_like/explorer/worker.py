@@ -45,11 +45,16 @@ Weights = Union["dict[str, torch.Tensor]", SharedWeights, str, Path]
 
 def workflow_params(config: Config, cls: type, *, evaluation: bool = False) -> Any:
     """The workflow's params: the explorer's reward settings it declares, and nothing else."""
+    from trinity_like.explorer.workflows import gold_reward
+
     e = config.explorer
     use_eval = evaluation and e.eval_reward_fn is not None
+    gold_fn, gold_args = ("", {}) if evaluation else gold_reward(e)  # evaluation scores with the gold reward itself
     offered = {
         "reward_fn": e.eval_reward_fn if use_eval else e.reward_fn,
         "reward_params": dict(e.eval_reward_args if use_eval else e.reward_args),
+        "gold_reward_fn": gold_fn,
+        "gold_reward_params": gold_args,
         "reward_timeout_s": e.reward_timeout_s,
         "reward_retries": e.reward_retries,
         "max_total_tokens": config.model.max_prompt_tokens + config.model.max_response_tokens,

@@ -40,6 +40,7 @@ from trinity_like.experience import Experience, Task
 from trinity_like.explorer.worker import Explorer, ExplorerWorker, RemoteExplorer, sampling_params
 from trinity_like.monitor.evals import EVALS_FILE, append_evals
 from trinity_like.monitor.logger import MetricsLogger
+from trinity_like.monitor.reward_hacking import RewardHackingGuard, guard_for, watch_rollouts
 from trinity_like.pipeline.checkpoint import CheckpointManager
 from trinity_like.pipeline.data_sources import StageData, load_stage_data
 from trinity_like.pipeline.disk_full import disk_full_as_error
@@ -91,6 +92,7 @@ class Stage:
     extra_state: dict[str, Any] = field(default_factory=dict)  # loop-specific state saved with checkpoints
     eval_log: Path | None = None  # where evaluate() appends each held-out answer (None: nowhere)
     run_lock: RunLock | None = None  # this stage's claim on its run directory (:mod:`.run_lock`), freed by close()
+    reward_guard: RewardHackingGuard | None = None  # watches gold vs learned reward (:mod:`~trinity_like.monitor.reward_hacking`)
 
     @property
     def config(self) -> Config:
@@ -113,7 +115,10 @@ class Stage:
         result = self.explorer.run(tasks, sampling_params(self.config, step=step))
         for sk in result.skipped:
             self.logger.write(f"step {step}: task {sk.task_id} skipped: {sk.reason}")
-        return result.experiences, {**result.metrics, "explorer/restarts": float(self.explorer.restarts)}
+        metrics = {**result.metrics, "explorer/restarts": float(self.explorer.restarts)}
+        if self.reward_guard is not None:  # the gold reward falling while the learned one rises (issue 22)
+            metrics.update(watch_rollouts(self.reward_guard, self, step, metrics, [e.model_version for e in result.experiences]))
+        return result.experiences, metrics
 
     def put_rows(self, rows: list[Experience], step: int) -> None:
         """Write step ``step``'s explored rows into the buffer; a full disk is one line (:mod:`.disk_full`)."""
@@ -400,6 +405,7 @@ def build_stage(spec: ResolvedStage, role: str) -> Stage:
         if role in ("both", "explore"):
             remote = remote_explorer(spec)
             stage.explorer = (RemoteExplorer if remote else ExplorerWorker)(cfg, str(model_path))
+            stage.reward_guard = guard_for(cfg, run_dir, role)
         if role == "offline":
             add_self_pairs(stage)  # the starting model answers before any train engine takes memory
             if data.eval_tasks and stage.explorer is None:
