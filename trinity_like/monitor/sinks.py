@@ -43,6 +43,9 @@ class JsonlMonitor:
         self._fh.close()
 
 
+GOLD_CHART = ("reward/mean", "reward/gold_mean")  # drawn on one chart (TensorBoard, `trinity-like plot`)
+
+
 @dataclass(frozen=True)
 class TensorBoardParams:
     subdir: str = "tensorboard"  # event files go to <run_dir>/<subdir>
@@ -56,6 +59,9 @@ class TensorBoardMonitor:
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(log_dir=str(Path(run_dir) / params.subdir))
+        # One chart with the trained reward and the verifier's beside it (the CUSTOM SCALARS tab):
+        # over-optimising a learned reward shows as the two lines parting.
+        self.writer.add_custom_scalars({"reward": {"trained vs gold": ["Multiline", list(GOLD_CHART)]}})
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for key, value in metrics.items():
