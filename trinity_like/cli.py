@@ -9,6 +9,7 @@
     trinity-like export CHECKPOINT --out DIR [--base MODEL]
     trinity-like serve [--port N] [--host H --api-key K] [--data-dir DIR] [--model M ...]
     trinity-like rm-check RM_RUN --tasks RECIPE_OR_TASKS [--samples N] [--out FILE.json]
+    trinity-like rm-pairs RECIPE --out DIR [--samples N] [--num-tasks N] [--num-eval-tasks N]
     trinity-like version
 
 A user error (bad recipe, bad data, unknown name, failing plugin) prints one line and
@@ -112,6 +113,16 @@ def build_parser() -> argparse.ArgumentParser:
     rmc.add_argument("--reward-args", default="{}", help="its params, a YAML/JSON mapping (default {})")
     rmc.add_argument("--out", default="rm_check.json", help="JSON report to write (default rm_check.json)")
     _add_common(rmc)
+
+    rmp = sub.add_parser("rm-pairs", help="preference pairs (train and held-out) from the starting policy's own samples, "
+                                          "labelled by the verifier: right vs wrong within a format and across formats")
+    rmp.add_argument("recipe", help="an RL recipe: its model, sampling, verifier, buffer.tasks and buffer.eval_tasks")
+    rmp.add_argument("--out", required=True, help="folder for pairs.jsonl, pairs_eval.jsonl and pairs.json")
+    rmp.add_argument("--samples", type=int, default=8, help="samples per task (default 8)")
+    rmp.add_argument("--num-tasks", type=int, default=256, help="training tasks (the first N of buffer.tasks; default 256)")
+    rmp.add_argument("--num-eval-tasks", type=int, default=64, help="held-out tasks (of buffer.eval_tasks; default 64)")
+    rmp.add_argument("--model", help="the policy to sample (default: the recipe's model.path)")
+    _add_common(rmp)
 
     sub.add_parser("version", help="print versions")
     return parser
@@ -272,9 +283,30 @@ def cmd_rm_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rm_pairs(args: argparse.Namespace) -> int:
+    import json
+
+    from trinity_like.runner import _quiet_libraries
+
+    for name in ("samples", "num_tasks", "num_eval_tasks"):
+        if getattr(args, name) < 1:
+            raise TrinityError(f"rm-pairs: --{name.replace('_', '-')} must be at least 1")
+    _quiet_libraries()
+    from trinity_like.plugins import load_plugins
+    from trinity_like.rm_check.pairs import write_policy_pairs
+
+    load_plugins(args.plugin)
+    summary = write_policy_pairs(args.recipe, args.out, samples=args.samples, num_tasks=args.num_tasks,
+                                 num_eval_tasks=args.num_eval_tasks, model=args.model, plugins=args.plugin)
+    for key in ("tasks", "eval_tasks"):
+        print(f"{key}: {json.dumps(summary[key])}")
+    print(f"pairs: {args.out}/pairs.jsonl, {args.out}/pairs_eval.jsonl")
+    return 0
+
+
 COMMANDS = {"run": cmd_run, "validate": cmd_validate, "list": cmd_list, "plot": cmd_plot, "view": cmd_view,
             "report": cmd_report, "export": cmd_export, "serve": cmd_serve,
-            "rm-check": cmd_rm_check, "version": cmd_version}
+            "rm-check": cmd_rm_check, "rm-pairs": cmd_rm_pairs, "version": cmd_version}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

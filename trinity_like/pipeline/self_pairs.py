@@ -16,6 +16,13 @@ a response whose text is the answer itself is never a rejected one. A task the m
 always answers right gives no pair (``all_right`` in the summary), nor does one whose
 reward failed (``skipped``).
 
+**Pairs of every kind the policy produces** (:func:`kind_pairs`, written to files by
+``trinity-like rm-pairs``): a reward model trained only on "right bare number vs a bare
+near-miss" has never seen the free text a policy mostly samples, and one trained on "the
+answer vs the commonest wrong sample" learns "number vs text" instead of "right vs wrong".
+Pairs within one response format, and across formats in both directions, teach it the
+difference that matters (formats: :func:`~trinity_like.rm_check.metrics.response_format`).
+
 The pairs are written once to ``<run_dir>/self_pairs/<name>.jsonl`` with a ``.json``
 summary holding what they were built from (tasks, sample count, model, sampling, reward,
 seed). A resumed run reads them back instead of sampling again, so it trains on the pairs
@@ -54,6 +61,54 @@ def _pair(task: Any, samples: list[Any]) -> dict[str, Any] | None:
     rejected, _ = Counter(texts).most_common(1)[0]  # Counter keeps first-seen order among ties
     return {"prompt": task.messages(), "chosen": task.answer, "rejected": rejected}
 
+
+
+# kind -> (format of chosen, format of rejected); each kind gives at most one pair per task
+PAIR_KINDS = {
+    "number": ("number", "number"),  # right vs wrong bare number
+    "sentence": ("sentence", "sentence"),  # right vs wrong sentence
+    "number_over_sentence": ("number", "sentence"),  # right bare number vs a wrong sentence
+    "sentence_over_number": ("sentence", "number"),  # right sentence vs a wrong bare number
+    "right_over_other": (None, "other"),  # any right response vs a wrong empty / cut-off / other one
+}
+
+
+def _commonest(samples: list[Any]) -> str | None:
+    """The most frequent stripped text (ones that ended on their own first; ties: first sampled)."""
+    if not samples:
+        return None
+    finished = [e for e in samples if e.finish_reason != "length"] or samples
+    return Counter(e.info["response_text"].strip() for e in finished).most_common(1)[0][0]
+
+
+def kind_pairs(task: Any, samples: list[Any], kinds: tuple[str, ...] = tuple(PAIR_KINDS)) -> list[dict[str, Any]]:
+    """Pairs of one task from its samples labelled by the verifier (``reward >= 1``: right), one
+    per kind of :data:`PAIR_KINDS` that the samples allow, each ``{"prompt", "chosen", "rejected",
+    "kind"}``: the commonest right response of the chosen format vs the commonest wrong one of the
+    rejected format. A right bare number no sample gave is the reference answer itself (when it
+    is a bare number), as in :func:`_pair`; every other response is the policy's own."""
+    from trinity_like.rm_check.metrics import response_format
+
+    right: dict[str | None, list[Any]] = {None: []}
+    wrong: dict[str, list[Any]] = {}
+    for e in samples:
+        fmt = response_format(e.info["response_text"])
+        if (e.reward or 0.0) >= 1.0:
+            right.setdefault(fmt, []).append(e)
+            right[None].append(e)
+        else:
+            wrong.setdefault(fmt, []).append(e)
+    answer = str(task.answer).strip()
+    pairs = []
+    for kind in kinds:
+        good_fmt, bad_fmt = PAIR_KINDS[kind]
+        chosen = _commonest(right.get(good_fmt, []))
+        if chosen is None and good_fmt == "number" and response_format(answer) == "number":
+            chosen = answer
+        rejected = _commonest(wrong.get(bad_fmt, []))
+        if chosen is not None and rejected is not None and chosen != rejected:
+            pairs.append({"prompt": task.messages(), "chosen": chosen, "rejected": rejected, "kind": kind})
+    return pairs
 
 
 def _signature(cfg: Any, source: DatasetConfig, tasks: list[Any]) -> dict[str, Any]:

@@ -51,8 +51,8 @@ class CheckSetup:
 
 
 def check_setup(tasks: str, *, num_tasks: int, model: str | None = None, verifier: str | None = None,
-                plugins: list[str] | None = None) -> CheckSetup:
-    """The check's setup from a recipe (its first RL stage: model, sampling, ``buffer.eval_tasks``
+                plugins: list[str] | None = None, key: str = "eval_tasks") -> CheckSetup:
+    """The check's setup from a recipe (its first RL stage: model, sampling, ``buffer.<key>``
     and verifier) or from a task file (JSONL/parquet with ``prompt``/``answer``; default model and
     sampling, verifier ``exact_match``). ``model``/``verifier`` override either."""
     from trinity_like.pipeline.data_sources import task_set
@@ -64,9 +64,9 @@ def check_setup(tasks: str, *, num_tasks: int, model: str | None = None, verifie
         if not stages:
             raise TrinityError(f"{tasks}: no stage samples from a policy (no RL stage) to check a reward model against")
         cfg = stages[0].config
-        if cfg.buffer.eval_tasks is None:
-            raise TrinityError(f"{tasks}: buffer.eval_tasks is not set: the check needs held-out tasks")
-        source, where = cfg.buffer.eval_tasks, f"{tasks}: buffer.eval_tasks"
+        source, where = getattr(cfg.buffer, key), f"{tasks}: buffer.{key}"
+        if source is None:
+            raise TrinityError(f"{where} is not set")
         name = verifier or cfg.explorer.eval_reward_fn or cfg.explorer.reward_fn
         args = cfg.explorer.eval_reward_args if (verifier is None and cfg.explorer.eval_reward_fn) else {}
     else:
@@ -82,7 +82,7 @@ def check_setup(tasks: str, *, num_tasks: int, model: str | None = None, verifie
     return CheckSetup(cfg, rows, name, dict(args), tasks)
 
 
-def sample_policy(setup: CheckSetup, samples: int) -> list[tuple[Task, Any]]:
+def sample_policy(setup: CheckSetup, samples: int, seed_step: int = CHECK_SEED_STEP) -> list[tuple[Task, Any]]:
     """``samples`` responses per task from the starting policy, scored by the verifier:
     (task, experience) pairs; the experience's ``reward`` is the verifier's."""
     from trinity_like.explorer.worker import ExplorerWorker, sampling_params
@@ -94,7 +94,7 @@ def sample_policy(setup: CheckSetup, samples: int) -> list[tuple[Task, Any]]:
     cfg = cfg.model_copy(update={"explorer": explorer_cfg})
     worker = ExplorerWorker(cfg, str(resolve_model_path(cfg.model.path)))
     try:
-        sampling = dataclasses.replace(sampling_params(cfg, step=CHECK_SEED_STEP), n=samples)
+        sampling = dataclasses.replace(sampling_params(cfg, step=seed_step), n=samples)
         result = worker.run(setup.tasks, sampling)
     finally:
         worker.close()
