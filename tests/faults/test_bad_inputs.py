@@ -121,6 +121,13 @@ CASES = [
          recipe=GRPO.replace("type: grpo", "type: grpoo")),
     Case("yaml_unknown_reward_fn", r"r\.yaml:18: explorer\.reward_fn: unknown reward function 'exact_matsh'; did you mean 'exact_match'\? \(registered: .*\)",
          recipe=GRPO + "explorer:\n  reward_fn: exact_matsh\n"),
+    # cluster keys mean what they say: no `nnodes` (a node count is the Ray cluster's, not the
+    # recipe's), and GPU workers on a machine without GPUs stop at once instead of Ray waiting for them
+    Case("yaml_cluster_nnodes", r"r\.yaml:18: cluster\.nnodes: unknown key \(known: ray_address, num_cpus, num_gpus, .*\)",
+         recipe=GRPO + "cluster:\n  nnodes: 2\n"),
+    Case("override_cluster_num_gpus_without_gpus", r"cluster\.num_gpus: 64 GPUs asked for the verl workers, but this "
+         r"machine has \d+ usable by torch; set cluster\.num_gpus: 0 to train on CPU",
+         args=("trainer.engine=verl", "cluster.trainer_workers=64", "cluster.num_gpus=64")),
     Case("yaml_path_and_generator", r"r\.yaml:9: buffer\.tasks: .*set exactly one of `path` and `generator` .*",
          recipe=GRPO.replace("    path: data.jsonl", "    path: data.jsonl\n    generator: arithmetic")),
     Case("yaml_missing_data_file", r"r\.yaml:10: buffer\.tasks\.path: no_such_file\.jsonl: no such data file or folder "
