@@ -115,3 +115,51 @@ def _rerun(job: Job) -> None:
         job.future.set_result(job.run([job])[0])
     except BaseException as exc:  # noqa: BLE001 -- handed to the request's future
         job.future.set_exception(exc)
+
+
+# -- futures over Ray object references (``ServiceClient(backend="ray")``) -----------------------
+def unwrap_ray_error(exc: BaseException) -> BaseException:
+    """The exception a remote call raised, as the caller would have seen it in-process: Ray
+    wraps it (``RayTaskError``, with the remote traceback); its ``cause`` is the original."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) and type(exc).__name__.startswith("RayTaskError") else exc
+
+
+def ray_future(ref: Any, *, then: Callable[[Any], Any] | None = None,
+               error: Callable[[BaseException], BaseException] = unwrap_ray_error) -> AwaitableConcurrentFuture:
+    """A future of a Ray ``ObjectRef``'s value (``then(value)`` if given), resolved when the
+    object is ready; an exception is passed through ``error`` first. ``.result()`` / ``await``
+    as every other client future::
+
+        fut = ray_future(actor.optim_step.remote(params), then=lambda out: out[0])
+        fut.result(timeout=60)
+    """
+    out: Future = Future()
+
+    def done(ready: Future) -> None:
+        try:
+            value = ready.result()
+            out.set_result(then(value) if then is not None else value)
+        except BaseException as exc:  # noqa: BLE001 -- handed to the caller's future, never swallowed
+            out.set_exception(error(exc))
+
+    ref.future().add_done_callback(done)
+    return AwaitableConcurrentFuture(out)
+
+
+def wait_all(futures: Any, timeout: float | None = None) -> list[Any]:
+    """Every future's result, in order, within ``timeout`` seconds in all (None: no limit).
+
+    The first failed future raises its exception (the others keep running); past the
+    deadline, ``TimeoutError``. Works for any future with ``.result(timeout)``, in-process or Ray::
+
+        results = wait_all([sampler.sample(p, 4, params) for p in prompts], timeout=300)
+    """
+    import time
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    results = []
+    for future in futures:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        results.append(future.result(timeout=left))
+    return results

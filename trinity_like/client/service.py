@@ -1,4 +1,4 @@
-"""The ``ServiceClient``: where training and sampling clients come from, in-process.
+"""The ``ServiceClient``: where training and sampling clients come from, in-process or on Ray.
 
 Tinker's ``ServiceClient`` talks to a remote GPU service; this one builds the same clients
 over our engines in this process -- the ``local`` train engine by default, verl's FSDP
@@ -13,6 +13,12 @@ Example::
         print([m.model_name for m in service.get_server_capabilities().supported_models])
         training = service.create_lora_training_client("smollm2-135m-instruct", rank=16, seed=0)
         sampler = service.create_sampling_client(base_model="smollm2-135m-instruct")
+
+``backend="ray"`` gives the same clients over Ray actors -- a learner and a pool of
+samplers in one placement group (:mod:`trinity_like.client.ray`)::
+
+    from trinity_like.client.ray import RayClientConfig
+    service = ServiceClient(backend="ray", ray=RayClientConfig.from_dict({"samplers": {"count": 2, "CPU": 1}}))
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from trinity_like.trainer.lora import LoraParams, read_base_note
 from trinity_like.trainer.params import ModelParams, OptimParams
 
 ENGINES = ("local", "verl")
+BACKENDS = ("local", "ray")  # where the clients run: this process, or Ray actors
 _ids = itertools.count()
 
 
@@ -55,25 +62,42 @@ class ServiceClient:
 
     ``train_engine``: "local" (in-process torch) or "verl" (``trainer_workers`` FSDP workers
     through Ray); ``micro_batch_size`` rows per forward/backward; ``dtype`` of the weights.
-    Tinker's remote-connection options (``base_url``, ``api_key``) have nothing to connect
-    to here and are errors when set.
+    ``backend``: "local" (this process) or "ray" (a learner actor and ``ray.samplers`` sampler
+    actors, placed by ``ray``: a :class:`~trinity_like.client.ray.RayClientConfig` or its dict;
+    the learner runs the local engine). Tinker's remote-connection options (``base_url``,
+    ``api_key``) have nothing to connect to here and are errors when set.
     """
 
     def __init__(self, user_metadata: dict[str, str] | None = None, project_id: str | None = None, *,
                  log_dir: str | os.PathLike[str] | None = None, train_engine: str = "local",
                  trainer_workers: int = 1, micro_batch_size: int = 8, dtype: str = "float32",
-                 base_url: str | None = None, api_key: str | None = None) -> None:
+                 base_url: str | None = None, api_key: str | None = None, backend: str = "local",
+                 ray: Any = None) -> None:
         if base_url is not None or api_key is not None:
             raise ValueError("this ServiceClient runs in-process: base_url / api_key have no server to reach")
         if train_engine not in ENGINES:
             raise ValueError(f"train_engine {train_engine!r} unknown; expected one of {', '.join(ENGINES)}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend {backend!r} unknown; expected one of {', '.join(BACKENDS)}")
+        if backend == "local" and ray is not None:
+            raise ValueError("ray= places Ray actors: it needs backend='ray'")
+        if backend == "ray" and train_engine != "local":
+            raise ValueError("backend='ray' runs the local train engine in its learner actor; "
+                             f"train_engine={train_engine!r} is for the in-process backend")
         load_plugins()  # the named losses live in the registry a recipe uses, plugins included
         self.log_dir = Path(log_dir) if log_dir is not None else client_dir()
         self.train_engine = train_engine
         self.trainer_workers = trainer_workers
         self.micro_batch_size = micro_batch_size
         self.dtype = dtype
-        self._clients: list[TrainingClient] = []
+        self._clients: list[Any] = []  # TrainingClient, or RayTrainingClient on Ray
+        self.backend = backend
+        self._ray = None  # the RayRuntime of backend "ray"
+        if backend == "ray":
+            from trinity_like.client.ray import RayClientConfig, RayRuntime
+
+            config = ray if isinstance(ray, RayClientConfig) else RayClientConfig.from_dict(ray or {})
+            self._ray = RayRuntime(config)
 
     def __enter__(self) -> ServiceClient:
         return self
@@ -86,6 +110,14 @@ class ServiceClient:
         for client in self._clients:
             client.close()
         self._clients.clear()
+        if self._ray is not None:
+            self._ray.close()
+            self._ray = None
+
+    @property
+    def sampler_pool(self) -> Any:
+        """backend "ray": the :class:`~trinity_like.client.ray.pool.SamplerPool` (pids, stats); else None."""
+        return None if self._ray is None else self._ray.pool
 
     # -- what can be trained -----------------------------------------------------------------
     def get_server_capabilities(self) -> types.GetServerCapabilitiesResponse:
@@ -111,9 +143,24 @@ class ServiceClient:
         folder = resolve_model_path(base_model)
         lora = None
         if rank > 0:  # seed None: a fresh adapter draw (without reseeding torch's global generator)
+            seed = seed if seed is not None else secrets.randbits(31)
             lora = LoraParams(rank=rank, train_attn=train_attn, train_mlp=train_mlp, train_unembed=train_unembed,
-                              seed=seed if seed is not None else secrets.randbits(31))
+                              seed=seed)
+        if self._ray is not None:
+            return self._ray_client(base_model, lora, "create_lora_training_client", {
+                "base_model": base_model, "rank": rank, "seed": seed, "train_mlp": train_mlp,
+                "train_attn": train_attn, "train_unembed": train_unembed, "run_name": run_name})
         return self._training_client(base_model, folder, lora, run_name)
+
+    def _ray_client(self, base_model: str, lora: LoraParams | None, create: str, args: dict[str, Any]) -> Any:
+        """A RayTrainingClient: the learner actor makes the in-process client with ``create(**args)``."""
+        from trinity_like.client.ray import RayTrainingClient
+
+        service = {"log_dir": str(self.log_dir), "micro_batch_size": self.micro_batch_size, "dtype": self.dtype}
+        actor = self._ray.learner(service, create, args)
+        client = RayTrainingClient(self._ray, actor, base_model=base_model, lora=lora)
+        self._clients.append(client)
+        return client
 
     def create_training_client_from_state(self, path: str, base_model: str | None = None,
                                           user_metadata: dict[str, str] | None = None,
@@ -135,6 +182,11 @@ class ServiceClient:
                     run_name: str | None) -> TrainingClient:
         saved_base, lora = read_base_note(path)
         base = base_model or saved_base
+        if self._ray is not None:
+            create = ("create_training_client_from_state_with_optimizer" if with_optimizer
+                      else "create_training_client_from_state")
+            return self._ray_client(base, lora, create, {"path": str(path), "base_model": base_model,
+                                                         "run_name": run_name})
         client = self._training_client(base, resolve_model_path(base), lora, run_name)
         client._load(str(path), with_optimizer)
         return client
@@ -166,6 +218,12 @@ class ServiceClient:
         """A sampler over ``model_path`` (a ``save_weights_for_sampler`` folder) or ``base_model``'s own weights."""
         if model_path is None and base_model is None:
             raise ValueError("Either model_path or base_model must be provided")
+        if self._ray is not None:
+            from trinity_like.client.ray.clients import base_sampler
+
+            if model_path is None:
+                resolve_model_path(base_model)
+            return base_sampler(self._ray, base_model or str(model_path), None if model_path is None else str(model_path))
         if model_path is not None:
             return SamplingClient(base_model or model_path, model_path=model_path)
         resolve_model_path(base_model)  # an unknown model fails here, at call time
