@@ -14,6 +14,7 @@ BUILTIN_MODULES = (
     "trinity_like.explorer.workflows",
     "trinity_like.explorer.rewards",
     "trinity_like.explorer.reward_mitigations",
+    "trinity_like.explorer.reward_isolation",
     "trinity_like.explorer.tasks",
     "trinity_like.buffer.storage",
     "trinity_like.monitor.sinks",

@@ -1,6 +1,6 @@
 """``isolated``: any registered reward fn, each call in a forked child with memory, CPU and wall limits.
 
-Registered in REWARD_FN as ``isolated`` by :mod:`trinity_like.explorer.rewards`. A reward
+Registered in REWARD_FN as ``isolated`` (a built-in module: :mod:`trinity_like.builtins`). A reward
 fn runs in the explorer's process by default (trusted code, docs/reliability.md): a call
 that hangs is abandoned in a thread, one that allocates without bound takes the explorer
 (and, on a shared machine, its neighbours) down. Wrapped in ``isolated``, each call runs
@@ -45,6 +45,7 @@ from typing import Any
 
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Task
+from trinity_like.registry import REWARD_FN
 
 _MB = 1024 * 1024
 
@@ -78,6 +79,7 @@ def mapped_bytes() -> int:
     raise TrinityError("/proc/self/status has no VmSize line: isolated rewards need Linux")
 
 
+@REWARD_FN.register_module("isolated")
 class IsolatedReward:
     """The reward fn ``params.fn``, each call in a fresh forked child with memory, CPU and wall limits."""
 

@@ -40,7 +40,6 @@ from trinity_like.components import build_params, call_component
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Task
 from trinity_like.explorer.code_exec import CodeExecReward
-from trinity_like.explorer.reward_isolation import IsolatedReward
 from trinity_like.registry import REWARD_FN
 
 RewardCall = Callable[[Mapping[str, Any]], float]
@@ -174,7 +173,6 @@ def reasoning_gym_reward(*, response: str, task: Task) -> float:
 
 
 REWARD_FN.register_module("code_exec", module=CodeExecReward)  # unit tests of the model's code, sandboxed
-REWARD_FN.register_module("isolated", module=IsolatedReward)  # any reward fn, each call in a child with memory limits
 
 
 # -- calling reward functions ---------------------------------------------------------------------
