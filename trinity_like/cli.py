@@ -9,7 +9,7 @@
     trinity-like export CHECKPOINT --out DIR [--base MODEL]
     trinity-like serve [--port N] [--host H --api-key K] [--data-dir DIR] [--model M ...]
     trinity-like rm-check RM_RUN --tasks RECIPE_OR_TASKS [--samples N] [--out FILE.json]
-    trinity-like rm-pairs RECIPE --out DIR [--samples N] [--num-tasks N] [--num-eval-tasks N]
+    trinity-like rm-pairs RECIPE [key.path=value ...] --out DIR [--samples N] [--num-tasks N] [--num-eval-tasks N]
     trinity-like version
 
 A user error (bad recipe, bad data, unknown name, failing plugin) prints one line and
@@ -117,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     rmp = sub.add_parser("rm-pairs", help="preference pairs (train and held-out) from the starting policy's own samples, "
                                           "labelled by the verifier: right vs wrong within a format and across formats")
     rmp.add_argument("recipe", help="an RL recipe: its model, sampling, verifier, buffer.tasks and buffer.eval_tasks")
+    rmp.add_argument("overrides", nargs="*", metavar="key.path=value", help="override recipe values")
     rmp.add_argument("--out", required=True, help="folder for pairs.jsonl, pairs_eval.jsonl and pairs.json")
     rmp.add_argument("--samples", type=int, default=8, help="samples per task (default 8)")
     rmp.add_argument("--num-tasks", type=int, default=256, help="training tasks (the first N of buffer.tasks; default 256)")
@@ -297,7 +298,8 @@ def cmd_rm_pairs(args: argparse.Namespace) -> int:
 
     load_plugins(args.plugin)
     summary = write_policy_pairs(args.recipe, args.out, samples=args.samples, num_tasks=args.num_tasks,
-                                 num_eval_tasks=args.num_eval_tasks, model=args.model, plugins=args.plugin)
+                                 num_eval_tasks=args.num_eval_tasks, model=args.model, plugins=args.plugin,
+                                 overrides=args.overrides)
     for key in ("tasks", "eval_tasks"):
         print(f"{key}: {json.dumps(summary[key])}")
     print(f"pairs: {args.out}/pairs.jsonl, {args.out}/pairs_eval.jsonl")

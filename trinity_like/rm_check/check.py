@@ -51,16 +51,17 @@ class CheckSetup:
 
 
 def check_setup(tasks: str, *, num_tasks: int, model: str | None = None, verifier: str | None = None,
-                plugins: list[str] | None = None, key: str = "eval_tasks") -> CheckSetup:
+                plugins: list[str] | None = None, key: str = "eval_tasks", overrides: list[str] | None = None) -> CheckSetup:
     """The check's setup from a recipe (its first RL stage: model, sampling, ``buffer.<key>``
     and verifier) or from a task file (JSONL/parquet with ``prompt``/``answer``; default model and
-    sampling, verifier ``exact_match``). ``model``/``verifier`` override either."""
+    sampling, verifier ``exact_match``). ``model``/``verifier`` override either; ``overrides``
+    (``key.path=value``) apply to a recipe."""
     from trinity_like.pipeline.data_sources import task_set
 
     if Path(tasks).suffix in RECIPE_SUFFIXES:
         from trinity_like.config import load_plan
 
-        stages = [s for s in load_plan(tasks, [], plugins).stages if s.algorithm.use_rollout]
+        stages = [s for s in load_plan(tasks, list(overrides or []), plugins).stages if s.algorithm.use_rollout]
         if not stages:
             raise TrinityError(f"{tasks}: no stage samples from a policy (no RL stage) to check a reward model against")
         cfg = stages[0].config
@@ -70,6 +71,8 @@ def check_setup(tasks: str, *, num_tasks: int, model: str | None = None, verifie
         name = verifier or cfg.explorer.eval_reward_fn or cfg.explorer.reward_fn
         args = cfg.explorer.eval_reward_args if (verifier is None and cfg.explorer.eval_reward_fn) else {}
     else:
+        if overrides:
+            raise TrinityError(f"{tasks}: key=value overrides apply to a recipe, not to a task file")
         if not Path(tasks).exists():
             raise TrinityError(f"--tasks {tasks}: no such file (a recipe .yaml/.toml or a task file)")
         cfg, source, where = Config(), DatasetConfig(path=tasks, shuffle=False), f"--tasks {tasks}"

@@ -28,14 +28,17 @@ SEED_STEP = {"tasks": 4_000_000, "eval_tasks": 5_000_000}  # sampling seeds apar
 
 
 def write_policy_pairs(recipe: str, out_dir: str | Path, *, samples: int, num_tasks: int, num_eval_tasks: int,
-                       model: str | None = None, plugins: list[str] | None = None) -> dict[str, Any]:
-    """Sample, label and pair (see the module doc); returns the summary written to ``pairs.json``."""
+                       model: str | None = None, plugins: list[str] | None = None,
+                       overrides: list[str] | None = None) -> dict[str, Any]:
+    """Sample, label and pair (see the module doc); returns the summary written to ``pairs.json``.
+    ``overrides`` (``key.path=value``) apply to the recipe, as on ``trinity-like run``."""
     out = Path(out_dir)
     files = {"tasks": out / "pairs.jsonl", "eval_tasks": out / "pairs_eval.jsonl"}
-    summary: dict[str, Any] = {"recipe": recipe, "samples_per_task": samples, "kinds": list(PAIR_KINDS)}
+    summary: dict[str, Any] = {"recipe": recipe, "overrides": list(overrides or []), "samples_per_task": samples,
+                               "kinds": list(PAIR_KINDS)}
     written: dict[str, list[dict[str, Any]]] = {}
     for key, count in (("tasks", num_tasks), ("eval_tasks", num_eval_tasks)):
-        setup = check_setup(recipe, num_tasks=count, model=model, plugins=plugins, key=key)
+        setup = check_setup(recipe, num_tasks=count, model=model, plugins=plugins, key=key, overrides=overrides)
         by_task: dict[str, list[Any]] = {}
         for task, e in sample_policy(setup, samples, seed_step=SEED_STEP[key]):
             by_task.setdefault(task.task_id, []).append(e)
