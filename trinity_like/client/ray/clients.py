@@ -89,6 +89,11 @@ class RayRuntime:
             self.close()
             raise
 
+    @property
+    def placement_group(self) -> Any:
+        """The Ray placement group holding this runtime's bundles (None once closed)."""
+        return self._group
+
     def _place(self) -> None:
         c = self.config
         self._group = placement_group(c.bundles(), strategy=c.strategy, name=f"trinity-like-client-{uuid.uuid4().hex[:8]}")
