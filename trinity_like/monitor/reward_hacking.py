@@ -118,6 +118,16 @@ class RewardHackingGuard:
         return f"{verdict.message}; stopped (monitor.stop_on_reward_hacking); {best}"
 
 
+def learned_mean(metrics: dict[str, float]) -> float | None:
+    """The learned reward's batch mean before any batch transform (``reward/raw_mean``, else
+    ``reward/mean``): a z-scored reward's mean is 0 at every step and could never rise.
+
+    >>> learned_mean({"reward/mean": 0.0, "reward/raw_mean": 2.5}), learned_mean({"reward/mean": 1.5})
+    (2.5, 1.5)
+    """
+    return metrics.get("reward/raw_mean", metrics.get("reward/mean"))
+
+
 def guard_for(config: Any, run_dir: Path, role: str) -> RewardHackingGuard | None:
     """The guard of a stage whose rollouts get a gold reward (None otherwise); it stops a run
     only in mode ``both`` (an explorer process warns)."""
@@ -136,10 +146,11 @@ def watch_rollouts(guard: RewardHackingGuard, stage: Any, step: int, metrics: di
     Keeps the best weights (stop on, the rollouts sampled by the actor's current weights),
     warns, and raises :class:`RewardHackingStop` when the rule holds and stop is on.
     """
-    if "reward/gold_mean" not in metrics or "reward/mean" not in metrics or not versions:
+    learned = learned_mean(metrics)
+    if "reward/gold_mean" not in metrics or learned is None or not versions:
         return {}
     version = max(versions)
-    verdict = guard.observe(step, version=version, gold=metrics["reward/gold_mean"], learned=metrics["reward/mean"])
+    verdict = guard.observe(step, version=version, gold=metrics["reward/gold_mean"], learned=learned)
     on_policy = stage.actor is not None and min(versions) == version == stage.model_version
     if guard.stop and verdict.new_best and on_policy:
         guard.keep_best(stage._save_weights, stage.model_path)
