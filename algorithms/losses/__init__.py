@@ -16,5 +16,6 @@ from algorithms.losses import (  # noqa: F401  (importing registers)
     mix,
     ppo,
     sft,
+    tis,
     value,
 )

@@ -34,6 +34,7 @@ def rand_batch(B: int = 6, R: int = 7, seed: int = 0, empty_rows: int = 1) -> di
         "old_values": values,
         "returns": torch.randn(B, R, generator=g, dtype=DT),
         "is_expert": torch.arange(B) % 3 == 2,
+        "rollout_logprob": old + 0.3 * torch.randn(B, R, generator=g, dtype=DT),  # drawn last: the others stay
     }
 
 

@@ -12,12 +12,20 @@ importance_sampling  importance_sampling  target_tokens, logprobs, advantages   
 ppo                  ppo                  target_tokens, logprobs, advantages          clip_low_threshold (0.8), clip_high_threshold (1.2)
 cispo                cispo                target_tokens, logprobs, advantages          clip_low_threshold (0.8), clip_high_threshold (1.2)
 dro                  dro                  target_tokens, logprobs, advantages          beta (0.05)
+tis (ours)           ppo_tis              target_tokens, logprobs, advantages          tis_cap (2.0)
 ===================  ===================  ===========================================  ==================================
 
 Any other name is looked up in POLICY_LOSS_FN as it is, with ``loss_fn_config`` as its
 params. Arrays are per position of the model input: position i predicts token i + 1; the
 ``logprobs`` input holds the sampler's logprobs of the target tokens and ``advantages``
 are the caller's (no baseline or normalisation inside a loss).
+
+``tis`` is truncated importance sampling (``algorithms/losses/tis.py``, verl's rollout
+correction): a datum's ``logprobs`` are the sampler's (the loss's ``rollout_logprob``) and
+the proximal policy is the learner's weights of this very call (``old_logprob`` =
+``logprob``, detached), so the gradient is ``-A min(pi / mu, tis_cap) grad log pi``: the
+``importance_sampling`` gradient with its ratio truncated at ``tis_cap``. Exact when each
+datum gets one update, as in ``rl_train``.
 
 Example (``lp``: the learner's logprobs of the target tokens, ``[B, T]``)::
 
@@ -48,6 +56,7 @@ class TinkerLoss:
     registered: str  # POLICY_LOSS_FN name
     inputs: tuple[str, ...]  # the Datum's loss_fn_inputs keys it reads
     config: Mapping[str, float]  # loss_fn_config keys it takes, with their defaults
+    proximal_is_current: bool = False  # old_logprob = the learner's own (detached); the sampler's = rollout_logprob
 
     def params(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """Our params for a Tinker ``loss_fn_config``: ratio thresholds become clip widths."""
@@ -66,12 +75,17 @@ TINKER_LOSSES: dict[str, TinkerLoss] = {
     "cispo": TinkerLoss("cispo", RL_INPUTS, THRESHOLDS),
     "dro": TinkerLoss("dro", RL_INPUTS, {"beta": 0.05}),
 }
+# The names forward_backward knows: Tinker's, and ours in the same form.
+CLIENT_LOSSES: dict[str, TinkerLoss] = {
+    **TINKER_LOSSES,
+    "tis": TinkerLoss("ppo_tis", RL_INPUTS, {"tis_cap": 2.0}, proximal_is_current=True),
+}
 
 
 def loss_spec(name: str, config: Mapping[str, Any] | None = None) -> ComponentSpec:
     """The registered loss (and its params) that ``forward_backward(..., loss_fn=name)`` runs."""
     config = dict(config or {})
-    known = TINKER_LOSSES.get(name)
+    known = CLIENT_LOSSES.get(name)
     if known is not None:
         unknown = set(config) - set(known.config)
         if unknown:
@@ -81,7 +95,8 @@ def loss_spec(name: str, config: Mapping[str, Any] | None = None) -> ComponentSp
     elif name in POLICY_LOSS_FN:
         registered, values = name, config
     else:
-        raise ConfigError(f"unknown loss_fn {name!r} (Tinker's: {', '.join(TINKER_LOSSES)}; "
+        raise ConfigError(f"unknown loss_fn {name!r} (Tinker's: {', '.join(TINKER_LOSSES)}; ours: "
+                          f"{', '.join(sorted(set(CLIENT_LOSSES) - set(TINKER_LOSSES)))}; "
                           f"registered: {', '.join(POLICY_LOSS_FN.names())})")
     params = build_params(POLICY_LOSS_FN.get(registered), values, where=f"loss_fn_config of {name!r}")
     return ComponentSpec("POLICY_LOSS_FN", registered, params)
@@ -89,7 +104,7 @@ def loss_spec(name: str, config: Mapping[str, Any] | None = None) -> ComponentSp
 
 def required_arrays(name: str) -> tuple[str, ...]:
     """The ``loss_fn_inputs`` keys a Datum must carry for ``name`` (a plugin loss: target_tokens only)."""
-    known = TINKER_LOSSES.get(name)
+    known = CLIENT_LOSSES.get(name)
     return known.inputs if known is not None else ("target_tokens",)
 
 
@@ -98,10 +113,14 @@ def loss_inputs(name: str, logprob_BT: torch.Tensor, arrays: Mapping[str, torch.
     """The keyword inputs of the registered loss from a padded batch of Datums.
 
     ``mask_BT`` is 1 on each datum's positions (0 on padding); cross-entropy weighs them by
-    ``weights`` instead. ``logprobs`` (the sampler's) is the losses' ``old_logprob``.
+    ``weights`` instead. ``logprobs`` (the sampler's) is the losses' ``old_logprob``, or their
+    ``rollout_logprob`` for a loss whose proximal policy is the learner itself (``tis``).
     """
     out = {"logprob": logprob_BT, "action_mask": arrays["weights"] * mask_BT if name == "cross_entropy" else mask_BT}
-    if "logprobs" in arrays:
+    known = CLIENT_LOSSES.get(name)
+    if "logprobs" in arrays and known is not None and known.proximal_is_current:
+        out["old_logprob"], out["rollout_logprob"] = logprob_BT.detach(), arrays["logprobs"]
+    elif "logprobs" in arrays:
         out["old_logprob"] = arrays["logprobs"]
     if "advantages" in arrays:
         out["advantages"] = arrays["advantages"]

@@ -222,7 +222,7 @@ def _provided_inputs(algo: AlgorithmType, comps: dict[str, ComponentSpec]) -> se
     if algo.schema == "pair":
         fields |= {"scores"}
     else:
-        fields |= {"old_logprob", "rewards", "group_index", "is_expert", "token_level_rewards"}
+        fields |= {"old_logprob", "rollout_logprob", "rewards", "group_index", "is_expert", "token_level_rewards"}
     if "advantage" in comps:
         fields |= {"advantages", "returns"}
     if algo.use_reference or "kl_loss" in comps or "kl_penalty" in comps:
