@@ -32,6 +32,12 @@ temperature 1). The penalty is part of the reward, never of the loss.
 A group whose values are all equal gets exactly 0 and, by default, is left out of the
 batch (``train/skipped_groups``): it would cost a forward and backward and teach nothing.
 
+This file's loop is synchronous: sample the whole batch, then train. ``num_minibatches``
+(streaming: train each minibatch as soon as its groups are sampled) and
+``max_steps_off_policy`` (K: sample with weights up to K iterations old while the learner
+trains) run the same stages on :mod:`trinity_like.client.rl_async`'s sampling stream;
+``docs/async_client.md`` explains them and their trade-offs (``ppo`` or ``tis`` for K > 0).
+
 Example::
 
     from trinity_like.client import ServiceClient
@@ -56,12 +62,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from itertools import accumulate, pairwise
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from tinker import types
 
-from trinity_like.client.losses import RL_INPUTS, THRESHOLDS, TINKER_LOSSES, loss_spec
+from trinity_like.client.losses import CLIENT_LOSSES, RL_INPUTS, THRESHOLDS, loss_spec
 from trinity_like.client.sampling import SamplingClient
 from trinity_like.client.training import TrainingClient
 from trinity_like.envs.dataset import TaskEnvDataset
@@ -81,7 +88,7 @@ from trinity_like.monitor.sinks import read_jsonl_metrics
 from trinity_like.ops import ratio_metrics
 from trinity_like.plugins import load_plugins
 
-RL_LOSSES = tuple(name for name, loss in TINKER_LOSSES.items() if loss.inputs == RL_INPUTS)
+RL_LOSSES = tuple(name for name, loss in CLIENT_LOSSES.items() if loss.inputs == RL_INPUTS)
 CHECKPOINTS = "checkpoints.jsonl"  # in log_path: one {"iteration", "path"} line per save_state
 _KINDS = {"int": int, "float": (int, float), "bool": bool, "str": str}
 
@@ -95,6 +102,8 @@ class RLTrainConfig:
     batch_size: int = 8  # env groups (tasks) per iteration
     group_size: int = 8  # episodes per group; their advantages are centred on the group's mean
     num_substeps: int = 1  # optimiser steps per iteration, each over its own disjoint minibatch of episodes
+    num_minibatches: int = 0  # streaming: forward_backward calls per substep, each on its share of the groups as soon as they are sampled; 0: sample the whole batch, then train
+    max_steps_off_policy: int = 0  # K: sample with weights up to K iterations old while the learner trains; 0: on-policy (docs/async_client.md)
     loss_fn: str = "importance_sampling"  # a Tinker loss on (logprobs, advantages): see RL_LOSSES
     loss_fn_config: Mapping[str, float] = field(default_factory=dict)  # e.g. ppo's {"clip_high_threshold": 1.28}
     learning_rate: float = 1e-5  # AdamW
@@ -122,6 +131,10 @@ class RLTrainConfig:
             self._check(name, getattr(self, name) >= 1, "must be >= 1")
         for name in ("eval_every", "save_every"):
             self._check(name, getattr(self, name) >= 0, "must be >= 0 (0: never)")
+        self._check("num_minibatches", self.num_minibatches >= 0, "must be >= 0 (0: no streaming)")
+        self._check("max_steps_off_policy", self.max_steps_off_policy >= 0, "must be >= 0 (0: on-policy)")
+        self._check("batch_size", self.batch_size >= self.chunks_per_iteration,
+                    f"must be >= num_substeps * num_minibatches = {self.chunks_per_iteration} (a group per minibatch)")
         self._check("log_path", bool(self.log_path), "must name a folder")
         self._check("learning_rate", self.learning_rate > 0, "must be > 0")
         self._check("kl_penalty_coef", self.kl_penalty_coef >= 0, "must be >= 0")
@@ -135,6 +148,16 @@ class RLTrainConfig:
     def _check(self, name: str, ok: bool, why: str) -> None:
         if not ok:
             raise ConfigError(f"RLTrainConfig.{name}: {why}, got {getattr(self, name)!r}")
+
+    @property
+    def streaming(self) -> bool:
+        """Whether iterations run on :mod:`trinity_like.client.rl_async`'s sampling stream."""
+        return self.num_minibatches > 0 or self.max_steps_off_policy > 0
+
+    @property
+    def chunks_per_iteration(self) -> int:
+        """Rollout calls per iteration on the stream: one per minibatch when streaming, else one."""
+        return self.num_substeps * self.num_minibatches if self.num_minibatches else 1
 
     def adam(self) -> types.AdamParams:
         return types.AdamParams(learning_rate=self.learning_rate, beta1=self.beta1, beta2=self.beta2, eps=self.eps,
@@ -173,12 +196,13 @@ class Episode:
     spans: list[tuple[int, int]]  # [start, end) of each turn's action in tokens_T
     rewards: list[float]  # per turn; the group reward added to the last
     kl: list[float] = field(default_factory=list)  # per turn: sum of log pi_sampler - log pi_ref; [] without ref
+    version: int = 0  # iterations the sampler's weights had trained when it sampled this episode
 
     def shaped_rewards(self, beta: float) -> list[float]:
         return [r - beta * k for r, k in zip(self.rewards, self.kl or [0.0] * len(self.rewards), strict=True)]
 
 
-def group_episodes(group: GroupRollout) -> list[Episode]:
+def group_episodes(group: GroupRollout, version: int = 0) -> list[Episode]:
     """The episodes of one group, laid out as :func:`trajectory_experience` lays out a row."""
     out = []
     for trajectory, group_reward in zip(group.trajectories, group.group_rewards, strict=True):
@@ -186,7 +210,8 @@ def group_episodes(group: GroupRollout) -> list[Episode]:
         spans = [(len(t.observation), len(t.observation) + len(t.action)) for t in trajectory.transitions]
         rewards = [t.reward for t in trajectory.transitions]
         rewards[-1] += group_reward
-        out.append(Episode(row.tokens, [0.0] * row.prompt_length + list(row.logprobs), spans, rewards))
+        out.append(Episode(row.tokens, [0.0] * row.prompt_length + list(row.logprobs), spans, rewards,
+                           version=version))
     return out
 
 
@@ -299,37 +324,56 @@ def build_rows(groups: Sequence[Sequence[Episode]], config: RLTrainConfig) -> tu
     return rows, metrics
 
 
-def train_step(training: TrainingClient, rows: Sequence[_Row], config: RLTrainConfig) -> dict[str, float]:
-    """``num_substeps`` optimiser steps over disjoint minibatches: each datum is used exactly once."""
-    if not rows:
-        return {"train/substeps": 0.0}  # every group skipped or dropped: no step this iteration
-    parts = minibatches(len(rows), config.num_substeps)
-    config_fn = dict(config.loss_fn_config) or None
-    submitted = []
-    for part in parts:  # all queued at once: the client runs them in order
-        batch = [rows[i] for i in part]
-        fwd = training.forward_backward([r.datum for r in batch], config.loss_fn, config_fn)
-        submitted.append((batch, fwd, training.optim_step(config.adam())))
+@dataclass
+class Pending:
+    """A minibatch handed to the learner: its rows, its forward_backward and its optim_step futures."""
+
+    rows: list[_Row]
+    fwd: Any  # future of the ForwardBackwardOutput
+    opt: Any = None  # future of the OptimStepResponse; None: the substep goes on with another minibatch
+
+
+def submit_minibatch(training: TrainingClient, rows: Sequence[_Row], config: RLTrainConfig, *,
+                     step: bool) -> Pending:
+    """Queue ``forward_backward`` on ``rows`` (then ``optim_step`` if ``step``) without waiting."""
+    fwd = training.forward_backward([r.datum for r in rows], config.loss_fn, dict(config.loss_fn_config) or None)
+    return Pending(list(rows), fwd, training.optim_step(config.adam()) if step else None)
+
+
+def collect(pending: Sequence[Pending], config: RLTrainConfig) -> dict[str, float]:
+    """Wait for ``pending`` and reduce it: each reported metric averaged over the calls reporting it."""
     sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
     clipped = 0
-    for batch, fwd, opt in submitted:
-        out, step = fwd.result(), opt.result()
-        for key, value in {**out.metrics, **step.metrics}.items():
+    for part in pending:
+        out = part.fwd.result()
+        step = part.opt.result().metrics if part.opt is not None else {}
+        for key, value in {**out.metrics, **step}.items():
             sums[key] = sums.get(key, 0.0) + float(value)
-        for row, lp in zip(batch, out.loss_fn_outputs, strict=True):
+            counts[key] = counts.get(key, 0) + 1
+        for row, lp in zip(part.rows, out.loss_fn_outputs, strict=True):
             clipped += _clipped(row, lp["logprobs"].to_numpy(), config)
-    metrics = {f"train/{k.removesuffix(':mean')}": v / len(parts) for k, v in sums.items() if k != "loss:sum"}
+    metrics = {f"train/{k.removesuffix(':mean')}": v / counts[k] for k, v in sums.items() if k != "loss:sum"}
     for estimator in ("k1", "k3"):  # sampler vs learner on the policy's tokens (the client's own diagnostic)
         if f"train/kl_sample_train_{estimator}" in metrics:
             metrics[f"kl/sample_train_{estimator}"] = metrics.pop(f"train/kl_sample_train_{estimator}")
-    policy = sum(len(r.policy_P) for r in rows)
-    metrics.update({"train/substeps": float(len(parts)), "loss/sum": sums["loss:sum"],
+    policy = sum(len(r.policy_P) for part in pending for r in part.rows)
+    metrics.update({"train/substeps": float(sum(p.opt is not None for p in pending)), "loss/sum": sums["loss:sum"],
                     "loss": sums["loss:sum"] / max(policy, 1)})
     if config.loss_fn == "ppo":  # the loss's own clip_frac also counts the observation tokens between turns
         metrics["train/clip_frac"] = clipped / max(policy, 1)
     if "train/entropy" in metrics:
         metrics["entropy"] = metrics["train/entropy"]
     return metrics
+
+
+def train_step(training: TrainingClient, rows: Sequence[_Row], config: RLTrainConfig) -> dict[str, float]:
+    """``num_substeps`` optimiser steps over disjoint minibatches: each datum is used exactly once."""
+    if not rows:
+        return {"train/substeps": 0.0}  # every group skipped or dropped: no step this iteration
+    # All queued at once: the client runs them in order.
+    return collect([submit_minibatch(training, [rows[i] for i in part], config, step=True)
+                    for part in minibatches(len(rows), config.num_substeps)], config)
 
 
 def _clipped(row: _Row, learner_P: np.ndarray, config: RLTrainConfig) -> int:
@@ -407,6 +451,7 @@ def train(config: RLTrainConfig, training: TrainingClient, factory: EnvFactory, 
         logger.log(step, metrics)
         result.metrics.append({"step": step, **metrics})
 
+    stream = None
     try:
         if start:
             logger.write(f"resumed from the checkpoint of iteration {start} in {log_path / CHECKPOINTS}")
@@ -414,22 +459,31 @@ def train(config: RLTrainConfig, training: TrainingClient, factory: EnvFactory, 
         do_eval = bool(eval_tasks) and config.eval_every > 0
         if do_eval and start == 0:
             log(0, evaluate(sampler, factory, eval_tasks, config))
+        if config.streaming:  # streaming minibatches / off-by-K: the samplers run beside the learner
+            from trinity_like.client.rl_async import ChunkStream, stream_iteration
+
+            stream = ChunkStream(config, dataset, sampler, start=start, reference=reference)
         for it in range(start + 1, config.iterations + 1):
             timer, t0 = PhaseTimer(), time.perf_counter()
-            with timer("rollout"):
-                rollout = sample_episodes(sampler, dataset.get_batch((it - 1) % len(dataset)),
-                                          seed=sample_seed(config.seed, it, 0), params=config.rollout())
-            groups = [group_episodes(g) for g in rollout.groups]
-            metrics = dict(rollout.metrics)
-            if reference is not None:
-                with timer("reference"):
-                    metrics.update(reference_kl(reference, [ep for g in groups for ep in g]))
-            rows, built = build_rows(groups, config)
-            metrics.update(built)
-            with timer("update"):
-                metrics.update(train_step(training, rows, config))
+            if stream is not None:
+                groups, metrics = stream_iteration(stream, training, config, it, timer, logger.write)
+            else:  # the synchronous loop: sample the whole batch, then train on it
+                with timer("rollout"):
+                    rollout = sample_episodes(sampler, dataset.get_batch((it - 1) % len(dataset)),
+                                              seed=sample_seed(config.seed, it, 0), params=config.rollout())
+                groups = [group_episodes(g, it - 1) for g in rollout.groups]
+                metrics = dict(rollout.metrics)
+                if reference is not None:
+                    with timer("reference"):
+                        metrics.update(reference_kl(reference, [ep for g in groups for ep in g]))
+                rows, built = build_rows(groups, config)
+                metrics.update(built)
+                with timer("update"):
+                    metrics.update(train_step(training, rows, config))
             with timer("sync"):
                 sampler = training.save_weights_and_get_sampling_client()
+                if stream is not None:
+                    stream.publish(sampler, it)
             last = it == config.iterations
             if config.save_every and (it % config.save_every == 0 or last):
                 with timer("checkpoint"):
@@ -441,6 +495,8 @@ def train(config: RLTrainConfig, training: TrainingClient, factory: EnvFactory, 
             log(it, metrics)
             logger.advance()
     finally:
+        if stream is not None:
+            stream.close()
         logger.close()
     return result
 
@@ -453,7 +509,8 @@ def _speed(timer: PhaseTimer, t0: float, groups: Sequence[Sequence[Episode]],
     episodes = [ep for g in groups for ep in g]
     sampled = sum(end - start for ep in episodes for start, end in ep.spans)
     out["response_length/mean"] = sampled / max(len(episodes), 1)  # policy tokens per episode
-    out["throughput/sample_tokens_per_s"] = sampled / max(out["time/rollout"], 1e-9)
+    sampling_s = metrics.get("async/sampling_s", out.get("time/rollout", 0.0))  # the stream's: its own wall time
+    out["throughput/sample_tokens_per_s"] = sampled / max(sampling_s, 1e-9)
     if metrics.get("train/policy_tokens"):
         out["throughput/train_tokens_per_s"] = metrics["train/policy_tokens"] / max(out["time/update"], 1e-9)
     out["throughput/tokens_per_s"] = sum(len(ep.tokens_T) for ep in episodes) / max(out["time/step"], 1e-9)
