@@ -1,0 +1,152 @@
+"""The client RL loop synchronous vs off-by-K (K = 1, 2), interleaved, medians.
+
+Each variant runs ``trinity_like.client.rl_train.train`` from the same weights, with the
+same seed, tasks and iteration count, on the ``arithmetic`` env ("What is a + b?",
+exact-match reward, the calculator system prompt) -- only ``max_steps_off_policy`` (and,
+with ``--stream M``, ``num_minibatches`` for every variant) differs. Every group is
+trained, zero advantages included, so the learner's work does not depend on the rewards
+(on the tiny model every reward is 0). Rounds rotate which variant goes first; per variant
+the script reports the median over rounds of:
+
+- iterations/hour: iterations / wall time of the whole run (client set-up included), and
+  the median per-round ratio to ``sync``;
+- reward at equal iterations: the mean sampled reward of the first and the last third of
+  the iterations (every iteration's is in the JSON);
+- overlap: ``async/overlap_fraction``, the share of sampling time the learner did not wait
+  through (0 for the synchronous loop), and the groups dropped as too stale.
+
+In-process on a CPU, sampling and learning share the same cores, so hiding one behind the
+other gains little; measure on a quiet machine (a busy one's numbers are noise). With
+the learner and the samplers on different devices (a GPU, the Ray backend) the hidden
+sampling time is the gain. Run::
+
+    python benchmarks/async_client.py --tiny --iterations 2 --reps 1 --batch 2 --group 4   # smoke
+    python benchmarks/async_client.py --iterations 12 --reps 3                             # SmolLM2, quiet machine
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import trinity_like.client as tinker  # noqa: E402
+from common import ROOT, git_commit  # noqa: E402
+from trinity_like.client.rl_train import RLTrainConfig, train  # noqa: E402
+from trinity_like.envs.dataset import build_env_factory  # noqa: E402
+from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks  # noqa: E402
+
+VARIANTS = {"sync": 0, "k1": 1, "k2": 2}  # name -> max_steps_off_policy
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--tiny", action="store_true", help="the tiny random model (a quick check of the script)")
+    p.add_argument("--iterations", type=int, default=12)
+    p.add_argument("--reps", type=int, default=3, help="rounds: every variant runs once per round")
+    p.add_argument("--batch", type=int, default=8, help="problems (groups) per iteration")
+    p.add_argument("--group", type=int, default=8, help="episodes per problem")
+    p.add_argument("--max-tokens", type=int, default=16, help="most answer tokens")
+    p.add_argument("--stream", type=int, default=0, help="num_minibatches for every variant (0: no streaming)")
+    p.add_argument("--loss", default="ppo", help="the loss of every variant (ppo: docs/async_client.md)")
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"a comma list of {', '.join(VARIANTS)}")
+    p.add_argument("--out", default=None, help="results path without suffix (default benchmarks/results/async_client"
+                                              "[_tiny])")
+    return p.parse_args()
+
+
+def run_variant(args: argparse.Namespace, model: str, k: int, folder: Path) -> dict:
+    """One training run; its wall time, per-iteration rewards and overlap."""
+    config = RLTrainConfig(log_path=str(folder / "run"), iterations=args.iterations, batch_size=args.batch,
+                           group_size=args.group, loss_fn=args.loss, learning_rate=args.lr, eval_every=0,
+                           save_every=0, progress=False, seed=0, max_steps_off_policy=k,
+                           num_minibatches=args.stream, skip_zero_advantage_groups=False)
+    tasks = arithmetic_tasks(ArithmeticParams(), "train", args.iterations * args.batch)
+    started = time.perf_counter()
+    with tinker.ServiceClient(log_dir=folder / "client") as service:
+        training = service.create_lora_training_client(model, rank=0, seed=0)
+        factory = build_env_factory("arithmetic", {"max_tokens": args.max_tokens}, tokenizer=training.get_tokenizer())
+        result = train(config, training, factory, tasks)
+    wall = time.perf_counter() - started
+    return {"wall_s": wall, "iterations_per_hour": args.iterations / wall * 3600,
+            "rewards": [m["reward/mean"] for m in result.metrics],
+            "overlap": [m.get("async/overlap_fraction", 0.0) for m in result.metrics],
+            "discarded": sum(m.get("async/discarded_stale", 0.0) for m in result.metrics),
+            "staleness_mean": statistics.fmean(m.get("async/staleness_mean", 0.0) for m in result.metrics)}
+
+
+def summarise(name: str, runs: list[dict], sync_runs: list[dict] | None, iterations: int) -> dict:
+    third = max(1, iterations // 3)
+    out = {
+        "variant": name, "runs": runs,
+        "iterations_per_hour_median": statistics.median(r["iterations_per_hour"] for r in runs),
+        "reward_first_third_median": statistics.median(statistics.fmean(r["rewards"][:third]) for r in runs),
+        "reward_last_third_median": statistics.median(statistics.fmean(r["rewards"][-third:]) for r in runs),
+        "overlap_median": statistics.median(statistics.median(r["overlap"]) for r in runs),
+        "discarded_median": statistics.median(r["discarded"] for r in runs),
+    }
+    if sync_runs is not None:
+        out["speed_ratio_to_sync_median"] = statistics.median(
+            r["iterations_per_hour"] / s["iterations_per_hour"] for r, s in zip(runs, sync_runs, strict=True))
+    return out
+
+
+def main() -> None:
+    args = parse_args()
+    model = "tiny-random" if args.tiny else args.model
+    names = [n.strip() for n in args.variants.split(",") if n.strip()]
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown or not names:
+        raise SystemExit(f"--variants: unknown {unknown or names}; choose from {', '.join(VARIANTS)}")
+    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / ("async_client_tiny" if args.tiny
+                                                                            else "async_client")
+    scratch = Path(tempfile.mkdtemp(prefix="async-client-bench-"))
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    try:
+        for rep in range(args.reps):
+            order = names[rep % len(names):] + names[:rep % len(names)]  # who goes first rotates
+            for name in order:
+                r = run_variant(args, model, VARIANTS[name], scratch / f"{name}-{rep}")
+                runs[name].append(r)
+                print(f"round {rep + 1}/{args.reps} {name}: {r['iterations_per_hour']:.0f} it/h, "
+                      f"reward {statistics.fmean(r['rewards']):.3f}, overlap {statistics.median(r['overlap']):.2f}",
+                      flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    sync = runs.get("sync")
+    results = [summarise(n, runs[n], sync if n != "sync" else None, args.iterations) for n in names]
+    meta = {"model": model, "iterations": args.iterations, "reps": args.reps, "batch": args.batch,
+            "group": args.group, "max_tokens": args.max_tokens, "stream": args.stream, "loss": args.loss,
+            "lr": args.lr, "commit": git_commit(), "cpus": os.cpu_count(), "machine": platform.machine(),
+            "load_avg": os.getloadavg()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    lines = [f"# Client RL loop: sync vs off-by-K ({model}, {args.iterations} iterations, {args.reps} rounds)", "",
+             "| variant | iterations/hour | vs sync | reward, first third | reward, last third | overlap | dropped |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results:
+        ratio = f"{r['speed_ratio_to_sync_median']:.2f}x" if "speed_ratio_to_sync_median" in r else "1.00x"
+        lines.append(f"| {r['variant']} | {r['iterations_per_hour_median']:.0f} | {ratio} | "
+                     f"{r['reward_first_third_median']:.3f} | {r['reward_last_third_median']:.3f} | "
+                     f"{r['overlap_median']:.2f} | {r['discarded_median']:.0f} |")
+    lines += ["", f"Medians over rounds; commit {meta['commit']}, load average {meta['load_avg'][0]:.1f} at the end."]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
