@@ -30,23 +30,24 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import shutil  # noqa: E402
-import statistics  # noqa: E402
-import tempfile  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import json
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import trinity_like.client as tinker  # noqa: E402
-from common import ROOT, git_commit  # noqa: E402
-from trinity_like.client.rl_train import RLTrainConfig, train  # noqa: E402
-from trinity_like.envs.dataset import build_env_factory  # noqa: E402
-from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks  # noqa: E402
+from common import ROOT, git_commit
+
+import trinity_like.client as tinker
+from trinity_like.client.rl_train import RLTrainConfig, train
+from trinity_like.envs.dataset import build_env_factory
+from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks
 
 VARIANTS = {"sync": 0, "k1": 1, "k2": 2}  # name -> max_steps_off_policy
 

@@ -116,7 +116,7 @@ def test_a_recipe_trains_with_ppo_tis_on_the_samplers_logprobs(tmp_path):
     objective = objective_from_stage(stage, on_policy=True)
     b = rand_batch(seed=1)
     batch = {k: b[k] for k in ("advantages", "rollout_logprob")} | {"response_mask": b["action_mask"]}
-    loss, metrics = objective({"logprob": b["logprob"]}, batch)
+    loss, _ = objective({"logprob": b["logprob"]}, batch)
     w = (b["logprob"] - b["rollout_logprob"]).exp().clamp(max=1.5)  # on-policy: pi_old is the current weights
     expected = (-(b["advantages"] * w) * b["action_mask"]).sum() / b["action_mask"].sum()
     assert loss.item() == pytest.approx(expected.item(), rel=1e-4)

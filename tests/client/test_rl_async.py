@@ -26,7 +26,7 @@ from trinity_like.client.rl_train import (
 from trinity_like.client.sampling import SamplingClient
 from trinity_like.envs.dataset import TaskEnvDataset, TaskGroupBuilder
 from trinity_like.envs.types import Env, EnvFactory, StepResult, StopCondition
-from trinity_like.errors import ConfigError
+from trinity_like.errors import ConfigError, TrinityError
 from trinity_like.explorer.engine import sample_seed
 from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks
 from trinity_like.models.resolve import render_prompt
@@ -245,7 +245,7 @@ def test_k1_trains_on_samples_of_the_weights_one_iteration_old(service, tmp_path
     assert result.metrics[1]["async/staleness_mean"] == 1.0 and result.metrics[1]["async/overlap_fraction"] > 0
     assert all(m["async/discarded_stale"] == 0 for m in result.metrics)
     v0, v1 = training.samplers[0], training.samplers[1]  # the weights before, and after, iteration 1
-    (steps, batch), = [b for b in training.batches if b[0] == 1]  # iteration 2: the learner has taken 1 step
+    ((_, batch),) = [b for b in training.batches if b[0] == 1]  # iteration 2: the learner has taken 1 step
     for datum in batch:
         old, stored = sampled_logprobs(v0, datum)
         new, _ = sampled_logprobs(v1, datum)
@@ -283,11 +283,41 @@ def test_async_run_resumes_from_its_checkpoint(service, tmp_path, tok):
     assert result.metrics[0]["async/staleness_max"] == 0  # the samplers start again from the resumed weights
 
 
+class Broken(Parity):
+    def step(self, action):
+        return "not a StepResult"
+
+
+class BrokenEnvs(EnvFactory):
+    def __init__(self, *, tokenizer):
+        self.tok = tokenizer
+
+    def group_builder(self, task, group_size):
+        return TaskGroupBuilder(task, group_size, lambda: Broken(self.tok, task))
+
+
+@pytest.mark.parametrize("stream", [{"max_steps_off_policy": 2}, {"num_minibatches": 2}], ids=["k2", "streaming"])
+def test_an_env_that_breaks_its_contract_stops_the_run_with_its_error(service, tmp_path, tok, stream):
+    training = service.create_lora_training_client("tiny-random", rank=0, seed=0)
+    with pytest.raises(TrinityError, match=r"^Broken \(group 0, env 0\): step\(\) must return a StepResult"):
+        train(config(tmp_path, **stream), training, BrokenEnvs(tokenizer=tok), tasks(8))
+
+
+def test_kl_shaping_runs_beside_the_samplers(service, tmp_path, tok):
+    run = config(tmp_path, iterations=2, max_steps_off_policy=1, num_minibatches=2, kl_penalty_coef=0.1)
+    result = train(run, service.create_lora_training_client("tiny-random", rank=0, seed=0),
+                   ParityEnvs(tokenizer=tok), tasks(8))
+    first, second = result.metrics
+    assert abs(first["kl/ref_k1"]) < 1e-4  # sampled by the base weights: the reference itself
+    assert second["kl/ref_k1"] == pytest.approx(0.0, abs=1e-4)  # K = 1: iteration 2's samples are version 0's too
+    assert second["async/staleness_max"] == 1
+
+
 @pytest.mark.parametrize("override, message", [
     ({"num_minibatches": -1}, r"^RLTrainConfig.num_minibatches: must be >= 0 \(0: no streaming\), got -1$"),
     ({"max_steps_off_policy": -2}, r"^RLTrainConfig.max_steps_off_policy: must be >= 0 \(0: on-policy\), got -2$"),
-    ({"num_minibatches": 3, "num_substeps": 2}, r"^RLTrainConfig.batch_size: must be >= num_substeps \* "
-                                                r"num_minibatches = 6 \(a group per minibatch\), got 4$"),
+    ({"num_minibatches": 3, "num_substeps": 2},
+     r"^RLTrainConfig.batch_size: must be >= num_substeps \* num_minibatches = 6 \(a group per minibatch\), got 4$"),
     ({"loss_fn": "tis", "loss_fn_config": {"tis_cap": 0.0}}, r"^RLTrainConfig.loss_fn_config"),
 ])
 def test_bad_stream_config_is_a_one_line_error(tmp_path, override, message):

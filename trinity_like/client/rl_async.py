@@ -64,6 +64,7 @@ from trinity_like.client.rl_train import (
 from trinity_like.client.sampling import SamplingClient
 from trinity_like.client.training import TrainingClient
 from trinity_like.envs.dataset import TaskEnvDataset
+from trinity_like.envs.types import EnvGroupBuilder
 from trinity_like.explorer.engine import sample_seed
 from trinity_like.monitor.logger import PhaseTimer
 
@@ -172,7 +173,10 @@ class ChunkStream:
                     return
                 n, self._next, self._started = self._next, self._next + 1, self._started + 1
                 sampler, version = self._sampler, self._version
-            future = self._pool.submit(self._sample, n, sampler, version)
+            iteration, index = self._start + 1 + n // self._chunks, n % self._chunks
+            part = self._slices[index]  # the builders are made here, one at a time: env factories need not be thread-safe
+            builders = self._dataset.get_batch((iteration - 1) % len(self._dataset))[part.start:part.stop]
+            future = self._pool.submit(self._sample, n, iteration, index, builders, sampler, version)
             future.add_done_callback(lambda f, n=n: self._finished(n, f))
 
     def _finished(self, n: int, future: Future) -> None:
@@ -180,13 +184,11 @@ class ChunkStream:
             self._done.append((n, future))
             self._cond.notify_all()
 
-    def _sample(self, n: int, sampler: SamplingClient, version: int) -> Chunk:
-        iteration, index = self._start + 1 + n // self._chunks, n % self._chunks
-        builders = self._dataset.get_batch((iteration - 1) % len(self._dataset))
-        part = self._slices[index]
+    def _sample(self, n: int, iteration: int, index: int, builders: list[EnvGroupBuilder], sampler: SamplingClient,
+                version: int) -> Chunk:
         started = time.perf_counter()
-        rollout = sample_episodes(sampler, builders[part.start:part.stop], seed=sample_seed(self._config.seed,
-                                  iteration, index), params=self._config.rollout())
+        rollout = sample_episodes(sampler, builders, seed=sample_seed(self._config.seed, iteration, index),
+                                  params=self._config.rollout())
         groups = [group_episodes(g, version) for g in rollout.groups]
         metrics = dict(rollout.metrics)
         if self._reference is not None:

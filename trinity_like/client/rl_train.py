@@ -99,7 +99,7 @@ class RLTrainConfig:
 
     log_path: str  # run folder: metrics.jsonl, checkpoints.jsonl; one holding checkpoints is resumed
     iterations: int = 20  # sampling iterations
-    batch_size: int = 8  # env groups (tasks) per iteration
+    batch_size: int = 8  # env groups (tasks) per iteration: tinker-cookbook's groups_per_batch
     group_size: int = 8  # episodes per group; their advantages are centred on the group's mean
     num_substeps: int = 1  # optimiser steps per iteration, each over its own disjoint minibatch of episodes
     num_minibatches: int = 0  # streaming: forward_backward calls per substep, each on its share of the groups as soon as they are sampled; 0: sample the whole batch, then train
