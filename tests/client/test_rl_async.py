@@ -296,6 +296,24 @@ class BrokenEnvs(EnvFactory):
         return TaskGroupBuilder(task, group_size, lambda: Broken(self.tok, task))
 
 
+class NoBuilder(EnvFactory):
+    def __init__(self, *, tokenizer, after):
+        self.tok, self.after = tokenizer, after
+
+    def group_builder(self, task, group_size):
+        if task.task_id == self.after:
+            raise ValueError(f"no env for {task.task_id}")
+        return TaskGroupBuilder(task, group_size, lambda: Parity(self.tok, task))
+
+
+def test_a_factory_that_raises_stops_the_run_with_its_error(service, tmp_path, tok):
+    training = service.create_lora_training_client("tiny-random", rank=0, seed=0)
+    bad = tasks(8)[5]  # in iteration 2's batch: the samplers meet it while iteration 1 trains
+    with pytest.raises(ValueError, match=f"^no env for {bad.task_id}$"):
+        train(config(tmp_path, iterations=3, max_steps_off_policy=1), training, NoBuilder(tokenizer=tok,
+                                                                                          after=bad.task_id), tasks(8))
+
+
 @pytest.mark.parametrize("stream", [{"max_steps_off_policy": 2}, {"num_minibatches": 2}], ids=["k2", "streaming"])
 def test_an_env_that_breaks_its_contract_stops_the_run_with_its_error(service, tmp_path, tok, stream):
     training = service.create_lora_training_client("tiny-random", rank=0, seed=0)

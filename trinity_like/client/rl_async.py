@@ -174,8 +174,14 @@ class ChunkStream:
                 n, self._next, self._started = self._next, self._next + 1, self._started + 1
                 sampler, version = self._sampler, self._version
             iteration, index = self._start + 1 + n // self._chunks, n % self._chunks
-            part = self._slices[index]  # the builders are made here, one at a time: env factories need not be thread-safe
-            builders = self._dataset.get_batch((iteration - 1) % len(self._dataset))[part.start:part.stop]
+            part = self._slices[index]
+            try:  # the builders are made here, one at a time: an env factory need not be thread-safe
+                builders = self._dataset.get_batch((iteration - 1) % len(self._dataset))[part.start:part.stop]
+            except BaseException as exc:  # noqa: BLE001 -- handed to the learner, whose take() raises it
+                failed: Future = Future()
+                failed.set_exception(exc)
+                self._finished(n, failed)
+                return
             future = self._pool.submit(self._sample, n, iteration, index, builders, sampler, version)
             future.add_done_callback(lambda f, n=n: self._finished(n, f))
 
