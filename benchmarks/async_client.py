@@ -136,7 +136,9 @@ def main() -> None:
             "load_avg": os.getloadavg()}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    lines = [f"# Client RL loop: sync vs off-by-K ({model}, {args.iterations} iterations, {args.reps} rounds)", "",
+    streaming = f", num_minibatches {args.stream} in every variant" if args.stream else ""
+    title = f"# Client RL loop: sync (K = 0) vs off-by-K ({model}, {args.iterations} iterations, {args.reps} rounds"
+    lines = [f"{title}{streaming})", "",
              "| variant | iterations/hour | vs sync | reward, first third | reward, last third | overlap | dropped |",
              "|---|---|---|---|---|---|---|"]
     for r in results:
