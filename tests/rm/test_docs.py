@@ -65,6 +65,7 @@ def test_the_commands_run_as_written(workdir):
     assert summary["tasks"]["pairs"] > 0 and summary["eval_tasks"]["pairs"] > 0
     rows = [json.loads(line) for line in (workdir / "runs/grpo_with_rm/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "reward/gold_mean" in r] == [1, 2]  # exact match, beside the RM's reward
+    assert [r["rm_check/samples"] for r in rows if "rm_check/samples" in r] == [4 * 4]  # the check at start
     assert (workdir / "runs/grpo_with_rm/metrics.png").exists()
 
 

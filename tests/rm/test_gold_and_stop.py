@@ -87,3 +87,15 @@ def test_gold_falling_while_the_learned_reward_rises_stops_the_run_with_the_best
     assert f"those after step {best['version']} " in err and str(run_dir / "best_gold") in err
     assert len(logged) < 12  # stopped early
     load_model(str(run_dir / "best_gold"))  # a model folder that loads
+
+
+def test_the_check_at_start_ranks_the_trained_reward_against_the_gold_one(tmp_path, capsys):
+    plan = load_plan(RECIPE, [f"run_root={tmp_path}", *TINY, "trainer.total_steps=1", "monitor.rm_check_tasks=4",
+                              "explorer.group_size=6"])
+    assert run_plan(plan) == 0
+    start = metrics(Path(plan.stages[0].config.run_dir()))[0]
+    assert start["rm_check/samples"] == 4 * 6 and 0 < start["rm_check/right_frac"] < 1
+    # the trained reward is minus the gold one: every right answer scores below every wrong one
+    assert start["rm_check/auc"] == 0.0
+    assert start["rm_check/prompts_with_both"] > 0 and start["rm_check/auc_within_prompt"] == 0.0
+    assert "reward check at start (4 held-out tasks x 6, gold right" in capsys.readouterr().out

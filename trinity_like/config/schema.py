@@ -159,6 +159,7 @@ class MonitorConfig(Section):
     progress: bool = True  # progress bar with the latest figures on the terminal
     reward_hacking_window: PosInt = 3  # K: the gold reward falling over K steps while the learned one rises is a warning
     stop_on_reward_hacking: bool = False  # then stop the run; the best-by-gold weights are kept in <run_dir>/best_gold
+    rm_check_tasks: NonNegInt = 0  # RL with a gold reward: before step 1, answer this many held-out tasks and log the trained reward's AUC against the gold one (rm_check/*); 0: off
 
 
 class ClusterConfig(Section):

@@ -413,6 +413,12 @@ def build_stage(spec: ResolvedStage, role: str) -> Stage:
         if trains:
             _build_trainer(stage)
             stage.resume()
+        if role == "both" and stage.start_step == 0 and stage.reward_guard is not None and cfg.monitor.rm_check_tasks:
+            from trinity_like.rm_check.check import start_check  # the trained reward vs the gold one (issue 22)
+
+            metrics, line = start_check(stage.explorer, (data.eval_tasks or [])[: cfg.monitor.rm_check_tasks], cfg)
+            stage.logger.write(line)
+            stage.log(0, metrics)
     except BaseException:
         stage.close()
         raise

@@ -197,3 +197,27 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append(f"  score vs length    spearman {_f(length['spearman'])}, pearson {_f(length['pearson'])}")
     lines += [f"warning: {w}" for w in report["warnings"]]
     return "\n".join(lines)
+
+
+def start_check(explorer: Any, tasks: list[Task], config: Config) -> tuple[dict[str, float], str]:
+    """The check's headline at the start of an RL run (``monitor.rm_check_tasks``): the
+    explorer's own workflow answers ``tasks`` ``group_size`` times, scoring each answer with
+    the trained reward and the gold one, and the AUCs of the first against the second come
+    back as ``rm_check/*`` metrics with a one-line summary (ending in a warning when the
+    within-prompt AUC is within 0.1 of chance). No probes: those need ``trinity-like rm-check``."""
+    from trinity_like.explorer.worker import sampling_params
+
+    sampling = dataclasses.replace(sampling_params(config, step=CHECK_SEED_STEP), n=config.explorer.group_size)
+    rows = [e for e in explorer.run(tasks, sampling).experiences if e.info.get("gold_reward") is not None]
+    scores = [float(e.info.get("raw_reward", e.reward)) for e in rows]
+    right = [float(e.info["gold_reward"]) >= 1.0 for e in rows]
+    overall = auc(scores, right)
+    within, n_groups = grouped_auc(scores, right, [e.task_id for e in rows])
+    metrics = {"rm_check/samples": float(len(rows)), "rm_check/right_frac": sum(right) / max(len(rows), 1),
+               "rm_check/prompts_with_both": float(n_groups)}
+    metrics.update({k: v for k, v in (("rm_check/auc", overall), ("rm_check/auc_within_prompt", within)) if v is not None})
+    line = (f"reward check at start ({len(tasks)} held-out tasks x {config.explorer.group_size}, gold right "
+            f"{metrics['rm_check/right_frac']:.1%}): AUC {_f(overall)}, within prompt {_f(within)} ({n_groups} prompts)")
+    if within is not None and abs(within - 0.5) <= 0.1:
+        line += " -- warning: within-prompt AUC near chance; see trinity-like rm-check"
+    return metrics, line
