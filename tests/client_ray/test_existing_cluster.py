@@ -91,3 +91,15 @@ def test_the_client_runs_on_an_existing_cluster_and_leaves_it_running(ray_head, 
         assert [len(s.tokens) for s in out.result(timeout=60).sequences] == [3, 3]
     assert not ray.is_initialized()  # it disconnected from what it connected to...
     assert head.poll() is None and probe(address) == "4.0"  # ...and the cluster is up, all its CPUs free
+
+
+def test_a_ray_started_here_too_small_for_the_bundles_is_one_line_and_is_shut_down(tmp_path):
+    import ray
+
+    from trinity_like.errors import TrinityError
+
+    assert not ray.is_initialized()
+    with pytest.raises(TrinityError, match=r"^the client's bundles need \{'CPU': 2\.0\} but the Ray started here "
+                                           r"has \{'CPU': 1\.0\} \(set ray.num_cpus, or fewer bundles\)$"):
+        tinker.ServiceClient(backend="ray", ray={"num_cpus": 1}, log_dir=tmp_path)
+    assert not ray.is_initialized()  # the Ray it started for nothing is gone again

@@ -17,6 +17,7 @@ from the last ``save_state``.
 
 from __future__ import annotations
 
+import os
 import secrets
 import sys
 import threading
@@ -61,6 +62,10 @@ def pickled_by_value(fn: Any) -> bytes:
                 cloudpickle.unregister_pickle_by_value(module)
 
 
+def _compute(resources: Mapping[str, float]) -> dict[str, float]:
+    return {k: resources[k] for k in ("CPU", "GPU") if k in resources}
+
+
 class RayRuntime:
     """Ray, the placement group and the samplers of one ServiceClient; :meth:`close` undoes
     only what it did (its actors and group; Ray itself only if it started or connected it)."""
@@ -77,9 +82,9 @@ class RayRuntime:
             if config.address is not None:
                 check_reachable(config.address)
                 ray.init(address=config.address, runtime_env=ray_runtime_env(), log_to_driver=False)
-            else:
-                ray.init(num_cpus=config.num_cpus, include_dashboard=False, runtime_env=ray_runtime_env(),
-                         log_to_driver=False)
+            else:  # logical CPUs: by default enough for every bundle, even beyond the machine's cores
+                cpus = config.num_cpus if config.num_cpus is not None else max(os.cpu_count() or 1, config.cpus())
+                ray.init(num_cpus=cpus, include_dashboard=False, runtime_env=ray_runtime_env(), log_to_driver=False)
             self._own_ray = True
         try:
             self._place()
@@ -96,12 +101,17 @@ class RayRuntime:
 
     def _place(self) -> None:
         c = self.config
+        total = ray.cluster_resources()
+        short = {k: v for k, v in (("CPU", c.cpus()), ("GPU", c.gpus())) if v > total.get(k, 0)}
+        if short and self._own_ray:  # a Ray of ours will never grow: say so now instead of waiting
+            raise TrinityError(f"the client's bundles need {short} but the Ray started here has "
+                               f"{ {k: total.get(k, 0) for k in short} } (set ray.num_cpus, or fewer bundles)")
         self._group = placement_group(c.bundles(), strategy=c.strategy, name=f"trinity-like-client-{uuid.uuid4().hex[:8]}")
         ready, _ = ray.wait([self._group.ready()], timeout=c.placement_timeout_s)
         if not ready:
             raise TrinityError(
                 f"Ray could not place the client's bundles {c.bundles()} ({c.strategy}) within "
-                f"{c.placement_timeout_s:.0f} s; the cluster has {ray.available_resources()} free")
+                f"{c.placement_timeout_s:.0f} s; the cluster has {_compute(ray.available_resources())} free")
 
     def _at(self, index: int, bundle: Any) -> dict[str, Any]:
         """Actor options: the bundle's resources, in bundle ``index`` of the group."""

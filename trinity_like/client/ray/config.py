@@ -47,7 +47,7 @@ class RayClientConfig:
     """The Ray runtime of ``ServiceClient(backend="ray")``; unknown keys and bad values are ConfigErrors."""
 
     address: str | None = None  # an existing cluster ("auto", "host:port"); None starts Ray in this process
-    num_cpus: int | None = None  # logical CPUs of a Ray started here; None: Ray counts the machine's
+    num_cpus: int | None = None  # logical CPUs of a Ray started here; None: the machine's, or the bundles' if more
     learner: Bundle = Bundle()  # the learner actor's bundle
     samplers: tuple[Bundle, ...] = (Bundle(),)  # one bundle per sampler actor
     strategy: str = "PACK"  # placement-group strategy: PACK, STRICT_PACK (one node), SPREAD, STRICT_SPREAD
@@ -71,6 +71,14 @@ class RayClientConfig:
                 raise ConfigError(f"ray.{name} must be >= 0, got {getattr(self, name)}")
         if self.num_cpus is not None and self.address is not None:
             raise ConfigError("ray.num_cpus sizes a Ray started here; an existing cluster (ray.address) has its own")
+
+    def cpus(self) -> float:
+        """CPUs of every bundle together."""
+        return self.learner.CPU + sum(s.CPU for s in self.samplers)
+
+    def gpus(self) -> float:
+        """GPUs of every bundle together."""
+        return self.learner.GPU + sum(s.GPU for s in self.samplers)
 
     def bundles(self) -> list[dict[str, float]]:
         """The placement group: the learner's bundle first (index 0), then one per sampler."""
