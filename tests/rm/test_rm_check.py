@@ -130,3 +130,14 @@ def test_bad_arguments_are_one_line_errors(recipe, tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
     assert main(["rm-check", "--tasks", str(recipe), "--reward-fn", "format", "--reward-args", "[1"]) == 2
     assert "--reward-args" in capsys.readouterr().err
+
+
+def test_the_verifier_is_not_rewritten_by_the_recipes_batch_transform(tmp_path):
+    """A recipe that z-scores its trained reward: the check still reads the verifier's 0/1."""
+    path = tmp_path / "recipe.yaml"
+    path.write_text(RECIPE.replace("trainer:", "  workflow_args: {reward_transform: batch_normalize}\ntrainer:"))
+    out = tmp_path / "check.json"
+    assert main(["rm-check", "--tasks", str(path), "--samples", "6", "--reward-fn", "format",
+                 "--reward-args", "{pattern: '.*[0-9].*'}", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert 0 < report["right_frac"] < 1 and report["auc"]["overall"] == 1.0

@@ -37,6 +37,7 @@ from trinity_like.rm_check.probes import probe_pairs
 
 CHECK_SEED_STEP = 3_000_000  # the sampling seed's step: draws differ from any training step's
 RECIPE_SUFFIXES = (".yaml", ".yml", ".toml")
+TRANSFORM_KEYS = ("reward_transform", "reward_transform_args")  # workflow args that rewrite a batch's rewards
 
 
 @dataclass(frozen=True)
@@ -92,8 +93,11 @@ def sample_policy(setup: CheckSetup, samples: int, seed_step: int = CHECK_SEED_S
     from trinity_like.models.resolve import resolve_model_path
 
     cfg = setup.config
+    # The workflow scores with the verifier alone: no gold reward beside it, no batch transform of it.
+    workflow_args = {k: v for k, v in cfg.explorer.workflow_args.items() if k not in TRANSFORM_KEYS}
     explorer_cfg = cfg.explorer.model_copy(update={"reward_fn": setup.verifier, "reward_args": setup.verifier_args,
-                                                    "eval_reward_fn": None, "eval_reward_args": {}})
+                                                    "eval_reward_fn": None, "eval_reward_args": {},
+                                                    "gold_reward_fn": "", "workflow_args": workflow_args})
     cfg = cfg.model_copy(update={"explorer": explorer_cfg})
     worker = ExplorerWorker(cfg, str(resolve_model_path(cfg.model.path)))
     try:
