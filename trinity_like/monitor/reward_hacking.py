@@ -151,7 +151,10 @@ def watch_rollouts(guard: RewardHackingGuard, stage: Any, step: int, metrics: di
         return {}
     version = max(versions)
     verdict = guard.observe(step, version=version, gold=metrics["reward/gold_mean"], learned=learned)
-    on_policy = stage.actor is not None and min(versions) == version == stage.model_version
+    # Only in turn (offset 0): the actor then holds exactly the weights that sampled the batch, and
+    # no optimiser step runs while they are read (with offset >= 1 the explorer may run in a thread).
+    on_policy = (stage.actor is not None and stage.config.synchronizer.offset == 0
+                 and min(versions) == version == stage.model_version)
     if guard.stop and verdict.new_best and on_policy:
         guard.keep_best(stage._save_weights, stage.model_path)
     if verdict.diverging and not guard.warned:
