@@ -211,6 +211,8 @@ def start_check(explorer: Any, tasks: list[Task], config: Config) -> tuple[dict[
     within-prompt AUC is within 0.1 of chance). No probes: those need ``trinity-like rm-check``."""
     from trinity_like.explorer.worker import sampling_params
 
+    if not tasks:
+        return {}, "reward check at start skipped (monitor.rm_check_tasks): the recipe has no buffer.eval_tasks"
     sampling = dataclasses.replace(sampling_params(config, step=CHECK_SEED_STEP), n=config.explorer.group_size)
     rows = [e for e in explorer.run(tasks, sampling).experiences if e.info.get("gold_reward") is not None]
     scores = [float(e.info.get("raw_reward", e.reward)) for e in rows]
