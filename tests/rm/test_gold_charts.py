@@ -7,11 +7,11 @@ import json
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from trinity_like.cli import main  # noqa: E402
-from trinity_like.monitor.plot import _gold_beside_reward  # noqa: E402
-from trinity_like.monitor.sinks import TensorBoardMonitor, TensorBoardParams  # noqa: E402
+from trinity_like.cli import main
+from trinity_like.monitor.plot import _gold_beside_reward
+from trinity_like.monitor.sinks import TensorBoardMonitor, TensorBoardParams
 
 ROWS = [{"step": s, "reward/mean": 1.0 + 0.3 * s, "reward/gold_mean": 0.5 - 0.1 * s} for s in (1, 2, 3)]
 

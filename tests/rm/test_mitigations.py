@@ -12,7 +12,12 @@ from trinity_like.errors import TrinityError
 from trinity_like.explorer.engine import RolloutEngine, SamplingParams
 from trinity_like.explorer.rewards import build_reward_fn
 from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks
-from trinity_like.models.reward_model import RewardModel, load_reward_model, save_reward_model, score_conversations
+from trinity_like.models.reward_model import (
+    RewardModel,
+    load_reward_model,
+    save_reward_model,
+    score_conversations,
+)
 from trinity_like.models.tiny import build_tiny_model
 from trinity_like.registry import REWARD_TRANSFORM, WORKFLOW
 

@@ -84,7 +84,7 @@ def test_rm_pairs_writes_train_and_held_out_files_a_reward_model_trains_on(tmp_p
         for p in pairs:
             good, bad = PAIR_KINDS[p["kind"]]
             assert bad == response_format(p["rejected"]) and good in (None, response_format(p["chosen"]))
-            assert not re.fullmatch(".*[0-9].*", p["rejected"], re.S)  # wrong under the verifier
+            assert not re.fullmatch(".*[0-9].*", p["rejected"], re.DOTALL)  # wrong under the verifier
     assert "pairs_eval.jsonl" in capsys.readouterr().out
     (tmp_path / "rm.yaml").write_text(RM)
     assert main(["run", "--config", str(tmp_path / "rm.yaml"), f"run_root={tmp_path / 'runs'}"]) == 0

@@ -14,7 +14,13 @@ import torch
 from trinity_like.cli import main
 from trinity_like.models.reward_model import RewardModel, save_reward_model
 from trinity_like.models.tiny import build_tiny_model
-from trinity_like.rm_check.metrics import auc, grouped_auc, pearson, response_format, spearman
+from trinity_like.rm_check.metrics import (
+    auc,
+    grouped_auc,
+    pearson,
+    response_format,
+    spearman,
+)
 
 
 def pairwise_auc(scores, labels):

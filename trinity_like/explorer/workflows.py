@@ -37,10 +37,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from trinity_like.components import build_params
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Experience, Task
-from trinity_like.components import build_params
-from trinity_like.explorer.rewards import RewardCall, build_reward_fn, score_with_retries
+from trinity_like.explorer.rewards import (
+    RewardCall,
+    build_reward_fn,
+    score_with_retries,
+)
 from trinity_like.models.resolve import render_prompt
 from trinity_like.registry import REWARD_TRANSFORM, WORKFLOW
 from trinity_like.rm_check.metrics import pearson

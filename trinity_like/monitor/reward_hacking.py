@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from trinity_like.errors import TrinityError
 
@@ -89,7 +90,7 @@ class RewardHackingGuard:
             diverging = slope(golds) < 0 < slope(learns) and golds[-1] < golds[0]
         message = ""
         if diverging:
-            (s0, g0, l0), (s1, g1, l1) = recent[0], recent[-1]
+            (s0, g0, l0), (_, g1, l1) = recent[0], recent[-1]
             message = (f"step {step}: reward hacking? the gold reward fell over the last {self.window} steps "
                        f"({g0:.3g} at step {s0} -> {g1:.3g}) while the learned reward rose ({l0:.3g} -> {l1:.3g})")
         return Verdict(new_best, diverging, message)

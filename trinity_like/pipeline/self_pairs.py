@@ -37,8 +37,9 @@ import functools
 import hashlib
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from trinity_like.config.schema import DatasetConfig
 from trinity_like.errors import TrinityError

@@ -32,7 +32,14 @@ from trinity_like.config.schema import Config, DatasetConfig
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Task
 from trinity_like.explorer.rewards import RewardCall
-from trinity_like.rm_check.metrics import FORMATS, auc, grouped_auc, pearson, response_format, spearman
+from trinity_like.rm_check.metrics import (
+    FORMATS,
+    auc,
+    grouped_auc,
+    pearson,
+    response_format,
+    spearman,
+)
 from trinity_like.rm_check.probes import probe_pairs
 
 CHECK_SEED_STEP = 3_000_000  # the sampling seed's step: draws differ from any training step's
@@ -185,8 +192,8 @@ def format_report(report: dict[str, Any]) -> str:
     """The terminal table of a report."""
     a = report["auc"]
     lines = [
-        f"reward model {report['scorer']} on {report['policy']}'s samples ({report['tasks']} tasks x "
-        f"{report['samples_per_task']}, verifier {report['verifier']}, right {report['right_frac']:.1%})",
+        (f"reward model {report['scorer']} on {report['policy']}'s samples ({report['tasks']} tasks x "
+         f"{report['samples_per_task']}, verifier {report['verifier']}, right {report['right_frac']:.1%})"),
         f"  AUC overall        {_f(a['overall'])}",
         f"  AUC within prompt  {_f(a['within_group'])}   ({a['groups_with_both']} prompts with right and wrong samples)",
         "  by format          share   right      n    AUC   mean score",
