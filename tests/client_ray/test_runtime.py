@@ -112,10 +112,17 @@ def test_bad_config_is_a_one_line_error_naming_the_key(values, message):
         RayClientConfig.from_dict(values)
 
 
-def test_strict_pack_is_passed_to_ray(ray_here, tmp_path):
-    config = RayClientConfig.from_dict({"strategy": "STRICT_PACK", "samplers": [{"CPU": 0.5}]})
+def test_strict_pack_is_passed_to_ray_and_close_fails_what_is_left(ray_here, tmp_path):
+    config = RayClientConfig.from_dict({"strategy": "STRICT_PACK", "samplers": [{"CPU": 0.5}], "max_in_flight": 1,
+                                        "sampler_delay_s": 1.0})
     with tinker.ServiceClient(backend="ray", ray=config, log_dir=tmp_path) as service:
         group = service._ray.placement_group
         table = placement_group_table(group)
         assert table["strategy"] == "STRICT_PACK" and list(table["bundles"].values()) == [{"CPU": 1.0}, {"CPU": 0.5}]
+        sampler = service.create_sampling_client(base_model="tiny-random")
+        futures = [sampler.sample(types.ModelInput.from_ints([1, 2]), 1, types.SamplingParams(max_tokens=2, seed=i))
+                   for i in range(3)]  # one running (1 s), two waiting when the service closes
+    for future in futures:  # each answered once: with an error, none left hanging
+        with pytest.raises(TrinityError, match="closed"):
+            future.result(timeout=60)
     assert placement_group_table(group)["state"] == "REMOVED"  # close() removed what it made

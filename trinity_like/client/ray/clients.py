@@ -206,6 +206,8 @@ class RaySamplingClient:
         """The engine's requests (each with its own seeds), split evenly over the samplers: each
         request's samples depend on its seeds only, so the split changes no sample."""
         requests = list(requests)
+        if not requests:
+            return []
         n = min(self._pool().size(), len(requests))
         parts = [requests[len(requests) * i // n: len(requests) * (i + 1) // n] for i in range(n)]
         futures = [self._pool().submit("run_requests", self._weights, part, sampling) for part in parts]

@@ -135,6 +135,9 @@ class SamplerPool:
             with self._lock:
                 request = sampler.in_flight.pop(ref)
                 request.failures += 1
+                if self._closed:  # close() ended the actor under it
+                    request.future.set_exception(TrinityError("the ServiceClient was closed while this request ran"))
+                    return
                 if request.failures > self._max_retries:
                     request.future.set_exception(TrinityError(
                         f"a sampling request failed {request.failures} times because its sampler died; "
