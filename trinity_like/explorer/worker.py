@@ -38,9 +38,16 @@ if TYPE_CHECKING:
 
 MAX_RESTARTS = 3
 
-# New weights for an explorer: a state dict, weights in shared memory
+
+
+class FrozenWeights(dict):
+    """A state dict of tensors that nobody writes again (a snapshot the trainer made for the
+    explorer): an in-process explorer samples from them as they are, with no copy."""
+
+
+# New weights for an explorer: a state dict, a frozen snapshot, weights in shared memory
 # (:mod:`~trinity_like.trainer.shared_weights`), or a model folder.
-Weights = Union["dict[str, torch.Tensor]", SharedWeights, str, Path]
+Weights = Union["dict[str, torch.Tensor]", FrozenWeights, SharedWeights, str, Path]
 
 
 def workflow_params(config: Config, cls: type, *, evaluation: bool = False) -> Any:
@@ -150,8 +157,11 @@ class ExplorerWorker:
     def receive_weights(self, weights: Weights, version: int) -> None:
         state, full = _state_dict(weights)
         # Shared memory is sampled from where it lies, with no copy of the weights here: the
-        # driver rewrites it only at the next sync, between two of this explorer's runs.
-        self.engine.update_weights(state, version=version, strict=full, share=isinstance(weights, SharedWeights))
+        # driver rewrites it only at the next sync, between two of this explorer's runs. A frozen
+        # snapshot is never written again, so it is shared too (a live state dict is copied: the
+        # trainer's optimiser writes it in place).
+        share = isinstance(weights, (SharedWeights, FrozenWeights))
+        self.engine.update_weights(state, version=version, strict=full, share=share)
 
     def pid(self) -> int:
         return os.getpid()
@@ -169,7 +179,9 @@ class RemoteExplorer:
         self._weights: tuple[Weights, int] | None = None  # the latest, re-sent to a restarted actor
         self._mailbox: WeightMailbox | None = None  # where a state dict goes for the actor to read
         self.restarts = 0
-        ray.get(self.actor.pid.remote())  # fail here, not mid-run, if the actor cannot start
+        # Fail here, not mid-run, if the actor cannot start. The pid is kept: asking the actor
+        # again would queue behind a batch it explores while the trainer trains.
+        self._pid: int = ray.get(self.actor.pid.remote())
 
     def _call(self, method: str, *args: Any) -> Any:
         for attempt in range(MAX_RESTARTS + 1):
@@ -187,7 +199,7 @@ class RemoteExplorer:
     def _wait_alive(self) -> None:
         for _ in range(600):
             try:
-                ray.get(self.actor.pid.remote(), timeout=60)
+                self._pid = ray.get(self.actor.pid.remote(), timeout=60)
                 return
             except RayActorError:
                 time.sleep(0.5)
@@ -206,7 +218,8 @@ class RemoteExplorer:
         self._call("receive_weights", weights, version)
 
     def pid(self) -> int:
-        return self._call("pid")
+        """The actor's process id (as of its last start)."""
+        return self._pid
 
     def close(self) -> None:
         ray.kill(self.actor, no_restart=True)

@@ -103,3 +103,61 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     plt.close(fig)
     return target
 
+
+# Colours of the timeline's phases (any other phase gets the next free colour).
+PHASE_COLOURS = {"rollout": "tab:blue", "update": "tab:orange", "sync": "tab:green", "checkpoint": "tab:red",
+                 "eval": "tab:purple", "buffer_write": "tab:brown", "wait": "0.85"}
+
+
+def plot_timeline(run_dir: str | Path, out: str | Path | None = None, last_s: float | None = None) -> Path:
+    """Write ``<run_dir>/timeline.png`` (or ``out``): one row per actor, a bar per span of
+    ``timeline.jsonl`` (:mod:`~trinity_like.monitor.timeline`), coloured by phase; the title
+    gives the share of rollout time hidden behind training. ``last_s``: only the run's last seconds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    from trinity_like.monitor.timeline import (
+        TIMELINE_FILE,
+        overlap_fraction,
+        read_spans,
+    )
+
+    run_dir = Path(run_dir)
+    path = run_dir / TIMELINE_FILE
+    if not path.exists():
+        raise TrinityError(f"{run_dir}: no {TIMELINE_FILE} (is it a run directory of mode both, train or explore?)")
+    spans = read_spans(path)
+    if not spans:
+        raise TrinityError(f"{path}: no spans yet")
+    if last_s is not None:
+        end = max(s.end for s in spans)
+        spans = [s for s in spans if s.end >= end - last_s]
+    t0 = min(s.start for s in spans)
+    actors = sorted({s.actor for s in spans}, key=lambda a: (a != "explorer", a))
+    colours = dict(PHASE_COLOURS)
+    width = max(s.end for s in spans) - t0
+    fig, ax = plt.subplots(figsize=(14, 1.2 + 0.9 * len(actors)), constrained_layout=True)
+    for row, actor in enumerate(actors):
+        for s in spans:
+            if s.actor != actor:
+                continue
+            colour = colours.setdefault(s.phase, f"C{len(colours) % 10}")
+            ax.broken_barh([(s.start - t0, max(s.end - s.start, 1e-3))], (row - 0.4, 0.8), facecolors=colour,
+                           edgecolors="white", linewidth=0.8)
+            if s.busy and s.end - s.start > 0.04 * width:  # the step of a wide bar, inside it
+                ax.text((s.start + s.end) / 2 - t0, row, str(s.step), ha="center", va="center", fontsize=8)
+    ax.set_yticks(range(len(actors)), actors)
+    ax.set_xlabel("seconds")
+    shown = sorted({s.phase for s in spans}, key=list(colours).index)
+    ax.legend(handles=[Patch(color=colours[p], label=p) for p in shown],
+              loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(actors) < 3 else -0.2), ncol=len(shown), fontsize=8)
+    hidden = overlap_fraction(spans)
+    note = "no rollouts" if hidden is None else f"{hidden:.0%} of rollout time hidden behind training"
+    ax.set_title(f"{run_dir}: {note}")
+    target = Path(out) if out else run_dir / "timeline.png"
+    fig.savefig(target, dpi=90)
+    plt.close(fig)
+    return target
