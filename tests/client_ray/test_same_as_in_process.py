@@ -170,3 +170,30 @@ def test_the_rl_loop_gives_the_same_run_in_process_and_on_ray(services, one_samp
     weights_local, weights_ray = logs["local-weights"], logs["ray-weights"]
     assert weights_local.keys() == weights_ray.keys()
     assert all(torch.equal(weights_local[k], weights_ray[k]) for k in weights_local)
+
+
+def test_errors_are_the_in_process_ones_raised_from_result(services):
+    """A bad request fails its own future with the exception in-process code raises (not Ray's
+    wrapper), and the clients stay usable."""
+    local, on_ray = services
+    sampler_a = local.create_sampling_client(base_model="tiny-random")
+    sampler_b = on_ray.create_sampling_client(base_model="tiny-random")
+    bad_prompt = types.ModelInput.from_ints([10**6])
+    params = types.SamplingParams(max_tokens=2, seed=0)
+    errors = []
+    for sampler in (sampler_a, sampler_b):
+        with pytest.raises(ValueError) as err:
+            sampler.sample(bad_prompt, 1, params).result(timeout=60)
+        errors.append((type(err.value), str(err.value)))
+    assert errors[0] == errors[1] and "outside the model's vocabulary" in errors[0][1]
+    training = on_ray.create_lora_training_client("tiny-random", rank=0, seed=0)
+    data = sft_data(training.get_tokenizer(), ["a b c"])
+    errors = []
+    for client in (local.create_lora_training_client("tiny-random", rank=0, seed=0), training):
+        with pytest.raises(Exception) as err:  # its type is compared below
+            client.forward_backward(data, "no_such_loss").result(timeout=60)
+        errors.append((type(err.value), str(err.value)))
+    assert errors[0] == errors[1] and "no_such_loss" in errors[0][1]
+    assert training.forward_backward(data, "cross_entropy").result(timeout=60).metrics["loss:sum"] > 0
+    assert len(sampler_b.sample(types.ModelInput.from_ints([1, 2]), 1, params).result(timeout=60).sequences) == 1
+    training.close()
