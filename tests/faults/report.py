@@ -39,6 +39,8 @@ def rows_from_junit(xml_text: str) -> list[list[str]]:
             continue
         props = {p.get("name"): p.get("value") for p in case.iter("property")}
         if "fault" not in props:
+            if failed:  # it failed before recording its row: the table still shows it
+                rows.append([f"{case.get('classname', '')}::{case.get('name', '')}", "FAILED", "FAILED", "FAILED"])
             continue
         if failed:
             rows.append([props["fault"], "FAILED", "FAILED", "FAILED"])

@@ -16,6 +16,7 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="py
 <testcase classname="b" name="test_lock"><properties><property name="fault" value="second run"/>
 <property name="outcome" value="x"/><property name="resumed" value="y"/><property name="rows" value="z"/></properties><failure message="boom"/></testcase>
 <testcase classname="c" name="test_helper"/>
+<testcase classname="c" name="test_early"><failure message="before recording"/></testcase>
 <testcase classname="d" name="test_known"><properties><property name="fault" value="resume"/>
 <property name="outcome" value="KNOWN BUG: x"/><property name="resumed" value="yes"/><property name="rows" value="1 twice"/></properties>
 <skipped type="pytest.xfail" message="known bug"/></testcase>
@@ -30,6 +31,7 @@ def test_rows_come_from_recorded_properties_and_failures_show(tmp_path):
         ["bad input: 2 recipes, overrides, plugins and data files", "clean one-line error, exit 2, no run directory: 1/2", "-", "-"],
         ["SIGKILL at a", "killed", "yes (3 s)", "0 lost, 0 twice"],
         ["second run", "FAILED", "FAILED", "FAILED"],
+        ["c::test_early", "FAILED", "FAILED", "FAILED"],  # failed before recording a row: shown by its name
         ["resume", "KNOWN BUG: x", "yes", "1 twice"],  # a strict xfail keeps its row; a skip has none
     ]
     doc = tmp_path / "r.md"

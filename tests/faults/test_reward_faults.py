@@ -4,6 +4,7 @@ then the task is skipped and counted -- and the run goes on."""
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 import time
 
@@ -13,6 +14,7 @@ from faultlib import RECIPE, TINY, record
 
 from trinity_like.config import load_plan
 from trinity_like.errors import TrinityError
+from trinity_like.plugins import ENV_VAR as PLUGINS_ENV
 from trinity_like.explorer.rewards import build_reward_fn, score_with_retries
 from trinity_like.registry import REWARD_FN
 from trinity_like.runner import run_plan
@@ -54,7 +56,8 @@ PLUGIN = textwrap.dedent('''
 ''')
 
 
-def test_a_run_survives_every_kind_of_bad_reward_call(tmp_path, record_property):
+def test_a_run_survives_every_kind_of_bad_reward_call(tmp_path, record_property, monkeypatch):
+    monkeypatch.setenv(PLUGINS_ENV, os.environ.get(PLUGINS_ENV, ""))  # loading the plugin exports it: undone after
     plugin = tmp_path / "misbehaving_reward.py"
     plugin.write_text(PLUGIN)
     plan = load_plan(RECIPE, [f"run_root={tmp_path}", *TINY, "explorer.batch_size=4", "buffer.train_batch_size=8",
@@ -128,14 +131,13 @@ HOG_PLUGIN = textwrap.dedent(f'''
     from pathlib import Path
     from trinity_like.registry import REWARD_FN
 
-    CALLS = Path(os.environ["FAULTTEST_CALLS_FILE"])  # each call appends a line: the children share no memory
-
     @REWARD_FN.register_module("faulttest_hog_then_honest")
     def hog_then_honest(*, response):
         """Test: calls 1 and 2 allocate {HOG_MB} MB in 32 MB steps, call 3 kills its own process; then honest."""
-        with CALLS.open("a") as f:
+        calls = Path(os.environ["FAULTTEST_CALLS_FILE"])  # each call appends a line: the children share no memory
+        with calls.open("a") as f:
             f.write("call\\n")
-        n = len(CALLS.read_text().splitlines())
+        n = len(calls.read_text().splitlines())
         if n <= 2:
             hoard = [bytearray(32 << 20) for _ in range({HOG_MB // 32})]
             return float(len(hoard))
@@ -149,6 +151,7 @@ def test_a_run_survives_a_reward_that_allocates_without_bound(tmp_path, record_p
     plugin = tmp_path / "hog_reward.py"
     plugin.write_text(HOG_PLUGIN)
     monkeypatch.setenv("FAULTTEST_CALLS_FILE", str(tmp_path / "calls.txt"))
+    monkeypatch.setenv(PLUGINS_ENV, os.environ.get(PLUGINS_ENV, ""))  # loading the plugin exports it: undone after
     plan = load_plan(RECIPE, [f"run_root={tmp_path}", *TINY, "explorer.batch_size=4", "buffer.train_batch_size=8",
                               "explorer.reward_fn=isolated",
                               f"explorer.reward_args={{fn: faulttest_hog_then_honest, memory_mb: {LIMIT_MB}, wall_s: 5}}",
