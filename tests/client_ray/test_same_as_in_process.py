@@ -175,25 +175,21 @@ def test_the_rl_loop_gives_the_same_run_in_process_and_on_ray(services, one_samp
 def test_errors_are_the_in_process_ones_raised_from_result(services):
     """A bad request fails its own future with the exception in-process code raises (not Ray's
     wrapper), and the clients stay usable."""
-    local, on_ray = services
-    sampler_a = local.create_sampling_client(base_model="tiny-random")
-    sampler_b = on_ray.create_sampling_client(base_model="tiny-random")
-    bad_prompt = types.ModelInput.from_ints([10**6])
+    trainings = [service.create_lora_training_client("tiny-random", rank=0, seed=0) for service in services]
+    data = sft_data(trainings[0].get_tokenizer(), ["a b c"])
     params = types.SamplingParams(max_tokens=2, seed=0)
-    errors = []
-    for sampler in (sampler_a, sampler_b):
+    sample_errors, loss_errors = [], []
+    for training in trainings:
+        sampler = training.save_weights_and_get_sampling_client()
         with pytest.raises(ValueError) as err:
-            sampler.sample(bad_prompt, 1, params).result(timeout=60)
-        errors.append((type(err.value), str(err.value)))
-    assert errors[0] == errors[1] and "outside the model's vocabulary" in errors[0][1]
-    training = on_ray.create_lora_training_client("tiny-random", rank=0, seed=0)
-    data = sft_data(training.get_tokenizer(), ["a b c"])
-    errors = []
-    for client in (local.create_lora_training_client("tiny-random", rank=0, seed=0), training):
+            sampler.sample(types.ModelInput.from_ints([10**6]), 1, params).result(timeout=60)
+        sample_errors.append((type(err.value), str(err.value)))
         with pytest.raises(Exception) as err:  # its type is compared below
-            client.forward_backward(data, "no_such_loss").result(timeout=60)
-        errors.append((type(err.value), str(err.value)))
-    assert errors[0] == errors[1] and "no_such_loss" in errors[0][1]
-    assert training.forward_backward(data, "cross_entropy").result(timeout=60).metrics["loss:sum"] > 0
-    assert len(sampler_b.sample(types.ModelInput.from_ints([1, 2]), 1, params).result(timeout=60).sequences) == 1
-    training.close()
+            training.forward_backward(data, "no_such_loss").result(timeout=60)
+        loss_errors.append((type(err.value), str(err.value)))
+        assert training.forward_backward(data, "cross_entropy").result(timeout=60).metrics["loss:sum"] > 0
+        assert len(sampler.sample(types.ModelInput.from_ints([1, 2]), 1, params).result(timeout=60).sequences) == 1
+    assert sample_errors[0] == sample_errors[1] and "outside the model's vocabulary" in sample_errors[0][1]
+    assert loss_errors[0] == loss_errors[1] and "no_such_loss" in loss_errors[0][1]
+    for training in trainings:
+        training.close()

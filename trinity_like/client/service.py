@@ -157,7 +157,7 @@ class ServiceClient:
         from trinity_like.client.ray import RayTrainingClient
 
         service = {"log_dir": str(self.log_dir), "micro_batch_size": self.micro_batch_size, "dtype": self.dtype}
-        actor = self._ray.learner(service, create, args)
+        actor = self._ray.learner(ServiceClient, service, create, args)
         client = RayTrainingClient(self._ray, actor, base_model=base_model, lora=lora)
         self._clients.append(client)
         return client

@@ -52,13 +52,13 @@ def _devices(threads: int) -> str:
 class LearnerActor:
     """A TrainingClient of the in-process backend, inside a Ray actor (calls run in order)."""
 
-    def __init__(self, service: dict[str, Any], create: str, args: dict[str, Any], threads: int,
+    def __init__(self, service_cls: type, service: dict[str, Any], create: str, args: dict[str, Any], threads: int,
                  delay_s: float = 0.0) -> None:
-        from trinity_like.client.service import ServiceClient
-
+        """``service_cls(**service)``: the in-process ServiceClient (handed over by the caller, so
+        this module need not import the one that imports it); ``create(**args)`` makes the client."""
         _devices(threads)
         self._delay_s = delay_s  # test-only: a slow learner
-        self._service = ServiceClient(**service)
+        self._service = service_cls(**service)
         self._client = getattr(self._service, create)(**args)
 
     def info(self) -> tuple[str, types.GetInfoResponse, int]:

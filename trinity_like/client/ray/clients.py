@@ -125,15 +125,16 @@ class RayRuntime:
             **self._at(1 + i, bundle))
         return cls.remote(bundle.threads, self.config.sampler_delay_s)
 
-    def learner(self, service: dict[str, Any], create: str, args: dict[str, Any]) -> Any:
-        """A new LearnerActor in the learner bundle (one live learner per ServiceClient)."""
+    def learner(self, service_cls: type, service: dict[str, Any], create: str, args: dict[str, Any]) -> Any:
+        """A new LearnerActor in the learner bundle (one live learner per ServiceClient):
+        ``service_cls(**service).<create>(**args)`` is its in-process training client."""
         if self._learner_taken:
             raise TrinityError("this ServiceClient(backend='ray') has one learner bundle and its training client is "
                                "still open: close() it first, or use another ServiceClient")
         bundle = self.config.learner
         cls = ray.remote(LearnerActor).options(max_restarts=0, max_task_retries=0, **self._at(0, bundle))
         self._learner_taken = True
-        return cls.remote(service, create, args, bundle.threads, self.config.learner_delay_s)
+        return cls.remote(service_cls, service, create, args, bundle.threads, self.config.learner_delay_s)
 
     def learner_released(self) -> None:
         self._learner_taken = False
