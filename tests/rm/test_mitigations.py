@@ -3,6 +3,9 @@ each against a hand computation (numpy) -- and the workflow applying a transform
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -50,7 +53,7 @@ def test_composite_is_the_weighted_sum_of_its_terms():
         assert fn({"response": response, "answer": "5", "messages": MESSAGES}) == pytest.approx(2.0 * em + 0.5 * fmt)
     with pytest.raises(TrinityError, match="composite.terms.1: unknown reward function 'nope'"):
         build_reward_fn("composite", {"terms": [{"name": "format"}, {"name": "nope"}]})
-    with pytest.raises(TrinityError, match="composite.terms.0: .*unknown parameter"):
+    with pytest.raises(TrinityError, match="composite.terms.0.args.patern: unknown parameter"):
         build_reward_fn("composite", {"terms": [{"name": "format", "args": {"patern": "x"}}]})
     with pytest.raises(TrinityError, match="terms is empty"):
         build_reward_fn("composite", {"terms": []})
@@ -89,3 +92,20 @@ def test_the_workflow_applies_a_transform_to_the_whole_batch_and_keeps_the_raw_r
     assert result.metrics["reward/mean"] == pytest.approx(0.0, abs=1e-9)
     with pytest.raises(TrinityError, match="reward_transform_args.std_clp"):
         cls(params=build_params(cls, {"reward_transform": "batch_clip", "reward_transform_args": {"std_clp": 1}}))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("explorer.reward_args={terms: [{name: nope}]}", "composite.terms.0: unknown reward function 'nope'"),
+    ("explorer.reward_args={terms: [{name: composite}]}", "composite.terms.0: a composite inside a composite"),
+    ("explorer.workflow_args={reward_transform: batch_clp}", "unknown reward transform 'batch_clp'; did you mean 'batch_clip'"),
+    ("explorer.workflow_args={reward_transform: batch_clip, reward_transform_args: {std_clp: 1}}",
+     "reward_transform_args.std_clp: unknown parameter of batch_clip"),
+])
+def test_a_recipes_mistake_in_a_mitigation_fails_at_validation(override, message):
+    from trinity_like.config import load_plan
+
+    recipe = Path(__file__).resolve().parents[2] / "examples" / "grpo_with_rm.yaml"
+    extra = ["explorer.reward_fn=composite"] if "terms" in override else []
+    with pytest.raises(TrinityError, match=re.escape(message)) as info:
+        load_plan(recipe, [*extra, override])
+    assert "grpo_with_rm.yaml" in str(info.value)

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trinity_like.errors import TrinityError
+from trinity_like.errors import ConfigError, TrinityError
 from trinity_like.experience import Task
 from trinity_like.registry import REWARD_FN, REWARD_TRANSFORM
 
@@ -47,7 +47,7 @@ class EnsembleParams:
 
     def __post_init__(self) -> None:
         if len(self.paths) < 2:
-            raise TrinityError(f"rm_ensemble: paths needs two or more reward models, got {len(self.paths)}")
+            raise ConfigError(f"rm_ensemble: paths needs two or more reward models, got {len(self.paths)}")
 
 
 @REWARD_FN.register_module("rm_ensemble")
@@ -85,8 +85,18 @@ class CompositeParams:
     terms: tuple[CompositeTerm, ...] = ()  # the reward is sum(weight * term) over these, at least one
 
     def __post_init__(self) -> None:
+        """Each term's name and args are checked here, so a recipe's mistakes fail at validation."""
+        from trinity_like.components import build_params
+
         if not self.terms:
-            raise TrinityError("composite: terms is empty (give at least one {name, weight, args})")
+            raise ConfigError("composite: terms is empty (give at least one {name, weight, args})")
+        for i, term in enumerate(self.terms):
+            if term.name == "composite":
+                raise ConfigError(f"composite.terms.{i}: a composite inside a composite; list its terms here instead")
+            try:
+                build_params(REWARD_FN.get(term.name), term.args, where=f"composite.terms.{i}.args")
+            except TrinityError as exc:  # an unknown name, a bad arg: say which term
+                raise ConfigError(f"composite.terms.{i}: {exc}" if not str(exc).startswith("composite.") else str(exc)) from None
 
 
 @REWARD_FN.register_module("composite")
@@ -96,14 +106,7 @@ class CompositeReward:
     def __init__(self, *, params: CompositeParams) -> None:
         from trinity_like.explorer.rewards import build_reward_fn
 
-        self.terms = []
-        for i, term in enumerate(params.terms):
-            if term.name == "composite":
-                raise TrinityError(f"composite: terms.{i} is itself a composite; list its terms here instead")
-            try:
-                self.terms.append((term.weight, build_reward_fn(term.name, term.args)))
-            except TrinityError as exc:  # an unknown name, a bad arg: say which term
-                raise type(exc)(f"composite.terms.{i}: {exc}") from None
+        self.terms = [(term.weight, build_reward_fn(term.name, term.args)) for term in params.terms]
 
     def __call__(self, *, response: str, answer: str | None = None, task: Task | None = None,
                  messages: list[dict[str, str]] | None = None) -> float:

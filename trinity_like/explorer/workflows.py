@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trinity_like.components import build_params
-from trinity_like.errors import TrinityError
+from trinity_like.errors import ConfigError, TrinityError
 from trinity_like.experience import Experience, Task
 from trinity_like.explorer.rewards import (
     RewardCall,
@@ -46,7 +46,7 @@ from trinity_like.explorer.rewards import (
     score_with_retries,
 )
 from trinity_like.models.resolve import render_prompt
-from trinity_like.registry import REWARD_TRANSFORM, WORKFLOW
+from trinity_like.registry import REWARD_TRANSFORM, WORKFLOW, UnknownNameError
 from trinity_like.rm_check.metrics import pearson
 
 if TYPE_CHECKING:  # the engine imports transformers: only when a workflow runs
@@ -94,13 +94,20 @@ class MathWorkflowParams:
     reward_transform: str = ""  # REWARD_TRANSFORM applied to the batch's rewards once all are scored; "": none
     reward_transform_args: Mapping[str, Any] = field(default_factory=dict)  # params of that transform
 
+    def __post_init__(self) -> None:
+        if self.reward_transform:  # checked here, so a recipe's mistake fails at validation
+            BatchTransform(self.reward_transform, self.reward_transform_args)
+
 
 class BatchTransform:
     """A REWARD_TRANSFORM entry with its params, called on a batch's rewards."""
 
     def __init__(self, name: str, values: Mapping[str, Any]) -> None:
         self.name = name
-        self.fn = REWARD_TRANSFORM.get(name)
+        try:
+            self.fn = REWARD_TRANSFORM.get(name)
+        except UnknownNameError as exc:
+            raise ConfigError(f"explorer.workflow_args.reward_transform: {exc}") from None
         self.params = build_params(self.fn, values, where="explorer.workflow_args.reward_transform_args")
 
     def __call__(self, rewards: list[float]) -> list[float]:
