@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import trinity_like.client as tinker
-from trinity_like.client import rl_train
+from trinity_like.client import rl_core, rl_train
 from trinity_like.client.rl_train import (
     Episode,
     RLTrainConfig,
@@ -102,7 +102,7 @@ def datum_advantages(row):
 
 
 def test_docstring_examples():
-    assert doctest.testmod(rl_train).failed == 0
+    assert doctest.testmod(rl_core).failed == 0 and doctest.testmod(rl_train).failed == 0
 
 
 # -- advantages -------------------------------------------------------------------------------------
@@ -251,11 +251,11 @@ def test_substeps_use_every_datum_of_an_iteration_exactly_once(service, tmp_path
 
 
 def test_ppo_clip_fraction_counts_policy_tokens_beyond_their_bound(service, tmp_path):
-    row = rl_train._Row(datum=None, policy_P=np.array([0, 2, 3, 4]), sampler_P=np.log([0.5, 0.5, 0.5, 0.5]),
+    row = rl_core._Row(datum=None, policy_P=np.array([0, 2, 3, 4]), sampler_P=np.log([0.5, 0.5, 0.5, 0.5]),
                         advantages_P=np.array([1.0, 1.0, -1.0, -1.0]))
     learner = np.log([0.9, 0.7, 0.55, 0.3, 0.45])  # ratios 1.8, 1.1 | 0.6, 0.9 at the policy positions
-    assert rl_train._clipped(row, learner, config(tmp_path, loss_fn="ppo")) == 2  # 1.8 > 1.2 (A>0), 0.6 < 0.8 (A<0)
-    assert rl_train._clipped(row, learner, config(tmp_path, loss_fn="ppo",
+    assert rl_core._clipped(row, learner, config(tmp_path, loss_fn="ppo")) == 2  # 1.8 > 1.2 (A>0), 0.6 < 0.8 (A<0)
+    assert rl_core._clipped(row, learner, config(tmp_path, loss_fn="ppo",
                                                   loss_fn_config={"clip_high_threshold": 2.0})) == 1
     training = service.create_lora_training_client("tiny-random", rank=0, seed=0)
     factory = build_env_factory("arithmetic", NO_SPACE, tokenizer=training.get_tokenizer())

@@ -48,7 +48,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from trinity_like.client.rl_train import (
+from trinity_like.client.rl_core import (
     Episode,
     Pending,
     RLTrainConfig,
