@@ -17,6 +17,7 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="py
 <property name="outcome" value="x"/><property name="resumed" value="y"/><property name="rows" value="z"/></properties><failure message="boom"/></testcase>
 <testcase classname="c" name="test_helper"/>
 <testcase classname="c" name="test_early"><failure message="before recording"/></testcase>
+<testcase classname="tests.faults.test_report" name="test_the_doc"><failure message="not a fault"/></testcase>
 <testcase classname="d" name="test_known"><properties><property name="fault" value="resume"/>
 <property name="outcome" value="KNOWN BUG: x"/><property name="resumed" value="yes"/><property name="rows" value="1 twice"/></properties>
 <skipped type="pytest.xfail" message="known bug"/></testcase>
