@@ -3,7 +3,7 @@
     trinity-like run --config recipe.yaml [key.path=value ...] [--plugin P] [--dry-run]
     trinity-like validate recipe.yaml [key.path=value ...]
     trinity-like list [REGISTRY | models]
-    trinity-like plot RUN_DIR [--out FILE]
+    trinity-like plot RUN_DIR [--out FILE]  |  trinity-like plot --timeline RUN_DIR [--last SECONDS]
     trinity-like view RUN_DIR [RUN_DIR ...] [--port N]
     trinity-like report RUN_DIR [RUN_DIR ...] --out FILE.html
     trinity-like export CHECKPOINT --out DIR [--base MODEL]
@@ -63,7 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     plot = sub.add_parser("plot", help="draw a run's curves (reward, accuracy, loss, phase times) as a PNG")
     plot.add_argument("run_dir", help="run directory, e.g. runs/grpo_arith")
-    plot.add_argument("--out", help="PNG path (default: <run_dir>/metrics.png)")
+    plot.add_argument("--out", help="PNG path (default: <run_dir>/metrics.png, or timeline.png)")
+    plot.add_argument("--timeline", action="store_true",
+                      help="draw when each actor (explorer, trainer) was busy, from <run_dir>/timeline.jsonl")
+    plot.add_argument("--last", type=float, metavar="SECONDS", help="with --timeline: only the run's last SECONDS")
     plot.add_argument("--debug", action="store_true", help="show tracebacks")
 
     view = sub.add_parser("view", help="a local web page over runs: curves, every rollout in the buffer, held-out answers")
@@ -193,8 +196,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from trinity_like.monitor.plot import plot_run
+    from trinity_like.monitor.plot import plot_run, plot_timeline
 
+    if args.timeline:
+        print(plot_timeline(args.run_dir, args.out, args.last))
+        return 0
+    if args.last is not None:
+        raise TrinityError("plot: --last applies to --timeline only")
     print(plot_run(args.run_dir, args.out))
     return 0
 
