@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,7 @@ from trinity_like.explorer.worker import Explorer, ExplorerWorker, RemoteExplore
 from trinity_like.monitor.evals import EVALS_FILE, append_evals
 from trinity_like.monitor.logger import MetricsLogger
 from trinity_like.monitor.reward_hacking import RewardHackingGuard, guard_for, watch_rollouts
+from trinity_like.monitor.timeline import TIMELINE_FILE, Timeline
 from trinity_like.pipeline.checkpoint import CheckpointManager
 from trinity_like.pipeline.data_sources import StageData, load_stage_data
 from trinity_like.pipeline.disk_full import disk_full_as_error
@@ -54,6 +56,8 @@ from trinity_like.trainer.objective import Objective, objective_from_stage
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+    from trinity_like.explorer.workflows import WorkflowResult
 
 ROLES = ("both", "explore", "train", "offline")
 
@@ -92,6 +96,7 @@ class Stage:
     extra_state: dict[str, Any] = field(default_factory=dict)  # loop-specific state saved with checkpoints
     eval_log: Path | None = None  # where evaluate() appends each held-out answer (None: nowhere)
     run_lock: RunLock | None = None  # this stage's claim on its run directory (:mod:`.run_lock`), freed by close()
+    timeline: Timeline | None = None  # when each actor was busy (<run_dir>/timeline.jsonl, :mod:`~trinity_like.monitor.timeline`)
     reward_guard: RewardHackingGuard | None = None  # watches gold vs learned reward (:mod:`~trinity_like.monitor.reward_hacking`)
 
     @property
@@ -109,10 +114,17 @@ class Stage:
     # -- explorer side -----------------------------------------------------------------
     def explore(self, step: int) -> tuple[list[Experience], dict[str, float]]:
         """The next ``explorer.batch_size`` tasks, answered ``group_size`` times each and scored."""
+        return self.explored(step, self.explorer.run(self.draw_tasks(), sampling_params(self.config, step=step)))
+
+    def draw_tasks(self) -> list[Task]:
+        """The next ``explorer.batch_size`` tasks (their position is checkpointed)."""
         tasks = self.data.train.next_batch(self.config.explorer.batch_size)
         if not tasks:
             raise TrinityError("the task set is exhausted")
-        result = self.explorer.run(tasks, sampling_params(self.config, step=step))
+        return tasks
+
+    def explored(self, step: int, result: WorkflowResult) -> tuple[list[Experience], dict[str, float]]:
+        """The rows and metrics of step ``step``'s explored batch; skipped tasks are logged."""
         for sk in result.skipped:
             self.logger.write(f"step {step}: task {sk.task_id} skipped: {sk.reason}")
         metrics = {**result.metrics, "explorer/restarts": float(self.explorer.restarts)}
@@ -225,6 +237,10 @@ class Stage:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.logger.log(step, metrics)
+
+    def span(self, actor: str, phase: str, step: int) -> AbstractContextManager[None]:
+        """Record a span of ``actor`` in the timeline (:mod:`~trinity_like.monitor.timeline`), if the stage keeps one."""
+        return self.timeline.span(actor, phase, step) if self.timeline is not None else nullcontext()
 
     def memory(self) -> dict[str, float]:
         """Memory (GB, :func:`resident_bytes`) of this process, the verl workers of every engine
@@ -395,7 +411,7 @@ def build_stage(spec: ResolvedStage, role: str) -> Stage:
     run_dir, logger, lock = _open_run_dir(cfg, role)
     stage = Stage(spec=spec, role=role, run_dir=run_dir, model_path=model_path, tokenizer=tokenizer, data=data, run_lock=lock,
                   logger=logger, checkpoints=CheckpointManager(run_dir, cfg.checkpoint.keep_last), objective=objective,
-                  eval_log=run_dir / EVALS_FILE,
+                  eval_log=run_dir / EVALS_FILE, timeline=Timeline(run_dir / TIMELINE_FILE),
                   batch_needs=frozenset(spec.needs | objective.inputs_needed()) if objective else frozenset())
     try:
         if role != "offline":
