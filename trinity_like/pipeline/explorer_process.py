@@ -114,13 +114,13 @@ class ExplorerProcess:
             timer = PhaseTimer()
             t0 = time.perf_counter()
             before = self.version
-            with timer("wait_weights"):
+            with timer("wait_weights"), ctx.span("explorer", "wait", step):
                 self.wait_for(needed_version(step, offset, interval))
             every = cfg.monitor.eval_interval
             if every and self.version // every != before // every and self.version != total:
                 with timer("eval"):  # the first version of each eval interval the explorer loads
                     self.evaluate(self.version)
-            with timer("rollout"):
+            with timer("rollout"), ctx.span("explorer", "rollout", step):
                 rows, metrics = ctx.explore(step)
             with timer("buffer_write"):
                 ctx.put_rows(rows, step)
