@@ -143,7 +143,17 @@ class TrainerConfig(Section):
 class SynchronizerConfig(Section):
     method: Literal["auto", "memory", "checkpoint"] = "auto"  # weights in memory (one process) or through files (<run_dir>/sync); auto: files in modes explore/train
     interval: PosInt = 1  # sync weights to the explorer every `interval` train steps
-    offset: NonNegInt = 0  # explorer may run this many steps ahead of the trainer (off-policy)
+    offset: NonNegInt = 0  # explorer may run this many steps ahead of the trainer (off-policy); >= 1 in mode both: it explores while the trainer trains
+    sync_style: Literal["fixed", "explorer_driven"] = "fixed"  # fixed: batch t uses the weights of step t-1-offset; explorer_driven: the newest when the explorer starts a batch (needs offset >= 1); docs/async.md
+    concurrent: bool = True  # offset >= 1 in mode both: explore in the background while the trainer trains; false: in turn (the reference loop)
+
+    @model_validator(mode="after")
+    def _driven_needs_room(self) -> SynchronizerConfig:
+        if self.sync_style == "explorer_driven" and self.offset == 0:
+            raise ValueError("sync_style: explorer_driven lets the explorer run ahead of the trainer: set offset >= 1")
+        if self.sync_style == "explorer_driven" and not self.concurrent:
+            raise ValueError("sync_style: explorer_driven needs concurrent: true (in turn, the explorer never waits on newer weights)")
+        return self
 
 
 class CheckpointConfig(Section):
@@ -163,10 +173,14 @@ class MonitorConfig(Section):
 
 
 class ClusterConfig(Section):
+    """Where the `verl` workers and the explorer actor run. There is no node count: the nodes are
+    the Ray cluster's (`ray_address`); `placement` says whether the workers share one or spread."""
+
     ray_address: str | None = None  # existing Ray cluster ("ray://host:10001" or "auto"); None: start locally
     num_cpus: PosInt | None = None  # CPUs for a locally started Ray; None: all
-    num_gpus: NonNegInt = 0  # GPUs of the `verl` engine's workers, one each (0 or trainer_workers); 0: CPU workers over gloo
+    num_gpus: NonNegInt = 0  # GPUs of the `verl` engine's workers, one each (0 or trainer_workers); 0: CPU workers over gloo; more than the machine (or cluster) has: an error at start
     trainer_workers: PosInt | None = None  # FSDP world size of the `verl` engine; None: num_gpus on GPUs, 1 on CPU (see `workers`)
+    placement: Literal["pack", "spread"] = "pack"  # `verl` workers: pack: all on one node; spread: each on a node of its own (a multi-node cluster)
 
     @model_validator(mode="after")
     def _one_gpu_per_worker(self) -> ClusterConfig:

@@ -16,8 +16,11 @@ holds the engines and data (:mod:`.stage`). One step of GRPO::
     log the step's metrics; every checkpoint.interval steps: checkpoint, then buffer.commit(step)
 
 Off-policy: the explorer may run ``synchronizer.offset`` steps ahead of the trainer, so
-with offset k the batch trained at step t was sampled by the weights of step t - k;
-each row records the version that produced it and staleness is logged.
+with offset k the batch trained at step t was sampled by the weights of step t - 1 - k;
+each row records the version that produced it and staleness is logged. This loop takes
+the turns one after the other (the reference); with offset >= 1 :mod:`.async_loop` runs the
+same schedule with the explorer in the background, exploring while the trainer trains.
+Either records when each actor was busy in ``<run_dir>/timeline.jsonl``.
 
 The offline loop (:mod:`.offline_loop`: SFT, DPO, RM) and the explorer process
 (:mod:`.explorer_process`) reuse :func:`update` and :func:`end_step`.
@@ -45,9 +48,16 @@ Prepare = Callable[[Stage, Batch, PhaseTimer], dict[str, float]]  # adds what th
 
 
 def run_online(stage: Stage) -> dict[str, float]:
-    """Mode ``both``: explore and train ``stage`` from ``start_step`` to ``trainer.total_steps``."""
+    """Mode ``both``: explore and train ``stage`` from ``start_step`` to ``trainer.total_steps``.
+
+    With ``synchronizer.offset >= 1`` (and ``synchronizer.concurrent``) the explorer works in
+    the background (:func:`.async_loop.run_concurrent`); otherwise in turn, here."""
     cfg = stage.config
     total, offset = cfg.trainer.total_steps, cfg.synchronizer.offset
+    if offset >= 1 and cfg.synchronizer.concurrent:
+        from trinity_like.pipeline.async_loop import run_concurrent
+
+        return run_concurrent(stage, learn, end_step)
     last: dict[str, float] = {}
     if cfg.monitor.eval_at_start and stage.eval_tasks and stage.start_step == 0:
         stage.log(0, stage.evaluate(0))
@@ -57,7 +67,7 @@ def run_online(stage: Stage) -> dict[str, float]:
         metrics: dict[str, float] = {}
         # -- explore: keep `offset` batches ahead of the trainer ------------------------------
         while len(pending) <= offset and step + len(pending) <= total:
-            with timer("rollout"):
+            with timer("rollout"), stage.span("explorer", "rollout", step + len(pending)):
                 rows, explore_metrics = stage.explore(step + len(pending))
             metrics.update(explore_metrics)
             with timer("buffer_write"):
@@ -65,7 +75,8 @@ def run_online(stage: Stage) -> dict[str, float]:
             pending.append(rows)
         pending.pop(0)
         # -- sample a batch, train, sync, checkpoint, log ---------------------------------------
-        learned, batch = learn(stage, step, timer)
+        with stage.span("trainer", "update", step):
+            learned, batch = learn(stage, step, timer)
         metrics.update(learned)
         end_step(stage, step, timer, t0, metrics, batch)
         last = metrics
@@ -85,7 +96,8 @@ def run_trainer(stage: Stage) -> dict[str, float]:
     last: dict[str, float] = {}
     for step in range(stage.start_step + 1, stage.config.trainer.total_steps + 1):
         timer, t0 = PhaseTimer(), time.perf_counter()
-        last, batch = learn(stage, step, timer)
+        with stage.span("trainer", "update", step):
+            last, batch = learn(stage, step, timer)
         end_step(stage, step, timer, t0, last, batch)
     return last
 
@@ -243,12 +255,15 @@ def update(stage: Stage, step: int, batch: Batch, timer: PhaseTimer, *, prepare:
 
 
 def end_step(stage: Stage, step: int, timer: PhaseTimer, t0: float, metrics: dict[str, float],
-             batch: Batch | None, evaluate: Callable[[int], dict[str, float]] | None = None) -> None:
+             batch: Batch | None, evaluate: Callable[[int], dict[str, float]] | None = None,
+             sync: Callable[[int], None] | None = None, before_checkpoint: Callable[[int], None] | None = None) -> None:
     """Sync weights, evaluate, log and checkpoint the end of ``step``.
 
     Weights go to the explorer every ``synchronizer.interval`` steps of an online stage, and
     at the last step when an explorer process waits for them (``train`` mode) to evaluate
-    the final model. ``evaluate`` replaces :meth:`Stage.evaluate` (an offline stage's held-out loss).
+    the final model. ``evaluate`` replaces :meth:`Stage.evaluate` (an offline stage's held-out
+    loss), ``sync`` :meth:`Stage.sync_weights` (the background explorer's published snapshots);
+    ``before_checkpoint(step)`` runs just before a checkpoint is written.
 
     The step's metrics are logged *before* its checkpoint: a run killed in between redoes the
     step from the previous checkpoint and logs it again (readers keep a step's last line), while
@@ -259,10 +274,10 @@ def end_step(stage: Stage, step: int, timer: PhaseTimer, t0: float, metrics: dic
     cfg = stage.config
     total = cfg.trainer.total_steps
     if stage.spec.algorithm.use_rollout and (step % cfg.synchronizer.interval == 0 or (step == total and cfg.mode == "train")):
-        with timer("sync"):
-            stage.sync_weights(step)
+        with timer("sync"), stage.span("trainer", "sync", step):
+            (sync or stage.sync_weights)(step)
     if cfg.monitor.eval_interval and step % cfg.monitor.eval_interval == 0 and step != total:
-        with timer("eval"):
+        with timer("eval"), stage.span("trainer", "eval", step):
             metrics.update((evaluate or stage.evaluate)(step))
     metrics.update(timer.metrics())
     metrics.update(stage.memory())
@@ -271,7 +286,10 @@ def end_step(stage: Stage, step: int, timer: PhaseTimer, t0: float, metrics: dic
     metrics["throughput/tokens_per_s"] = tokens / max(metrics["time/step"], 1e-9)
     stage.log(step, metrics)
     if step % cfg.checkpoint.interval == 0 or step == total:
+        if before_checkpoint is not None:
+            before_checkpoint(step)
         t1 = time.perf_counter()
-        stage.checkpoint(step)
+        with stage.span("trainer", "checkpoint", step):
+            stage.checkpoint(step)
         stage.log(step, {"time/checkpoint": time.perf_counter() - t1})
     stage.logger.advance()

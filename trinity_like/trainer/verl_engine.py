@@ -53,6 +53,9 @@ from trinity_like.trainer.params import AdamStep, ModelParams, OptimParams
 from trinity_like.trainer.shared_weights import SharedWeights, WeightMailbox
 from trinity_like.trainer.verl_watch import gather
 
+PLACEMENTS = {"pack": "STRICT_PACK", "spread": "STRICT_SPREAD"}  # cluster.placement -> Ray placement group strategy
+
+
 @dataclass(frozen=True)
 class VerlParams:
     """Where and how wide the verl workers run (``cluster`` of a recipe: :func:`verl_params`)."""
@@ -61,12 +64,15 @@ class VerlParams:
     ray_address: str | None = _default(ClusterConfig, "ray_address")  # an existing Ray cluster; None starts one here
     num_cpus: int | None = _default(ClusterConfig, "num_cpus")  # CPUs for a locally started Ray; None: Ray counts them
     use_gpu: bool = False  # one GPU per worker (nccl); False: CPU workers (gloo)
+    placement: str = _default(ClusterConfig, "placement")  # "pack": every worker on one node; "spread": one node each
     strategy: str = "fsdp2"  # verl's FSDP flavour: "fsdp2" (fully_shard) or "fsdp"
     seed: int = _default(Config, "seed")  # verl's engine seed
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
             raise TrinityError(f"num_workers must be >= 1, got {self.num_workers}")
+        if self.placement not in PLACEMENTS:
+            raise TrinityError(f"placement {self.placement!r} unknown; expected one of {', '.join(PLACEMENTS)}")
         if self.strategy not in ("fsdp", "fsdp2"):
             raise TrinityError(f"verl strategy {self.strategy!r} unknown; expected fsdp2 or fsdp (fsdp2 on CPU)")
 
@@ -75,7 +81,7 @@ def verl_params(config: Config) -> VerlParams:
     """A recipe's ``cluster`` section as verl worker placement."""
     c = config.cluster
     return VerlParams(num_workers=c.workers, ray_address=c.ray_address, num_cpus=c.num_cpus,
-                      use_gpu=c.num_gpus > 0, seed=config.seed)
+                      use_gpu=c.num_gpus > 0, placement=c.placement, seed=config.seed)
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -122,15 +128,45 @@ def check_model_folder(path: str) -> None:
         raise TrinityError(f"model folder {path!r} not found (no config.json there)")
 
 
-def check_free_resources(workers: int, resource: str) -> None:
+def check_free_resources(workers: int, resource: str, placement: str = "pack") -> None:
     """Each worker's placement bundle takes one CPU (or GPU); Ray would wait forever for a
-    bundle it cannot place, so too few free ones is an error instead of a hang."""
+    placement group it cannot place, so one that does not fit now is an error instead of a
+    hang: ``pack`` needs one node with a free unit per worker, ``spread`` ``workers`` nodes
+    with one free unit each."""
     free = ray.available_resources().get(resource, 0.0)
     if free < workers:
         raise TrinityError(
             f"Ray has {free:g} free {resource} for {workers} verl workers (one each; actor, reference and "
             f"critic groups add up): start Ray with more logical CPUs (num_cpus) or use fewer workers"
         )
+    # Ray has no public per-node view of free resources; its own `ray status` reads this one
+    from ray._private.state import available_resources_per_node
+
+    per_node = sorted((float(r.get(resource, 0.0)) for r in available_resources_per_node().values()), reverse=True)
+    if placement == "pack" and per_node[0] < workers:
+        raise TrinityError(
+            f"cluster.placement: pack puts all {workers} verl workers on one node, but the most free {resource} "
+            f"on one node is {per_node[0]:g} (free per node: {', '.join(f'{n:g}' for n in per_node)}): "
+            f"set cluster.placement: spread to put them on several nodes, or use fewer workers")
+    if placement == "spread" and sum(n >= 1 for n in per_node) < workers:
+        raise TrinityError(
+            f"cluster.placement: spread puts each of the {workers} verl workers on a node of its own, but "
+            f"{sum(n >= 1 for n in per_node)} of the cluster's {len(per_node)} nodes have a free {resource}: "
+            f"add nodes, set cluster.placement: pack, or use fewer workers")
+
+
+def placement_group_for(workers: int, use_gpu: bool, placement: str) -> Any:
+    """One placement group of ``workers`` bundles (a CPU each, and a GPU each on GPUs), packed on
+    one node or spread over as many nodes: what verl's ``RayResourcePool`` would build for
+    ``process_on_nodes=[workers]``, with the strategy it cannot be told."""
+    from ray.util.placement_group import placement_group
+
+    bundle = {"CPU": 1.0, **({"GPU": 1.0} if use_gpu else {})}
+    pg = placement_group([dict(bundle) for _ in range(workers)], strategy=PLACEMENTS[placement])
+    if not pg.wait(timeout_seconds=120):  # checked to fit before; a cluster that changed meanwhile
+        ray.util.remove_placement_group(pg)
+        raise TrinityError(f"Ray could not place {workers} verl workers ({PLACEMENTS[placement]}) within 120 s")
+    return pg
 
 
 def pad_rows(batch: Batch, multiple: int) -> Batch:
@@ -244,7 +280,7 @@ class VerlEngine:
         # GPUs are the cluster's, not the driver's: a CPU-only driver may drive GPU workers.
         # Without GPUs, verl's CPU registration runs here and in the workers.
         self.use_gpu = verl.use_gpu
-        check_free_resources(verl.num_workers, "GPU" if self.use_gpu else "CPU")
+        check_free_resources(verl.num_workers, "GPU" if self.use_gpu else "CPU", verl.placement)
         if not self.use_gpu:
             verl_cpu.install()
         config = worker_config(model, optim, verl, self.use_gpu)
@@ -254,6 +290,11 @@ class VerlEngine:
 
         self.params, self.verl_params = model, verl
         self.pool = RayResourcePool(process_on_nodes=[verl.num_workers], use_gpu=self.use_gpu, max_colocate_count=1)
+        # verl builds the group's placement group itself, always STRICT_PACK (bin_pack=True) or
+        # PACK: a pool whose group exists already uses it (RayResourcePool.get_placement_groups),
+        # so ours carries the strategy of cluster.placement. Spread over nodes, the ranks still
+        # meet at bundle 0's node (verl's MASTER_ADDR) over gloo, or nccl on GPUs.
+        self.pool.pgs = [placement_group_for(verl.num_workers, self.use_gpu, verl.placement)]
         worker_env = dict(ray_runtime_env()["env_vars"])
         if os.environ.get(fault_points.ENV_VAR):  # a fault test's kill point inside a worker (verl_worker_update)
             worker_env[fault_points.ENV_VAR] = os.environ[fault_points.ENV_VAR]

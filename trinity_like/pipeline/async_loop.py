@@ -1,0 +1,292 @@
+"""Mode ``both`` with ``synchronizer.offset >= 1``: the explorer explores while the trainer trains.
+
+The schedule is the reference loop's (:func:`.rl_loop.run_online`), run by two threads of
+the driver instead of one::
+
+    explorer thread                              driver (trainer)
+    batch s: weights >= version needed(s)        step t: batches up to t into the buffer
+             draw tasks, explore  ──rows──►              learn (sample, advantages, update)
+             (waits while needed(s) is not               every `interval` steps: publish a
+              published: the staleness bound)            snapshot of the weights as version t
+
+``needed(s) = (s - 1 - offset) // interval * interval`` (:func:`.explorer_process.needed_version`):
+batch ``s`` may be sampled by weights at most ``offset`` (+ ``interval - 1``) steps older
+than the trainer's when it trains on it. ``synchronizer.sync_style`` picks which published
+version the explorer loads before a batch:
+
+- ``fixed``: the oldest at least ``needed(s)`` -- exactly that version, as in the reference
+  loop: the same seed gives the same batches and the same per-step rewards, in turn or not;
+- ``explorer_driven``: the newest -- whatever the trainer has published when the explorer
+  finishes its previous batch (less stale when the explorer is the slower of the two).
+
+What overlaps with what: an explorer in this process (``explorer.placement: local``) runs its
+rollout engine in the explorer thread; torch releases the GIL inside its kernels, so its
+forward passes run beside the trainer's on the same cores (on a 2-core machine they share
+them). An explorer actor (``placement: ray``, or beside verl's workers) runs in its own
+process; the explorer thread only waits on it.
+
+Weights: the trainer changes its weights in place in every optimiser step, so the explorer
+never samples from them. A publish is a snapshot (:func:`snapshot`: fresh tensors, a
+merged copy with LoRA, verl's shared-memory export copied out) that nobody writes again; the explorer samples from that
+snapshot where it lies (:class:`~trinity_like.explorer.worker.FrozenWeights`, ``share``: no
+second copy), and an explorer actor maps it from its shared-memory mailbox, which only the
+explorer thread writes, between two batches. Snapshots no future batch can use are dropped.
+
+Exactly once: only the driver writes the buffer and draws nothing; the explorer thread
+draws tasks. A checkpoint (and an evaluation) first pauses the explorer at a batch
+boundary and puts every finished batch into the buffer, so the task position saved with
+the checkpoint matches the rows in the buffer, and the next batch's step is saved with it
+(``explorer_next_step``). A run killed anywhere resumes from its checkpoint like the
+reference loop: rows not yet committed come back, batches not yet in the buffer are
+explored again. After a resume only the checkpoint's weights exist, so ``fixed`` samples
+the first batches with them (newer than ``needed``: staleness stays within the bound).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from trinity_like.errors import TrinityError
+from trinity_like.experience import Experience
+from trinity_like.explorer.worker import FrozenWeights, sampling_params
+from trinity_like.monitor.logger import PhaseTimer
+from trinity_like.monitor.timeline import Span
+from trinity_like.pipeline.explorer_process import needed_version
+from trinity_like.pipeline.stage import Stage
+from trinity_like.trainer.shared_weights import SharedWeights
+
+Learn = Callable[[Stage, int, PhaseTimer], "tuple[dict[str, float], Any]"]  # rl_loop.learn
+EndStep = Callable[..., None]  # rl_loop.end_step
+NEXT_STEP_KEY = "explorer_next_step"  # checkpoint state: the step of the first batch not in the buffer
+
+
+@dataclass(frozen=True)
+class Explored:
+    """One batch the explorer thread finished."""
+
+    step: int  # the batch's step (its sampling seed, and the trainer step it is meant for)
+    rows: list[Experience]
+    metrics: dict[str, float]
+    seconds: float  # the explorer's time on it
+    version: int  # the weights that sampled it
+
+
+class BackgroundExplorer:
+    """The explorer thread and what it shares with the driver, under one condition variable."""
+
+    def __init__(self, stage: Stage, first_step: int) -> None:
+        cfg = stage.config
+        self.stage = stage
+        self.total = cfg.trainer.total_steps
+        self.offset, self.interval = cfg.synchronizer.offset, cfg.synchronizer.interval
+        self.newest_first = cfg.synchronizer.sync_style == "explorer_driven"
+        self.next_step = first_step  # the next batch the thread explores
+        self.version = stage.model_version  # the weights the explorer holds now
+        self._published: dict[int, FrozenWeights] = {}  # snapshots some later batch may load
+        self._done: deque[Explored] = deque()  # finished, not yet in the buffer
+        self._cond = threading.Condition()
+        self._paused = self._busy = self._stop = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="trinity-like-explorer", daemon=True)
+        self._thread.start()
+
+    # -- the driver's side ---------------------------------------------------------------
+    def publish(self, version: int, weights: FrozenWeights) -> None:
+        """The trainer's weights after step ``version``, for batches that may use them."""
+        with self._cond:
+            self._published[version] = weights
+            self._prune()
+            self._cond.notify_all()
+
+    def take(self) -> Explored:
+        """The oldest finished batch, waiting for it if need be."""
+        with self._cond:
+            while not self._done:
+                self._raise_if_failed()
+                if self.next_step > self.total:
+                    raise TrinityError(f"the trainer wants a batch after step {self.total}'s; the explorer has none")
+                self._cond.wait()
+            return self._done.popleft()
+
+    def pause(self) -> list[Explored]:
+        """Stop the thread at its next batch boundary; returns the batches finished meanwhile."""
+        with self._cond:
+            self._paused = True
+            while self._busy:
+                self._cond.wait()
+            self._raise_if_failed()
+            done, self._done = list(self._done), deque()
+            return done
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    def load_newest(self) -> None:
+        """While paused: give the explorer the newest published weights (before an evaluation)."""
+        with self._cond:
+            assert self._paused and not self._busy, "load_newest while the explorer thread runs"
+            if self._published:
+                newest = max(self._published)
+                if newest > self.version:
+                    self.stage.explorer.receive_weights(self._published[newest], newest)
+                    self.version = newest
+
+    def close(self, wait: bool = True) -> None:
+        """End the thread (after its batch, when ``wait``; an error path does not wait for it)."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if wait:
+            self._thread.join()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    # -- the explorer thread ---------------------------------------------------------------
+    def _choice(self) -> int | None:
+        """The version to sample the next batch with, None while none may (see the module doc)."""
+        needed = needed_version(self.next_step, self.offset, self.interval)
+        usable = [v for v in (*self._published, self.version) if v >= needed]
+        if not usable:
+            return None
+        return max(usable) if self.newest_first else min(usable)
+
+    def _prune(self) -> None:
+        """Drop snapshots no later batch will load (``fixed``: older than the next batch needs;
+        ``explorer_driven``: all but the newest)."""
+        needed = needed_version(self.next_step, self.offset, self.interval)
+        keep = {max(self._published)} if self.newest_first and self._published else set()
+        for v in list(self._published):
+            if v not in keep and (self.newest_first or v < needed):
+                del self._published[v]
+
+    def _loop(self) -> None:
+        timeline = self.stage.timeline
+        try:
+            while True:
+                waited = time.time()
+                with self._cond:
+                    while not self._stop and self.next_step <= self.total and (self._paused or self._choice() is None):
+                        self._cond.wait()
+                    if self._stop or self.next_step > self.total:
+                        return
+                    step, version = self.next_step, self._choice()
+                    weights = self._published.get(version)
+                    self._busy = True
+                try:
+                    if timeline is not None and time.time() - waited > 1e-3:
+                        timeline.add(Span("explorer", "wait", step, waited, time.time()))
+                    self._explore(step, version, weights)
+                finally:
+                    with self._cond:
+                        self._busy = False
+                        self._cond.notify_all()
+        except BaseException as exc:  # noqa: BLE001 -- handed to the driver, which raises it
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+
+    def _explore(self, step: int, version: int, weights: FrozenWeights | None) -> None:
+        stage = self.stage
+        if version != self.version:
+            with stage.span("explorer", "sync", step):
+                stage.explorer.receive_weights(weights, version)
+            self.version = version
+        tasks = stage.draw_tasks()
+        t0 = time.perf_counter()
+        with stage.span("explorer", "rollout", step):
+            result = stage.explorer.run(tasks, sampling_params(stage.config, step=step))
+        seconds = time.perf_counter() - t0
+        rows, metrics = stage.explored(step, result)
+        with self._cond:
+            self._done.append(Explored(step, rows, metrics, seconds, version))
+            self.next_step += 1
+            self._prune()
+            self._cond.notify_all()
+
+
+def snapshot(stage: Stage) -> FrozenWeights:
+    """The trainer's weights now, in tensors nobody writes again (see the module doc)."""
+    weights = stage.actor.export_weights()
+    # verl: its shared-memory mailbox, which the next export rewrites; local: views of the live weights
+    tensors = weights.tensors() if isinstance(weights, SharedWeights) else weights
+    return FrozenWeights({name: t.detach().clone() for name, t in tensors.items()})
+
+
+def run_concurrent(stage: Stage, learn: Learn, end_step: EndStep) -> dict[str, float]:
+    """Mode ``both``, ``synchronizer.offset >= 1``: see the module doc. ``learn`` and ``end_step``
+    are the reference loop's (:func:`.rl_loop.learn`, :func:`.rl_loop.end_step`), handed over by
+    :func:`.rl_loop.run_online` (this module does not import it back)."""
+    cfg = stage.config
+    total = cfg.trainer.total_steps
+    last: dict[str, float] = {}
+    if cfg.monitor.eval_at_start and stage.eval_tasks and stage.start_step == 0:
+        stage.log(0, stage.evaluate(0))
+    first = int(stage.extra_state.get(NEXT_STEP_KEY, stage.start_step + 1))
+    if stage.start_step > 0:  # resumed: the explorer may map an engine's mailbox that publishing rewrites
+        stage.explorer.receive_weights(snapshot(stage), stage.model_version)
+    explorer = BackgroundExplorer(stage, first)
+    in_buffer = first - 1  # the last batch's step that is in the buffer
+    pending: dict[str, float] = {}  # metrics of batches put into the buffer outside a step's wait
+
+    def put(batches: list[Explored], metrics: dict[str, float]) -> None:
+        nonlocal in_buffer
+        for b in batches:
+            with stage.span("trainer", "buffer_write", b.step):
+                stage.put_rows(b.rows, b.step)
+            in_buffer = b.step
+            metrics.update(b.metrics)
+            metrics["explorer/rollout_s"] = metrics.get("explorer/rollout_s", 0.0) + b.seconds
+            metrics["explorer/model_version"] = float(b.version)
+
+    def publish(step: int) -> None:
+        explorer.publish(step, snapshot(stage))
+
+    def quiesce(step: int) -> None:
+        """Before a checkpoint: every batch the explorer drew is in the buffer."""
+        put(explorer.pause(), pending)
+        stage.extra_state[NEXT_STEP_KEY] = explorer.next_step
+
+    def evaluate(step: int) -> dict[str, float]:
+        put(explorer.pause(), pending)
+        try:
+            explorer.load_newest()
+            return stage.evaluate(step)
+        finally:
+            explorer.resume()
+
+    try:
+        for step in range(stage.start_step + 1, total + 1):
+            timer, t0 = PhaseTimer(), time.perf_counter()
+            metrics, pending = pending, {}
+            with timer("rollout"):  # what the trainer waits for the explorer, not the explorer's time
+                while in_buffer < step:
+                    with stage.span("trainer", "wait", step):
+                        batch = explorer.take()
+                    put([batch], metrics)
+            with stage.span("trainer", "update", step):
+                learned, batch_trained = learn(stage, step, timer)
+            metrics.update(learned)
+            end_step(stage, step, timer, t0, metrics, batch_trained, evaluate=evaluate, sync=publish,
+                     before_checkpoint=quiesce)
+            explorer.resume()
+            last = metrics
+        explorer.pause()
+        explorer.load_newest()
+    except BaseException:
+        explorer.close(wait=False)
+        raise
+    explorer.close()
+    if stage.eval_tasks:
+        final = stage.evaluate(total)
+        stage.log(total, final)
+        last.update(final)
+    return last
