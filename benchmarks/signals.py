@@ -77,7 +77,9 @@ RECIPES = [
     Recipe("dpo", "dpo"),
     Recipe("dpo_self_pairs", "dpo"),
     Recipe("rm", "rm"),
-    Recipe("grpo_with_rm", "rl", ("explorer.reward_args.path={run_root}/rm",)),
+    Recipe("rm_policy", "rm"),
+    Recipe("grpo_with_rm", "rl", ("explorer.reward_args.path={run_root}/rm_policy",)),
+    Recipe("grpo_with_rm_hacking", "rl", ("explorer.reward_args.path={run_root}/rm",)),  # the lesson
     Recipe("sft_then_grpo", "rl"),  # stages set their own step counts (10 + 10)
 ]
 

@@ -53,7 +53,7 @@ def run_recipe(recipe: str, tmp_path: Path, extra: list[str] = ()) -> list[Path]
 
 
 # Recipes that need something first run in their own tests below: a trained reward model, a plugin.
-NEEDS_SETUP = ("grpo_with_rm.yaml", "grpo_tis.yaml")
+NEEDS_SETUP = ("grpo_with_rm.yaml", "grpo_with_rm_hacking.yaml", "grpo_tis.yaml")
 
 
 @pytest.mark.parametrize("recipe", [r for r in RECIPES if r not in NEEDS_SETUP])
