@@ -62,7 +62,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--group", type=int, default=8, help="episodes per problem")
     p.add_argument("--max-tokens", type=int, default=16, help="most answer tokens")
     p.add_argument("--stream", type=int, default=0, help="num_minibatches for every variant (0: no streaming)")
-    p.add_argument("--loss", default="ppo", help="the loss of every variant (ppo: docs/async_client.md)")
+    p.add_argument("--loss", default="ppo", help="the loss of every variant (ppo: docs/async.md)")
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"a comma list of {', '.join(VARIANTS)}")
     p.add_argument("--out", default=None, help="results path without suffix (default benchmarks/results/async_client"

@@ -1,4 +1,4 @@
-"""docs/async_client.md as written: its Python snippet (the built-in SmolLM2), its benchmark
+"""docs/async.md's client section as written: its Python snippet (the built-in SmolLM2), its benchmark
 command (the tiny model; results sent to a temporary folder) and its recipe fragment."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import yaml
 from trinity_like.config import load_plan
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC = ROOT / "docs" / "async_client.md"
+DOC = ROOT / "docs" / "async.md"
 
 
 def blocks(lang: str) -> list[str]:

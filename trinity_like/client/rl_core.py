@@ -53,7 +53,7 @@ class RLTrainConfig:
     group_size: int = 8  # episodes per group; their advantages are centred on the group's mean
     num_substeps: int = 1  # optimiser steps per iteration, each over its own disjoint minibatch of episodes
     num_minibatches: int = 0  # streaming: forward_backward calls per substep, each on its share of the groups as soon as they are sampled; 0: sample the whole batch, then train
-    max_steps_off_policy: int = 0  # K: sample with weights up to K iterations old while the learner trains; 0: on-policy (docs/async_client.md)
+    max_steps_off_policy: int = 0  # K: sample with weights up to K iterations old while the learner trains; 0: on-policy (docs/async.md)
     loss_fn: str = "importance_sampling"  # a Tinker loss on (logprobs, advantages): see RL_LOSSES
     loss_fn_config: Mapping[str, float] = field(default_factory=dict)  # e.g. ppo's {"clip_high_threshold": 1.28}
     learning_rate: float = 1e-5  # AdamW

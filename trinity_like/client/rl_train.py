@@ -37,7 +37,7 @@ This file's loop is synchronous: sample the whole batch, then train. ``num_minib
 (streaming: train each minibatch as soon as its groups are sampled) and
 ``max_steps_off_policy`` (K: sample with weights up to K iterations old while the learner
 trains) run the same stages on :mod:`trinity_like.client.rl_async`'s sampling stream;
-``docs/async_client.md`` explains them and their trade-offs (``ppo`` or ``tis`` for K > 0).
+``docs/async.md`` explains them and their trade-offs (``ppo`` or ``tis`` for K > 0).
 
 Example::
 
