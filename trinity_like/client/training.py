@@ -28,15 +28,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tinker
 import torch
 from tinker import types
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 
-from trinity_like.client.data import Layout, check_next_token_targets, per_datum, to_batch
+from trinity_like.client.data import (
+    Layout,
+    check_next_token_targets,
+    per_datum,
+    to_batch,
+)
 from trinity_like.client.futures import RequestQueue
 from trinity_like.client.losses import loss_inputs, loss_spec, required_arrays
 from trinity_like.client.sampling import SamplingClient
+from trinity_like.client.spellings import TrainingAsyncSpellings
 from trinity_like.components import ComponentSpec, call_component
 from trinity_like.trainer.base import TrainEngine
 from trinity_like.trainer.lora import BASE_MODEL_FILE
@@ -84,7 +89,7 @@ def entropy_mean(entropy_BR: torch.Tensor, mask_BR: torch.Tensor) -> float:
     return float((entropy_BR * mask_BR).sum() / mask_BR.sum().clamp(min=1))
 
 
-class TrainingClient:
+class TrainingClient(TrainingAsyncSpellings):
     """Tinker's ``TrainingClient`` over a :class:`~trinity_like.trainer.base.TrainEngine`.
 
     Made by :class:`~trinity_like.client.service.ServiceClient`; holds one engine, its
@@ -315,34 +320,3 @@ class TrainingClient:
         """Finish queued requests and release the engine."""
         self._queue.close()
         self._engine.close()
-
-    # -- the SDK's deprecated ``*_async`` spellings: the same futures -----------------------
-    async def forward_async(self, *args: Any, **kwargs: Any) -> tinker.APIFuture[types.ForwardBackwardOutput]:
-        return self.forward(*args, **kwargs)
-
-    async def forward_backward_async(self, *args: Any, **kwargs: Any) -> tinker.APIFuture[types.ForwardBackwardOutput]:
-        return self.forward_backward(*args, **kwargs)
-
-    async def forward_backward_custom_async(self, *args: Any, **kwargs: Any):
-        return self.forward_backward_custom(*args, **kwargs)
-
-    async def optim_step_async(self, *args: Any, **kwargs: Any) -> tinker.APIFuture[types.OptimStepResponse]:
-        return self.optim_step(*args, **kwargs)
-
-    async def save_state_async(self, *args: Any, **kwargs: Any):
-        return self.save_state(*args, **kwargs)
-
-    async def load_state_async(self, path: str):
-        return self.load_state(path)
-
-    async def load_state_with_optimizer_async(self, path: str):
-        return self.load_state_with_optimizer(path)
-
-    async def save_weights_for_sampler_async(self, *args: Any, **kwargs: Any):
-        return self.save_weights_for_sampler(*args, **kwargs)
-
-    async def save_weights_and_get_sampling_client_async(self, *args: Any, **kwargs: Any) -> SamplingClient:
-        return self.save_weights_and_get_sampling_client(*args, **kwargs)
-
-    async def get_info_async(self) -> types.GetInfoResponse:
-        return self._info

@@ -38,6 +38,7 @@ from trinity_like.client.ray.actors import LearnerActor, SamplerActor, WeightsRe
 from trinity_like.client.ray.config import RayClientConfig
 from trinity_like.client.ray.pool import SamplerPool
 from trinity_like.client.sampling import _reject_unsupported
+from trinity_like.client.spellings import TrainingAsyncSpellings
 from trinity_like.errors import TrinityError
 from trinity_like.models.resolve import load_tokenizer, resolve_model_path
 from trinity_like.plugins import ray_runtime_env
@@ -224,7 +225,7 @@ class RaySamplingClient:
 
 
 # -- training ------------------------------------------------------------------------------------------
-class RayTrainingClient:
+class RayTrainingClient(TrainingAsyncSpellings):
     """The in-process ``TrainingClient``'s API over a :class:`~.actors.LearnerActor`."""
 
     def __init__(self, runtime: RayRuntime, actor: Any, *, base_model: str, lora: Any) -> None:
@@ -366,37 +367,6 @@ class RayTrainingClient:
             pass  # already dead: nothing left to finish
         ray.kill(self._actor, no_restart=True)
         self._runtime.learner_released()
-
-    # -- the SDK's deprecated ``*_async`` spellings --------------------------------------------------
-    async def forward_async(self, *args: Any, **kwargs: Any):
-        return self.forward(*args, **kwargs)
-
-    async def forward_backward_async(self, *args: Any, **kwargs: Any):
-        return self.forward_backward(*args, **kwargs)
-
-    async def forward_backward_custom_async(self, *args: Any, **kwargs: Any):
-        return self.forward_backward_custom(*args, **kwargs)
-
-    async def optim_step_async(self, *args: Any, **kwargs: Any):
-        return self.optim_step(*args, **kwargs)
-
-    async def save_state_async(self, *args: Any, **kwargs: Any):
-        return self.save_state(*args, **kwargs)
-
-    async def load_state_async(self, path: str):
-        return self.load_state(path)
-
-    async def load_state_with_optimizer_async(self, path: str):
-        return self.load_state_with_optimizer(path)
-
-    async def save_weights_for_sampler_async(self, *args: Any, **kwargs: Any):
-        return self.save_weights_for_sampler(*args, **kwargs)
-
-    async def save_weights_and_get_sampling_client_async(self, *args: Any, **kwargs: Any) -> RaySamplingClient:
-        return self.save_weights_and_get_sampling_client(*args, **kwargs)
-
-    async def get_info_async(self) -> types.GetInfoResponse:
-        return self._info
 
 
 def base_sampler(runtime: RayRuntime, base_model: str, model_path: str | None) -> RaySamplingClient:
