@@ -18,6 +18,7 @@ B batch, T tokens, R response tokens, G group size)::
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -26,6 +27,15 @@ from typing import Any
 
 def _new_id() -> str:
     return uuid.uuid4().hex
+
+
+def rollout_id(run: str, step: int, task_id: str, index: int) -> str:
+    """The id of the ``index``-th row of task ``task_id`` explored for ``step`` of run ``run``.
+
+    Deterministic, so a step explored again after a resume (same tasks, same seed) writes
+    rows the buffer already holds, and its put adds nothing (exactly once, issue 19)."""
+    key = json.dumps([run, step, task_id, index])
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
 @dataclass

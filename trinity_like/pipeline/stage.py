@@ -37,7 +37,7 @@ from trinity_like.buffer.storage import open_storage
 from trinity_like.config import ResolvedStage
 from trinity_like.config.schema import Config
 from trinity_like.errors import TrinityError
-from trinity_like.experience import Experience, Task
+from trinity_like.experience import Experience, Task, rollout_id
 from trinity_like.explorer.worker import Explorer, ExplorerWorker, RemoteExplorer, sampling_params
 from trinity_like.monitor.evals import EVALS_FILE, append_evals
 from trinity_like.monitor.logger import MetricsLogger
@@ -133,7 +133,16 @@ class Stage:
         return result.experiences, metrics
 
     def put_rows(self, rows: list[Experience], step: int) -> None:
-        """Write step ``step``'s explored rows into the buffer; a full disk is one line (:mod:`.disk_full`)."""
+        """Write step ``step``'s explored rows into the buffer; a full disk is one line (:mod:`.disk_full`).
+
+        Each row gets the id of its (run, step, task, place in the task's group)
+        (:func:`~trinity_like.experience.rollout_id`): a step that a resumed run explores
+        again writes the ids of its first attempt, which the buffer keeps once."""
+        seen: dict[str, int] = {}
+        for row in rows:
+            index = seen.get(row.task_id, 0)
+            seen[row.task_id] = index + 1
+            row.eid = rollout_id(str(self.run_dir.resolve()), step, row.task_id, index)
         target = getattr(self.storage, "path", self.run_dir)
         with disk_full_as_error(f"step {step}'s rollouts into the buffer ({target})", self._intact("the buffer")):
             fault_points.write("buffer_write", target)
