@@ -106,16 +106,30 @@ def run_trainer(stage: Stage) -> dict[str, float]:
 def learn(stage: Stage, step: int, timer: PhaseTimer) -> tuple[dict[str, float], Batch | None]:
     """Sample a batch from the buffer and take one optimiser step on it.
 
-    Returns the metrics and the batch trained on (None when dynamic sampling left nothing).
+    In mode ``both`` a step short of rows (skipped tasks) trains on what the buffer holds,
+    and a step with none is skipped (``skipped/short_batch_rows``, ``skipped/empty_batch``);
+    mode ``train`` waits for an explorer process to write a full batch.
+    Returns the metrics and the batch trained on (None when nothing was left to train).
     """
-    cfg = stage.config
+    size = stage.spec.train_batch_size
+    short: dict[str, float] = {}  # what a step short of rows misses (mode both)
+    if stage.role == "both":  # this process wrote every row the step will get: waiting for more would hang
+        available = stage.storage.count("available")
+        if available == 0:
+            stage.logger.write(f"step {step}: exploration produced no rows (every task skipped); step skipped")
+            stage.model_version = step
+            return {"skipped/empty_batch": 1.0}, None
+        if available < size:
+            stage.logger.write(f"step {step}: {available} rows explored for a batch of {size} "
+                               f"(buffer.train_batch_size); training on them")
+            size, short = available, {"skipped/short_batch_rows": float(size - available)}
     with timer("sample"):
-        rows = stage.strategy.sample(experiences=stage.storage, batch_size=stage.spec.train_batch_size,
+        rows = stage.strategy.sample(experiences=stage.storage, batch_size=size,
                                      model_version=stage.model_version, expert=stage.data.expert)
     if not rows:
         raise TrinityError(f"step {step}: the buffer gave no experiences (explorer produced none?)")
     batch: Batch | None = experience_batch(rows, stage.pad_id)
-    metrics = rollout_stats(batch, stage.model_version)
+    metrics = {**short, **rollout_stats(batch, stage.model_version)}
     if stage.spec.dynamic_sampling:
         batch, metrics["dynamic_sampling/dropped_rows"], keep = drop_uninformative_groups(batch)
         rows = [rows[i] for i in keep.tolist()]
