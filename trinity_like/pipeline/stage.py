@@ -135,14 +135,16 @@ class Stage:
     def put_rows(self, rows: list[Experience], step: int) -> None:
         """Write step ``step``'s explored rows into the buffer; a full disk is one line (:mod:`.disk_full`).
 
-        Each row gets the id of its (run, step, task, place in the task's group)
+        Each row gets the id of its (run name, step, task, place in the task's group)
         (:func:`~trinity_like.experience.rollout_id`): a step that a resumed run explores
-        again writes the ids of its first attempt, which the buffer keeps once."""
+        again writes the ids of its first attempt, which the buffer keeps once. The run's
+        name, not its folder's path, so a run directory moved before its resume still
+        matches."""
         seen: dict[str, int] = {}
         for row in rows:
             index = seen.get(row.task_id, 0)
             seen[row.task_id] = index + 1
-            row.eid = rollout_id(str(self.run_dir.resolve()), step, row.task_id, index)
+            row.eid = rollout_id(self.config.name, step, row.task_id, index)
         target = getattr(self.storage, "path", self.run_dir)
         with disk_full_as_error(f"step {step}'s rollouts into the buffer ({target})", self._intact("the buffer")):
             fault_points.write("buffer_write", target)
