@@ -190,6 +190,9 @@ def test_errors_are_the_in_process_ones_raised_from_result(services):
         assert training.forward_backward(data, "cross_entropy").result(timeout=60).metrics["loss:sum"] > 0
         assert len(sampler.sample(types.ModelInput.from_ints([1, 2]), 1, params).result(timeout=60).sequences) == 1
     assert sample_errors[0] == sample_errors[1] and "outside the model's vocabulary" in sample_errors[0][1]
-    assert loss_errors[0] == loss_errors[1] and "no_such_loss" in loss_errors[0][1]
+    # other test modules register losses in this process that the Ray actors never import: the
+    # registered names after "; registered:" may differ, the exception and its message do not
+    heads = [(kind, message.split("; registered:")[0]) for kind, message in loss_errors]
+    assert heads[0] == heads[1] and "no_such_loss" in heads[0][1]
     for training in trainings:
         training.close()

@@ -95,6 +95,7 @@ def engine_batch(logprob_of, *, uniform: bool, seed: int = 5) -> dict[str, torch
     batch["returns"] = lp + torch.randn(B, R, generator=g)
     batch["rewards"] = torch.randint(0, 2, (B,), generator=g).float()
     batch["group_index"] = torch.arange(B) // 4
+    batch["rollout_logprob"] = lp + 0.2 * torch.randn(B, R, generator=g)  # the sampler's, for TIS
     batch.update(normalizers(batch["response_mask"], batch["is_expert"]))  # as the pipeline does
     batch["rows_per_example"] = torch.tensor(2)  # pairs move together (the pipeline marks pair batches so)
     return batch
