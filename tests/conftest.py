@@ -11,7 +11,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 
 
+# Modules that start a Ray head with ``ray start``: one worker runs them, one after another
+# (their heads and dashboards must not meet), while the other worker runs the rest.
+RAY_START = {"test_two_node_ray_cluster.py", "test_existing_ray_cluster.py", "test_existing_cluster.py"}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group tests for ``pytest -n 2 --dist loadgroup`` (the README's command) by module, so a
+    module's fixtures (a Ray instance, a verl engine) start once on one worker; skip GPU tests
+    without a GPU."""
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("ray_start" if name in RAY_START else str(item.path)))
     import torch
 
     if torch.cuda.is_available():

@@ -73,7 +73,7 @@ def test_a_claim_waiting_for_rows_wakes_when_they_arrive() -> None:
 def test_ray_actor_queue_is_shared_between_processes(monkeypatch: pytest.MonkeyPatch) -> None:
     ray = pytest.importorskip("ray")
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         params = MemoryParams(capacity=8, ray_actor="test-buffer-queue")
 

@@ -22,7 +22,7 @@ NO_SPACE = {"reward_fn": "format", "reward_params": {"pattern": r"\S+"}, "max_to
 def service(tmp_path_factory):
     import ray
 
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         with tinker.ServiceClient(backend="ray", log_dir=tmp_path_factory.mktemp("ray"),
                                   ray=RayClientConfig.from_dict({"samplers": {"count": 2, "CPU": 1}})) as s:

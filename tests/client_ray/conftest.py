@@ -15,7 +15,7 @@ CPUS = 8  # logical CPUs: room for two services' bundles at once on the 2-core m
 def ray_here():
     import ray
 
-    ray.init(num_cpus=CPUS, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=CPUS, include_dashboard=False, log_to_driver=False)
     try:
         yield ray
     finally:

@@ -162,7 +162,7 @@ def test_ray_workers_load_the_same_plugins(tmp_path):
         import ray
         from trinity_like.plugins import load_plugins, ray_runtime_env
         load_plugins([{str(tmp_path / 'ray_plugin.py')!r}])
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, runtime_env=ray_runtime_env())
+        ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, runtime_env=ray_runtime_env())
         try:
             @ray.remote
             def lookup():

@@ -138,7 +138,7 @@ def test_spread_on_a_one_node_cluster_is_a_clear_error_not_a_hang():
     from trinity_like.trainer.verl_engine import check_free_resources
 
     assert not ray.is_initialized()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         check_free_resources(2, "CPU", "pack")  # two free CPUs on the one node: fits
         with pytest.raises(TrinityError) as info:

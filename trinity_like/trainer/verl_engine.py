@@ -15,8 +15,9 @@ calls it per micro-batch on the outputs of our forward (:mod:`~trinity_like.trai
 run inside verl's FSDP module). The batch is split into ``num_workers`` equal row blocks
 on the driver.
 
-Ray starts locally (``ray.init`` with ``num_cpus``) unless ``ray_address`` names a cluster
-or Ray is already initialised in this process. The engine that started Ray shuts it down
+Ray starts a new local instance (``ray.init(address="local")`` with ``num_cpus``; never a
+cluster that ``ray start`` left on this machine, which a bare ``ray.init()`` would join)
+unless ``ray_address`` names a cluster or Ray is already initialised in this process. The engine that started Ray shuts it down
 in :meth:`VerlEngine.close`, so a process holding several engines (actor, reference,
 critic) should start Ray itself, or close the first-started engine last. GPUs or gloo is
 decided by the cluster: with at least ``num_workers`` GPUs the workers run verl unpatched.
@@ -108,7 +109,7 @@ def start_ray(params: VerlParams) -> bool:
     for attempt in range(3):
         try:
             if params.ray_address is None:
-                ray.init(num_cpus=params.num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=False)
+                ray.init(address="local", num_cpus=params.num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=False)
             else:
                 ray.init(address=params.ray_address, runtime_env=env, log_to_driver=False)
             return True

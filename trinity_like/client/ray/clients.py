@@ -85,7 +85,7 @@ class RayRuntime:
                 ray.init(address=config.address, runtime_env=ray_runtime_env(), log_to_driver=False)
             else:  # logical CPUs: by default enough for every bundle, even beyond the machine's cores
                 cpus = config.num_cpus if config.num_cpus is not None else max(os.cpu_count() or 1, config.cpus())
-                ray.init(num_cpus=cpus, include_dashboard=False, runtime_env=ray_runtime_env(), log_to_driver=False)
+                ray.init(address="local", num_cpus=cpus, include_dashboard=False, runtime_env=ray_runtime_env(), log_to_driver=False)
             self._own_ray = True
         try:
             self._place()
