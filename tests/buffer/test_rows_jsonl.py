@@ -79,3 +79,17 @@ def test_jsonl_claim_returns_what_there_is_once_the_writer_is_done(tmp_path: Pat
     buf.mark_writer_done()
     assert [r.eid for r in buf.claim(4)] == ["only"]  # no timeout: without the mark this would wait forever
     assert buf.recover(None) == {}  # uncommitted claims come back from the cursor on restart, nothing to move
+
+
+def test_jsonl_put_skips_ids_it_holds_and_cuts_a_torn_last_line(tmp_path: Path) -> None:
+    """A resumed run re-exploring a step writes its first attempt's ids: kept once, as in SQLite.
+    A writer killed mid-line leaves a line without its newline: the next writer cuts it."""
+    rows = [Experience(tokens=[i, i], prompt_length=1, eid=f"e{i}") for i in range(3)]
+    JsonlStorage(params=JsonlParams(), run_dir=tmp_path).put(rows[:2])
+    with open(tmp_path / "experiences.jsonl", "a") as f:
+        f.write(encode(rows[2])[1][:10])  # killed mid-line
+    again = JsonlStorage(params=JsonlParams(), run_dir=tmp_path)
+    again.put(rows[1:])  # e1 again, e2 for real
+    again.put(rows)
+    assert [r.eid for r in read_rows(tmp_path / "experiences.jsonl")] == ["e0", "e1", "e2"]
+    assert [r.eid for r in again.claim(5, timeout=0.01)] == ["e0", "e1", "e2"]

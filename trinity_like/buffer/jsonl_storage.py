@@ -67,13 +67,41 @@ class JsonlStorage:
         self._claimed = 0
         self._dropped_since_commit = 0
         self._writer_done = False
+        self._ids: set[str] | None = None  # eids in the file, read at the first put
 
     def put(self, rows: Sequence[Row]) -> None:
-        """Append rows as lines; a reader waits for a line until its newline is written."""
+        """Append rows as lines; a reader waits for a line until its newline is written.
+
+        A row whose ``eid`` the file holds already is skipped (as SQLite's ``INSERT OR
+        IGNORE`` does): a step a resumed run explores again writes its first attempt's ids."""
         for row in rows:
             kind_of(row)
-        with self._lock, jsonlines.open(self.path, mode="a", compact=True, flush=True) as writer:
-            writer.write_all(fields_of(row) for row in rows)
+        with self._lock:
+            if self._ids is None:  # the ids of the file, read once, at the first put
+                self._drop_torn_tail()
+                self._ids = {record["eid"] for record in self._records()}
+            new = []
+            for row in rows:
+                if row.eid not in self._ids:
+                    self._ids.add(row.eid)
+                    new.append(row)
+            with jsonlines.open(self.path, mode="a", compact=True, flush=True) as writer:
+                writer.write_all(fields_of(row) for row in new)
+
+    def _drop_torn_tail(self) -> None:
+        """Cut a last line without its newline (a writer killed mid-line), which the next
+        append would otherwise run into; a reader never took it (it waits for the newline)."""
+        with open(self.path, "rb+") as f:
+            data = f.read()
+            if data and not data.endswith(b"\n"):
+                f.truncate(data.rfind(b"\n") + 1)
+
+    def _records(self) -> Iterator[dict[str, Any]]:
+        """Every complete line of the file, decoded (a torn last line is not one)."""
+        with open(self.path, "rb") as f:
+            for line in f:
+                if line.endswith(b"\n") and line.strip():
+                    yield json.loads(line)
 
     def _next_line(self) -> tuple[dict[str, Any], int] | None:
         """The record at the read position and the offset after it; None at the end."""
