@@ -149,6 +149,24 @@ def test_in_memory_weights_are_each_clients_own(client, base, ids):
     assert sample(client, ids, temperature=0.0).sequences[0].tokens == before  # the base is back
 
 
+def test_the_base_after_weights_with_their_own_output_layer(client, base, ids):
+    """Merged LoRA weights that trained the tied output layer untie the shared engine's model;
+    the base's weights after them (safetensors: the shared matrix once) tie it again."""
+    model, _ = base
+    prompt = types.ModelInput.from_ints(ids)
+    before = client.compute_logprobs(prompt).result()[1:]
+    untied = {**perturbed(model, 3), "lm_head.weight": model.state_dict()["lm_head.weight"] + 0.5}
+    reference = model.__class__(model.config).eval()
+    reference.lm_head.weight = torch.nn.Parameter(reference.lm_head.weight.detach().clone())
+    reference.load_state_dict(untied)
+    own = SamplingClient("tiny-random", weights=untied, version=1)
+    assert close(own.compute_logprobs(prompt).result()[1:], full_logprobs(reference, ids))
+    assert close(client.compute_logprobs(prompt).result()[1:], torch.tensor(before))  # failed: missing lm_head
+    engine = client._engine().model
+    assert engine.get_output_embeddings().weight is engine.get_input_embeddings().weight
+    assert close(own.compute_logprobs(prompt).result()[1:], full_logprobs(reference, ids))  # and back
+
+
 def test_a_pickled_client_samples_the_same_in_another_process(base, ids, tmp_path):
     original = SamplingClient("tiny-random", weights=perturbed(base[0], 3))
     (tmp_path / "client.pkl").write_bytes(pickle.dumps(original))

@@ -44,7 +44,12 @@ from trinity_like.errors import TrinityError
 from trinity_like.explorer.kv_cache import PrefillCache, SlotCache, use_attention
 from trinity_like.explorer.prefix_cache import PrefixCache, PrefixEntry
 from trinity_like.explorer.sampling import greedy_tokens, sample_tokens, uniforms
-from trinity_like.models.tied import gives_tied_output_its_own, untie_output_embeddings
+from trinity_like.models.tied import (
+    gives_tied_output_its_own,
+    retie_output_embeddings,
+    ties_output_again,
+    untie_output_embeddings,
+)
 
 TIMING_KEYS = ("prefill", "decode_forward", "sampling", "cache", "bookkeeping")
 
@@ -198,6 +203,8 @@ class RolloutEngine:
         """
         if gives_tied_output_its_own(self.model, state_dict):
             untie_output_embeddings(self.model)  # merged LoRA weights that trained a tied lm_head
+        elif ties_output_again(self.model, state_dict):
+            retie_output_embeddings(self.model)  # the base model's weights after those
         params = dict(self.model.named_parameters())  # a tied parameter once, under its first name
         shared = {n for n, t in state_dict.items() if share and n in params and (t.dtype, t.shape, t.device) == (
             params[n].dtype, params[n].shape, params[n].device)}

@@ -5,11 +5,19 @@ Merged LoRA weights of an adapter on the output layer do that (:mod:`trinity_lik
 Loaded into the tied model as they are, whichever of the two loads last overwrites the
 other; the model must first get an output layer of its own.
 
+Weights of a tied model (its safetensors, which hold the shared matrix once, under the
+input embedding's name) loaded into a model untied that way tie it again: an engine that
+sampled a LoRA adapter's weights can sample the base model's next.
+
 Example::
 
     if gives_tied_output_its_own(model, merged):
         untie_output_embeddings(model)
     model.load_state_dict(merged)
+    ...
+    if ties_output_again(model, base):
+        retie_output_embeddings(model)
+    model.load_state_dict(base, strict=False)
 """
 
 from __future__ import annotations
@@ -37,5 +45,24 @@ def untie_output_embeddings(model: nn.Module) -> nn.Module:
     output, inputs = model.get_output_embeddings(), model.get_input_embeddings()
     if output is not None and inputs is not None and output.weight is inputs.weight:
         output.weight = nn.Parameter(output.weight.detach().clone(), requires_grad=output.weight.requires_grad)
+        model._trinity_untied = True  # tied by its weights: a tied model's weights may tie it again
     model.config.tie_word_embeddings = False
+    return model
+
+
+def ties_output_again(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> bool:
+    """Whether ``model``, once tied and untied by :func:`untie_output_embeddings`, is given a
+    tied model's weights: the input embedding and no output layer."""
+    inputs, output = model.get_input_embeddings(), model.get_output_embeddings()
+    if inputs is None or output is None or output.weight is inputs.weight or not getattr(model, "_trinity_untied", False):
+        return False
+    names = {id(p): n for n, p in model.named_parameters()}
+    return names[id(inputs.weight)] in state_dict and names[id(output.weight)] not in state_dict
+
+
+def retie_output_embeddings(model: nn.Module) -> nn.Module:
+    """Undo :func:`untie_output_embeddings`: the output layer is the input embedding again; returns ``model``."""
+    model.get_output_embeddings().weight = model.get_input_embeddings().weight
+    model.config.tie_word_embeddings = True
+    model._trinity_untied = False
     return model
