@@ -148,6 +148,7 @@ def test_filter_by_reward(page, server, tiny_run):
 
 def test_held_out_problems_followed_across_evaluations(page, server, tiny_run):
     page.goto(server)
+    page.wait_for_selector(".panel[data-title='reward'] canvas")  # the page's tabs work once it has drawn
     page.click("text=Held-out")
     page.wait_for_selector("table.evals")
     header = [th.inner_text() for th in page.query_selector_all("table.evals th")]

@@ -232,12 +232,16 @@ function filterParams() {
 async function loadVersions() {
   const run = Number($("#ro-run").value || 0);
   const summary = state.runs[run];
+  // answers still on their way for the run shown before (its steps, a step's rollouts) are stale now
+  const ticket = state.versionsTicket = (state.versionsTicket || 0) + 1;
+  state.ticket = (state.ticket || 0) + 1;
   $("#groups").replaceChildren(); $("#notes").replaceChildren(); $("#pager").replaceChildren(); $("#summary").replaceChildren();
   if (summary.buffer_missing) {
     $("#steps").replaceChildren(h("p", {class: "message"}, summary.buffer_missing));
     return;
   }
   const versions = await api(`api/runs/${run}/versions`);
+  if (ticket !== state.versionsTicket) return;  // another run was chosen meanwhile: its steps win
   if (!versions.length) {
     $("#steps").replaceChildren(h("p", {class: "message"}, `${summary.path}: the buffer has no rows yet`));
     return;
@@ -312,8 +316,9 @@ function pairScores(metrics) {
 
 // -- held-out evaluations -----------------------------------------------------------------------
 async function loadEvals() {
-  const run = Number($("#ev-run").value || 0);
+  const run = Number($("#ev-run").value || 0), ticket = state.evalsTicket = (state.evalsTicket || 0) + 1;
   const items = await api(`api/runs/${run}/evals`);
+  if (ticket !== state.evalsTicket) return;  // another run was chosen meanwhile
   state.evals = items;
   renderEvals();
 }
