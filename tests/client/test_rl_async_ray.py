@@ -58,7 +58,9 @@ def test_k1_streaming_on_ray_trains_every_datum_once(service, tmp_path):
                            save_every=0, progress=False, learning_rate=1e-3, num_minibatches=2,
                            max_steps_off_policy=1, loss_fn="ppo", skip_zero_advantage_groups=False)
     result = train(config, training, factory, tasks)
-    assert [m["async/staleness_max"] for m in result.metrics] == [0.0, 1.0, 1.0]
+    # samplers run at most one iteration ahead; whether they do depends on who is faster
+    staleness = [m["async/staleness_max"] for m in result.metrics]
+    assert staleness[0] == 0.0 and set(staleness) <= {0.0, 1.0}, staleness
     assert all(m["train/datums"] == 8 and m["train/substeps"] == 1 for m in result.metrics)
     prompts = {t.task_id: render_prompt(tok, t.messages()) for t in tasks}
     everything = Counter()

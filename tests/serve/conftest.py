@@ -15,6 +15,9 @@ from serve_helpers import LOCAL_KEY, running_server
 from trinity_like.models.tiny import build_tiny_model
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")  # the SDK's usage reports: nothing to send them to
+# the key every SDK client here uses unless it names its own: set at import, so a module that
+# runs before any test started the shared ``server`` (as on a pytest-xdist worker) has it too
+os.environ["TINKER_API_KEY"] = LOCAL_KEY
 
 
 @pytest.fixture(scope="session")
@@ -25,7 +28,6 @@ def tiny_model(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def server(tmp_path_factory, tiny_model):
     """(base URL, data directory) of a server on the tiny model."""
-    os.environ["TINKER_API_KEY"] = LOCAL_KEY
     data_dir = tmp_path_factory.mktemp("serve") / "data"
     with running_server(data_dir, "--model", tiny_model) as url:
         yield url, data_dir
