@@ -278,6 +278,7 @@ def test_dpo_and_rm_runs_show_chosen_vs_rejected_with_both_scores(browser, pair_
     try:
         pg = browser.new_page(viewport={"width": 1400, "height": 1000})
         pg.goto(url)
+        pg.wait_for_selector("#runs span")  # the tabs' handlers attach in the same tick as this
         pg.click("text=Rollouts")
         pg.click(".step[data-version='2']")
         pg.wait_for_function("document.querySelector('#summary').textContent.startsWith('step 2:')")
