@@ -51,12 +51,17 @@ def plugin(tmp_path):
     return str(path)
 
 
-def test_a_step_short_of_rows_trains_on_the_rows_it_explored(tmp_path, plugin, record_property):
-    cmd = command(tmp_path, "trainer.total_steps=2", "explorer.reward_fn=faulttest_fails_first_two",
-                  "explorer.reward_args={}", "explorer.reward_retries=1", "--plugin", plugin)
+def _run_two_steps(tmp_path, plugin: str, reward_fn: str, retries: int):
+    """Two steps of the default recipe with the plugin's ``reward_fn``; it must finish (no hang)."""
+    cmd = command(tmp_path, "trainer.total_steps=2", f"explorer.reward_fn={reward_fn}",
+                  "explorer.reward_args={}", f"explorer.reward_retries={retries}", "--plugin", plugin)
     done = run(cmd, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
-    run_dir = tmp_path / "grpo_arith"
+    return tmp_path / "grpo_arith"
+
+
+def test_a_step_short_of_rows_trains_on_the_rows_it_explored(tmp_path, plugin, record_property):
+    run_dir = _run_two_steps(tmp_path, plugin, "faulttest_fails_first_two", retries=1)
     first, second = _metrics(run_dir, 1), _metrics(run_dir, 2)
     assert first["workflow/skipped_tasks"] == 1.0
     assert first["skipped/short_batch_rows"] == GROUP and "loss" in first
@@ -67,11 +72,7 @@ def test_a_step_short_of_rows_trains_on_the_rows_it_explored(tmp_path, plugin, r
 
 
 def test_a_step_with_no_rows_is_skipped_and_counted(tmp_path, plugin, record_property):
-    cmd = command(tmp_path, "trainer.total_steps=2", "explorer.reward_fn=faulttest_always_fails",
-                  "explorer.reward_args={}", "explorer.reward_retries=0", "--plugin", plugin)
-    done = run(cmd, timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
-    run_dir = tmp_path / "grpo_arith"
+    run_dir = _run_two_steps(tmp_path, plugin, "faulttest_always_fails", retries=0)
     for step in (1, 2):
         metrics = _metrics(run_dir, step)
         assert metrics["workflow/skipped_tasks"] == BATCH and metrics["skipped/empty_batch"] == 1.0

@@ -92,9 +92,19 @@ class JsonlStorage:
         """Cut a last line without its newline (a writer killed mid-line), which the next
         append would otherwise run into; a reader never took it (it waits for the newline)."""
         with open(self.path, "rb+") as f:
-            data = f.read()
-            if data and not data.endswith(b"\n"):
-                f.truncate(data.rfind(b"\n") + 1)
+            end = f.seek(0, os.SEEK_END)
+            if end == 0 or (f.seek(end - 1), f.read(1))[1] == b"\n":
+                return
+            pos = end
+            while pos > 0:  # back to the last newline, a block at a time (not the whole file)
+                start = max(0, pos - 65536)
+                f.seek(start)
+                cut = f.read(pos - start).rfind(b"\n")
+                if cut >= 0:
+                    f.truncate(start + cut + 1)
+                    return
+                pos = start
+            f.truncate(0)
 
     def _records(self) -> Iterator[dict[str, Any]]:
         """Every complete line of the file, decoded (a torn last line is not one)."""
