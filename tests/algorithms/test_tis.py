@@ -113,7 +113,7 @@ def test_a_recipe_trains_with_ppo_tis_on_the_samplers_logprobs(tmp_path):
     (stage,) = plan.stages
     assert stage.components["policy_loss"].name == "ppo_tis" and stage.components["policy_loss"].params.tis_cap == 1.5
     # The objective hands the loss the batch's rollout_logprob (the sampler's) beside the learner's.
-    objective = objective_from_stage(stage, on_policy=True)
+    objective = objective_from_stage(stage, one_update=True)
     b = rand_batch(seed=1)
     batch = {k: b[k] for k in ("advantages", "rollout_logprob")} | {"response_mask": b["action_mask"]}
     loss, _ = objective({"logprob": b["logprob"]}, batch)

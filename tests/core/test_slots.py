@@ -67,7 +67,7 @@ def test_none_switches_a_slot_off_and_dry_run_says_so(recipe):
     assert "kl_loss" not in stage.components and "entropy_loss" not in stage.components
     assert not stage.needs_reference  # nothing asks for the reference model any more
     assert "    kl_loss: none (switched off; algorithm grpo uses k3)" in describe_plan(plan)
-    obj = objective.objective_from_stage(stage, on_policy=True)
+    obj = objective.objective_from_stage(stage, one_update=True)
     assert obj.kl_loss is None and obj.entropy_loss is None
 
 
@@ -81,7 +81,7 @@ def test_slots_a_stage_cannot_train_without_cannot_be_off(recipe):
 def test_the_objective_weights_the_entropy_term_by_the_slot_coef(recipe):
     (stage,) = load_plan(recipe, ["algorithm.entropy_loss.name=entropy", "algorithm.entropy_loss.coef=0.1",
                                   "algorithm.kl_loss.name=none"]).stages
-    obj = objective.objective_from_stage(stage, on_policy=True)
+    obj = objective.objective_from_stage(stage, one_update=True)
     g = torch.Generator().manual_seed(0)
     logprob = -torch.rand(3, 4, generator=g, dtype=torch.float64)
     entropy = torch.rand(3, 4, generator=g, dtype=torch.float64)
@@ -89,7 +89,7 @@ def test_the_objective_weights_the_entropy_term_by_the_slot_coef(recipe):
     batch = {"response_mask": mask, "advantages": torch.randn(3, 4, generator=g, dtype=torch.float64),
              "num_tokens": mask.sum(), "num_seqs": torch.tensor(3)}
     with_entropy, metrics = obj({"logprob": logprob, "entropy": entropy}, batch)
-    without, _ = objective.Objective(policy_loss=stage.components["policy_loss"], on_policy=True)({"logprob": logprob}, batch)
+    without, _ = objective.Objective(policy_loss=stage.components["policy_loss"], one_update=True)({"logprob": logprob}, batch)
     # oracle: -coef * mean over the 7 response tokens of the entropy, summed by hand
     by_hand = sum(float(entropy[i, j]) for i in range(3) for j in range(4) if mask[i, j]) / 7
     assert float(with_entropy - without) == pytest.approx(-0.1 * by_hand)

@@ -79,6 +79,20 @@ def test_offset_0_is_the_loop_in_turn(tmp_path):
     assert metric_max(on, "staleness/max") == 0
 
 
+def test_an_off_policy_batch_trained_once_pays_no_old_logprob_pass(tmp_path):
+    """One optimiser step per batch: the old (proximal) policy is the step's own weights, so
+    even stale batches (offset 1) take ``logprob.detach()`` and no second forward pass runs;
+    with two update epochs the old logprobs are computed before the first."""
+    def timed(run_dir: Path) -> list[bool]:
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return ["time/old_logprob" in r for r in rows if "loss" in r]
+
+    once = run(tmp_path / "once", *BASE, "synchronizer.offset=1")
+    twice = run(tmp_path / "twice", *BASE, "synchronizer.offset=1", "trainer.update_epochs=2")
+    assert timed(once) == [False] * STEPS
+    assert timed(twice) == [True] * STEPS
+
+
 def test_the_explorer_actor_runs_ahead_too(tmp_path):
     """The explorer as a Ray actor (its own process): the same batches as the in-turn loop in the driver."""
     common = [*BASE, "synchronizer.offset=1"]

@@ -33,9 +33,9 @@ def spec(registry, name, coef=None, **params):
     return ComponentSpec(registry.name, name, build_params(fn, params), coef)
 
 
-def test_on_policy_equals_explicit_old_logprob():
+def test_one_update_equals_explicit_old_logprob():
     batch, out = batch_and_outputs()
-    obj = Objective(policy_loss=spec(POLICY_LOSS_FN, "ppo"), on_policy=True)
+    obj = Objective(policy_loss=spec(POLICY_LOSS_FN, "ppo"), one_update=True)
     loss_a, _ = obj(out, batch)
     (grad_a,) = torch.autograd.grad(loss_a, out["logprob"])
     explicit = Objective(policy_loss=spec(POLICY_LOSS_FN, "ppo"))
@@ -49,9 +49,9 @@ def test_on_policy_equals_explicit_old_logprob():
 
 def test_kl_term_adds_coef_times_mean_k3():
     batch, out = batch_and_outputs(1)
-    base = Objective(policy_loss=spec(POLICY_LOSS_FN, "ppo"), on_policy=True)
+    base = Objective(policy_loss=spec(POLICY_LOSS_FN, "ppo"), one_update=True)
     kl = Objective(policy_loss=spec(POLICY_LOSS_FN, "ppo"),
-                   kl_loss=ComponentSpec("KL_FN", "k3", None, 0.5), on_policy=True)
+                   kl_loss=ComponentSpec("KL_FN", "k3", None, 0.5), one_update=True)
     l0, _ = base(out, batch)
     l1, metrics = kl(out, batch)
     x = batch["ref_logprob"] - out["logprob"].detach()
@@ -63,16 +63,16 @@ def test_kl_term_adds_coef_times_mean_k3():
 def test_entropy_bonus_and_need_entropy():
     batch, out = batch_and_outputs(2)
     obj = Objective(policy_loss=spec(POLICY_LOSS_FN, "ppo"), entropy_loss=spec(ENTROPY_LOSS_FN, "entropy", coef=0.1),
-                    on_policy=True)
+                    one_update=True)
     assert obj.need_entropy
     assert not Objective(policy_loss=spec(POLICY_LOSS_FN, "ppo")).need_entropy
     l1, m = obj(out, batch)
-    l0, _ = Objective(policy_loss=spec(POLICY_LOSS_FN, "ppo"), on_policy=True)(out, batch)
+    l0, _ = Objective(policy_loss=spec(POLICY_LOSS_FN, "ppo"), one_update=True)(out, batch)
     assert torch.allclose(l1 - l0, -0.1 * masked_mean(out["entropy"], batch["response_mask"]))
 
 
 def test_objective_pickles_without_resolved_functions():
-    obj = Objective(policy_loss=spec(POLICY_LOSS_FN, "ppo", clip_ratio_high=0.28), on_policy=True)
+    obj = Objective(policy_loss=spec(POLICY_LOSS_FN, "ppo", clip_ratio_high=0.28), one_update=True)
     batch, out = batch_and_outputs()
     obj(out, batch)  # fills the cache
     clone = pickle.loads(pickle.dumps(obj))
@@ -83,7 +83,7 @@ def test_objective_pickles_without_resolved_functions():
 
 def test_rollout_logprob_diff_covers_sampled_rows_only():
     batch, out = batch_and_outputs()
-    obj = Objective(policy_loss=spec(POLICY_LOSS_FN, "ppo"), on_policy=True)
+    obj = Objective(policy_loss=spec(POLICY_LOSS_FN, "ppo"), one_update=True)
     _, metrics = obj(out, batch)
     assert "rollout_logprob_diff" not in metrics  # SFT-style data: nothing was sampled
     rollout = out["logprob"].detach() + 0.5
@@ -109,7 +109,7 @@ def test_engine_reports_whole_batch_policy_loss_over_micro_batches(tmp_path):
         "response_mask": torch.ones(B, R),
         "advantages": torch.randn(B, R, generator=g),
     }
-    obj = Objective(policy_loss=spec(POLICY_LOSS_FN, "ppo"), on_policy=True)
+    obj = Objective(policy_loss=spec(POLICY_LOSS_FN, "ppo"), one_update=True)
     split = LocalEngine(ModelParams(path=path, micro_batch_size=2), OptimParams(lr=0.0)).forward_backward(batch, obj)
     whole = LocalEngine(ModelParams(path=path, micro_batch_size=B), OptimParams(lr=0.0)).forward_backward(batch, obj)
     assert abs(split["policy_loss"] - whole["policy_loss"]) < 1e-5

@@ -243,7 +243,7 @@ def test_pair_batches_micro_batch_between_pairs_only(tiny_path):
     assert [mb["input_ids"].shape[0] for mb in micro_batches(batch, 3)] == [2, 2, 2, 2, 2]
     batch["ref_logprob"] = torch.zeros_like(batch["response_mask"]) - 2.0
     fn = POLICY_LOSS_FN.get("dpo")
-    dpo = Objective(policy_loss=ComponentSpec("POLICY_LOSS_FN", "dpo", build_params(fn, {"beta": 0.5})), on_policy=True)
+    dpo = Objective(policy_loss=ComponentSpec("POLICY_LOSS_FN", "dpo", build_params(fn, {"beta": 0.5})), one_update=True)
     results = []
     for micro in (3, 10):
         engine = LocalEngine(ModelParams(path=tiny_path, micro_batch_size=micro), OptimParams(lr=0.0))

@@ -190,7 +190,7 @@ def prepare_rl_batch(stage: Stage, batch: Batch, timer: PhaseTimer) -> dict[str,
     if "ref_logprob" in needs:
         with timer("reference"):
             batch["ref_logprob"] = stage.reference.compute_logprobs(batch)["logprob"]
-    if "old_logprob" in needs and not stage.objective.on_policy:
+    if "old_logprob" in needs and not stage.objective.one_update:
         with timer("old_logprob"):
             batch["old_logprob"] = stage.actor.compute_logprobs(batch)["logprob"]
     if stage.critic is not None:

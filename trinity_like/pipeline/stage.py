@@ -365,11 +365,10 @@ def check_gpus(cfg: Config) -> None:
                            f"machine has {found} usable by torch; set cluster.num_gpus: 0 to train on CPU")
 
 
-def is_on_policy(spec: ResolvedStage) -> bool:
-    """Every batch is sampled by the weights it trains and gets one update (see Objective.on_policy)."""
-    cfg = spec.config
-    offline = not spec.algorithm.use_rollout
-    return offline or (cfg.synchronizer.interval == 1 and cfg.synchronizer.offset == 0 and cfg.trainer.update_epochs == 1)
+def one_update(spec: ResolvedStage) -> bool:
+    """Every batch gets one optimiser step, so its old logprobs are the current ones (see
+    Objective.one_update): with any ``synchronizer.offset`` or ``interval``."""
+    return not spec.algorithm.use_rollout or spec.config.trainer.update_epochs == 1
 
 
 def _open_run_dir(cfg: Config, role: str) -> tuple[Path, MetricsLogger, RunLock]:
@@ -418,7 +417,7 @@ def build_stage(spec: ResolvedStage, role: str) -> Stage:
     trains = role != "explore"
     # Data first: a bad data file fails before the run directory is touched.
     data = load_stage_data(spec, role, tokenizer)
-    objective = objective_from_stage(spec, on_policy=is_on_policy(spec)) if trains else None
+    objective = objective_from_stage(spec, one_update=one_update(spec)) if trains else None
     run_dir, logger, lock = _open_run_dir(cfg, role)
     stage = Stage(spec=spec, role=role, run_dir=run_dir, model_path=model_path, tokenizer=tokenizer, data=data, run_lock=lock,
                   logger=logger, checkpoints=CheckpointManager(run_dir, cfg.checkpoint.keep_last), objective=objective,

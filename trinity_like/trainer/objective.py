@@ -32,16 +32,18 @@ __all__ = ["ComponentSpec", "Objective", "objective_from_stage"]
 class Objective:
     """Policy loss + optional KL loss term + optional entropy loss, as one loss callable.
 
-    ``on_policy``: every row was sampled by the weights being trained and the batch gets
-    exactly one update, so the "old" policy's logprobs equal the current ones; they are
-    taken as ``logprob.detach()`` instead of paying a second forward pass (exact: the
-    ratio is 1 and its gradient is that of ``logprob``).
+    ``one_update``: the batch gets exactly one optimiser step, so the "old" (proximal)
+    policy is the weights of that very step and its logprobs equal the current ones, whoever
+    sampled the batch: they are taken as ``logprob.detach()`` instead of paying a second
+    forward pass (exact: the ratio is 1 and its gradient is that of ``logprob``). Data from
+    older weights (``synchronizer.offset``) is corrected against the sampler's own logprobs,
+    ``rollout_logprob`` (``ppo_tis``), not by the old-policy ratio.
     """
 
     policy_loss: ComponentSpec
     kl_loss: ComponentSpec | None = None
     entropy_loss: ComponentSpec | None = None
-    on_policy: bool = False
+    one_update: bool = False
     loss_metric: str = "policy_loss"  # the name its main term is reported under ("value_loss" for a critic)
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -71,7 +73,7 @@ class Objective:
             needed |= required_inputs(self._fn(self.entropy_loss))
         if self.kl_loss:
             needed |= {"ref_logprob"}
-        if self.on_policy:
+        if self.one_update:
             needed.discard("old_logprob")
         return needed
 
@@ -85,7 +87,7 @@ class Objective:
         inputs.update(outputs)
         if "response_mask" in inputs and "action_mask" not in inputs:
             inputs["action_mask"] = inputs["response_mask"]
-        if self.on_policy and "logprob" in outputs:
+        if self.one_update and "logprob" in outputs:
             inputs["old_logprob"] = outputs["logprob"].detach()
         loss, metrics = call_component(self._fn(self.policy_loss), inputs, self.policy_loss.params)
         metrics = dict(metrics)
@@ -119,8 +121,8 @@ class Objective:
         return loss, metrics
 
 
-def objective_from_stage(stage: Any, *, on_policy: bool) -> Objective:
+def objective_from_stage(stage: Any, *, one_update: bool) -> Objective:
     """Build the objective of a resolved recipe stage (:class:`trinity_like.config.ResolvedStage`)."""
     comps = stage.components
     return Objective(policy_loss=comps["policy_loss"], kl_loss=comps.get("kl_loss"),
-                     entropy_loss=comps.get("entropy_loss"), on_policy=on_policy)
+                     entropy_loss=comps.get("entropy_loss"), one_update=one_update)
