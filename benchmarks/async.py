@@ -9,7 +9,10 @@ differs:
 - ``off1`` / ``off2``: offset 1 / 2 -- the explorer explores batch t+1 (t+2) while the
   trainer trains step t (``trinity_like/pipeline/async_loop.py``, docs/async.md).
 
-Rounds rotate which variant goes first. Per variant the script reports the median over
+Every variant trains every group (``algorithm.dynamic_sampling=false``): with dynamic
+sampling the rows trained per step depend on the rewards, which differ between variants, so
+the trainer's work would too; this way each step trains ``batch_size x group_size`` rows in
+every variant. Rounds rotate which variant goes first. Per variant the script reports the median over
 rounds of:
 
 - steps/hour: trained steps / the loop's wall time, from the run's ``timeline.jsonl`` (first
@@ -85,7 +88,7 @@ def run_variant(offset: int, steps: int, extra: list[str], folder: Path) -> dict
     """One run of the recipe with ``synchronizer.offset=offset``; its figures."""
     argv = [sys.executable, "-m", "trinity_like.cli", "run", "--config", str(RECIPE), f"run_root={folder}",
             "name=bench", f"trainer.total_steps={steps}", f"synchronizer.offset={offset}", "monitor.progress=false",
-            *extra]
+            "algorithm.dynamic_sampling=false", *extra]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
     start = time.perf_counter()
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=False)

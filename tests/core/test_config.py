@@ -314,3 +314,23 @@ def test_toml_recipe_equals_yaml_and_names_lines(tmp_path):
 def test_dataset_needs_exactly_one_source(tmp_path):
     p = write(tmp_path, BASE.replace("    generator: arithmetic\n", "    generator: arithmetic\n    path: x.jsonl\n"))
     assert "exactly one of `path` and `generator`" in error_of(p)
+
+
+def test_cpu_threads_split_the_cores_only_when_the_explorer_runs_beside_cpu_workers():
+    """In turn each side gets the cores while it works; beside a concurrent CPU trainer the
+    explorer gets half; an explicit cluster.*_threads wins; evaluations take every core."""
+    from trinity_like.config.schema import Config
+
+    def plan(**sections):
+        return tuple(Config(cluster={"num_cpus": 8, **sections.pop("cluster", {})}, **sections).cpu_threads())[:3]
+
+    assert plan() == (8, 8, 8)  # (explorer, trainer per worker, evaluation)
+    assert plan(cluster={"trainer_workers": 2}) == (8, 4, 8)
+    ahead = {"synchronizer": {"offset": 1}}
+    assert plan(**ahead) == (4, 4, 8)
+    assert plan(**ahead, cluster={"trainer_workers": 2}) == (4, 2, 8)
+    assert plan(synchronizer={"offset": 1, "concurrent": False}) == (8, 8, 8)  # the same schedule in turn
+    assert plan(**ahead, mode="train") == (8, 8, 8)  # no explorer in this process
+    assert plan(**ahead, cluster={"num_gpus": 1}) == (8, 8, 8)  # the trainer is on a GPU
+    assert plan(**ahead, cluster={"explorer_threads": 2, "trainer_threads": 6}) == (2, 6, 8)
+    assert Config(cluster={"num_cpus": 1}, synchronizer={"offset": 1}).cpu_threads() == (1, 1, 1, True)

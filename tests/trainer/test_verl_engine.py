@@ -12,6 +12,8 @@ moves the step by a visible fraction of lr (measured up to 1e-6 here).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import ray
 import ray.cloudpickle
@@ -265,3 +267,15 @@ def test_lora_parity_weight_sync_and_checkpoints_across_engines(engine, tiny_pat
             engine.load(str(tmp_path / "from_local"))
     finally:
         verl.close()
+
+
+def test_a_worker_takes_the_threads_it_is_given(engine, tiny_path):
+    """``VerlParams.threads`` (a recipe's ``cluster.trainer_threads``, or the split beside a
+    concurrent explorer) is what torch uses in the worker; without it each of the module
+    engine's 2 workers takes its share of the cores."""
+    assert engine._call("trinity_threads", "test") == [max(1, (os.cpu_count() or 1) // 2)] * 2
+    one = VerlEngine(ModelParams(path=tiny_path), OPTIM, VerlParams(num_workers=1, threads=3))  # joins the running Ray
+    try:
+        assert one._call("trinity_threads", "test") == [3]
+    finally:
+        one.close()

@@ -8,7 +8,7 @@ Values a recipe does not set but an algorithm needs come from the algorithm's pr
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -181,6 +181,8 @@ class ClusterConfig(Section):
     num_gpus: NonNegInt = 0  # GPUs of the `verl` engine's workers, one each (0 or trainer_workers); 0: CPU workers over gloo; more than the machine (or cluster) has: an error at start
     trainer_workers: PosInt | None = None  # FSDP world size of the `verl` engine; None: num_gpus on GPUs, 1 on CPU (see `workers`)
     placement: Literal["pack", "spread"] = "pack"  # `verl` workers: pack: all on one node; spread: each on a node of its own (a multi-node cluster)
+    explorer_threads: PosInt | None = None  # torch threads of the explorer actor; None: auto (Config.cpu_threads)
+    trainer_threads: PosInt | None = None  # torch threads of each CPU `verl` worker; None: auto (Config.cpu_threads)
 
     @model_validator(mode="after")
     def _one_gpu_per_worker(self) -> ClusterConfig:
@@ -232,6 +234,19 @@ class StageConfig(Section):
     monitor: dict[str, Any] = {}
 
 
+class CpuThreads(NamedTuple):
+    """Torch threads per process (:meth:`Config.cpu_threads`)."""
+
+    explorer: int  # the explorer actor's, while it explores
+    trainer: int  # each CPU `verl` worker's
+    evaluation: int  # the explorer actor's, while it evaluates (the trainer waits)
+    split: bool = False  # auto split the cores: the explorer explores beside CPU trainer workers
+
+    @property
+    def explorer_and_evaluation(self) -> tuple[int, int]:
+        return self.explorer, self.evaluation
+
+
 class Config(Section):
     """A whole recipe (one stage of it, after stage overrides are merged)."""
 
@@ -256,6 +271,23 @@ class Config(Section):
         if self.synchronizer.method == "auto":
             return "checkpoint" if self.mode in ("explore", "train") else "memory"
         return self.synchronizer.method
+
+    def cpu_threads(self) -> CpuThreads:
+        """Torch threads of the explorer actor and of each CPU `verl` worker: ``cluster.*_threads``,
+        or auto. In turn each side has the cores to itself while it works: the explorer all of
+        them, a trainer worker its share. When the explorer explores while CPU workers train
+        (mode both, ``offset >= 1``, concurrent) the cores are split, half to the explorer:
+        both at full width put twice the threads on the cores, and each side ran 2-3x slower
+        (docs/async.md). Evaluations run while the trainer waits: with every core."""
+        import os
+
+        cores = self.cluster.num_cpus or os.cpu_count() or 1
+        sync = self.synchronizer
+        beside = self.mode == "both" and sync.offset >= 1 and sync.concurrent and self.cluster.num_gpus == 0
+        explorer = max(1, cores // 2) if beside else cores
+        trainer = max(1, (cores - explorer if beside else cores) // self.cluster.workers)
+        explorer = self.cluster.explorer_threads or explorer
+        return CpuThreads(explorer, self.cluster.trainer_threads or trainer, max(explorer, cores), beside)
 
     def run_dir(self) -> str:
         import os

@@ -125,7 +125,10 @@ def _state_dict(weights: Weights) -> tuple[dict, bool]:
 class ExplorerWorker:
     """Rollout engine + workflow over a model folder; in-process, or the body of the Ray actor."""
 
-    def __init__(self, config: Config, model_path: str, num_threads: int | None = None) -> None:
+    def __init__(self, config: Config, model_path: str, num_threads: int | None = None,
+                 eval_threads: int | None = None) -> None:
+        """``num_threads``: torch threads of this process (None: leave them); ``eval_threads``:
+        for evaluations, which run while the trainer waits (None: ``num_threads``)."""
         import torch
 
         from trinity_like.explorer.engine import EngineParams, RolloutEngine
@@ -149,10 +152,20 @@ class ExplorerWorker:
             wf_cls(params=workflow_params(config, wf_cls, evaluation=True)) if config.explorer.eval_reward_fn else self.workflow
         )
         self.restarts = 0  # in-process: a crash is the driver's
+        self.threads = (num_threads, eval_threads or num_threads)
 
     def run(self, tasks: list[Task], sampling: SamplingParams, evaluation: bool = False) -> WorkflowResult:
+        import torch
+
         workflow = self.eval_workflow if evaluation else self.workflow
-        return workflow.run(tasks, engine=self.engine, sampling=sampling)
+        rollout, wide = self.threads
+        if not evaluation or wide == rollout:
+            return workflow.run(tasks, engine=self.engine, sampling=sampling)
+        torch.set_num_threads(wide)
+        try:
+            return workflow.run(tasks, engine=self.engine, sampling=sampling)
+        finally:
+            torch.set_num_threads(rollout)
 
     def receive_weights(self, weights: Weights, version: int) -> None:
         state, full = _state_dict(weights)
@@ -175,7 +188,7 @@ class RemoteExplorer:
 
     def __init__(self, config: Config, model_path: str) -> None:
         actor_cls = ray.remote(max_restarts=MAX_RESTARTS, max_task_retries=0, num_cpus=0)(ExplorerWorker)
-        self.actor = actor_cls.options(runtime_env=ray_runtime_env()).remote(config, model_path, os.cpu_count())
+        self.actor = actor_cls.options(runtime_env=ray_runtime_env()).remote(config, model_path, *config.cpu_threads().explorer_and_evaluation)
         self._weights: tuple[Weights, int] | None = None  # the latest, re-sent to a restarted actor
         self._mailbox: WeightMailbox | None = None  # where a state dict goes for the actor to read
         self.restarts = 0

@@ -431,6 +431,10 @@ def build_stage(spec: ResolvedStage, role: str) -> Stage:
         if role in ("both", "explore"):
             remote = remote_explorer(spec)
             stage.explorer = (RemoteExplorer if remote else ExplorerWorker)(cfg, str(model_path))
+            threads = cfg.cpu_threads()
+            if remote and threads.split and cfg.trainer.engine == "verl":
+                stage.logger.write(f"the explorer explores beside the trainer: torch threads split {threads.explorer} (explorer) / "
+                                   f"{threads.trainer} per trainer worker (cluster.explorer_threads, cluster.trainer_threads)")
             stage.reward_guard = guard_for(cfg, run_dir, role)
         if role == "offline":
             add_self_pairs(stage)  # the starting model answers before any train engine takes memory

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,7 @@ class VerlParams:
     placement: str = _default(ClusterConfig, "placement")  # "pack": every worker on one node; "spread": one node each
     strategy: str = "fsdp2"  # verl's FSDP flavour: "fsdp2" (fully_shard) or "fsdp"
     seed: int = _default(Config, "seed")  # verl's engine seed
+    threads: int | None = None  # torch threads of each CPU worker; None: the node's cores // num_workers
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
@@ -82,7 +84,7 @@ def verl_params(config: Config) -> VerlParams:
     """A recipe's ``cluster`` section as verl worker placement."""
     c = config.cluster
     return VerlParams(num_workers=c.workers, ray_address=c.ray_address, num_cpus=c.num_cpus,
-                      use_gpu=c.num_gpus > 0, placement=c.placement, seed=config.seed)
+                      use_gpu=c.num_gpus > 0, placement=c.placement, seed=config.seed, threads=config.cpu_threads()[1])
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -302,7 +304,8 @@ class VerlEngine:
         if not self.use_gpu:
             worker_env.update(verl_cpu.worker_env())
         worker_cls = RayClassWithInitArgs(cls=ray.remote(TrinityVerlWorker), config=config, kind=model.kind,
-                                          lora=model.adapter, share_prompts=model.share_prompts)
+                                          lora=model.adapter, share_prompts=model.share_prompts,
+                                          num_threads=verl.threads)
         self.group = RayWorkerGroup(
             resource_pool=self.pool,
             ray_cls_with_init=worker_cls,
@@ -389,11 +392,19 @@ class VerlEngine:
         self._call("trinity_release_memory", "releasing memory")
 
     def close(self) -> None:
-        """Kill the workers, and Ray itself when this engine started it."""
+        """Kill the workers, and Ray itself when this engine started it. On a Ray that stays up,
+        return once Ray counts the workers' CPUs (GPUs) as free again, so that the next engine
+        (the next stage, or a critic) finds them: freed bundles show up a moment after removal."""
         self.mailbox.close()
+        resource = "GPU" if self.use_gpu else "CPU"
+        free = ray.available_resources().get(resource, 0.0) + self.verl_params.num_workers
         for worker in self.group.workers:
             ray.kill(worker)
         for pg in self.pool.pgs or []:
             ray.util.remove_placement_group(pg)
         if self._started_ray:
             ray.shutdown()
+            return
+        deadline = time.monotonic() + 5.0  # others may take them meanwhile: never wait long
+        while ray.available_resources().get(resource, 0.0) < free and time.monotonic() < deadline:
+            time.sleep(0.05)

@@ -101,7 +101,8 @@ MODEL_WEIGHTS = "model*.safetensors"  # a Hugging Face folder's weight files (on
 class TrinityVerlWorker(TinkerTrainingWorker):
     """verl's FSDP training worker, started on gloo when there is no GPU, with our entry points."""
 
-    def __init__(self, config: Any, kind: str, lora: LoraParams | None = None, share_prompts: bool = True) -> None:
+    def __init__(self, config: Any, kind: str, lora: LoraParams | None = None, share_prompts: bool = True,
+                 num_threads: int | None = None) -> None:
         from trinity_like.plugins import load_plugins
 
         self.kind = kind
@@ -113,8 +114,8 @@ class TrinityVerlWorker(TinkerTrainingWorker):
             rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
             dist.init_process_group(backend="gloo", rank=rank, world_size=world_size)
             # Workers on one CPU node share its cores: torch's default (all cores each)
-            # oversubscribes them, so each worker takes its share.
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+            # oversubscribes them, so each worker takes its share (or what the driver says).
+            torch.set_num_threads(num_threads or max(1, (os.cpu_count() or 1) // world_size))
             retain_freed_memory()  # large tensors reuse freed pages (trinity_like/malloc.py)
         super().__init__(config)
 
@@ -200,6 +201,11 @@ class TrinityVerlWorker(TinkerTrainingWorker):
     def trinity_pid(self) -> int:
         """This worker's process id (the driver reads its resident memory)."""
         return os.getpid()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def trinity_threads(self) -> int:
+        """This worker's torch threads (VerlParams.threads, or its share of the node's cores)."""
+        return torch.get_num_threads()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def trinity_release_memory(self) -> None:
