@@ -316,21 +316,25 @@ def test_dataset_needs_exactly_one_source(tmp_path):
     assert "exactly one of `path` and `generator`" in error_of(p)
 
 
-def test_cpu_threads_split_the_cores_only_when_the_explorer_runs_beside_cpu_workers():
-    """In turn each side gets the cores while it works; beside a concurrent CPU trainer the
-    explorer gets half; an explicit cluster.*_threads wins; evaluations take every core."""
+def test_cpu_threads_share_the_cores_only_when_the_explorer_runs_beside_cpu_workers():
+    """In turn each side gets the cores while it works; beside a concurrent CPU verl trainer on a
+    Ray started here they share them (half each while both compute, all to one alone); explicit
+    cluster.*_threads fix the widths."""
     from trinity_like.config.schema import Config
 
     def plan(**sections):
-        return tuple(Config(cluster={"num_cpus": 8, **sections.pop("cluster", {})}, **sections).cpu_threads())[:3]
+        return tuple(Config(cluster={"num_cpus": 8, **sections.pop("cluster", {})}, **sections).cpu_threads())
 
-    assert plan() == (8, 8, 8)  # (explorer, trainer per worker, evaluation)
-    assert plan(cluster={"trainer_workers": 2}) == (8, 4, 8)
+    # (explorer, trainer per worker, explorer alone, trainer alone, shared)
+    assert plan() == (8, 8, 8, 8, False)
+    assert plan(cluster={"trainer_workers": 2}) == (8, 4, 8, 4, False)
     ahead = {"synchronizer": {"offset": 1}}
-    assert plan(**ahead) == (4, 4, 8)
-    assert plan(**ahead, cluster={"trainer_workers": 2}) == (4, 2, 8)
-    assert plan(synchronizer={"offset": 1, "concurrent": False}) == (8, 8, 8)  # the same schedule in turn
-    assert plan(**ahead, mode="train") == (8, 8, 8)  # no explorer in this process
-    assert plan(**ahead, cluster={"num_gpus": 1}) == (8, 8, 8)  # the trainer is on a GPU
-    assert plan(**ahead, cluster={"explorer_threads": 2, "trainer_threads": 6}) == (2, 6, 8)
-    assert Config(cluster={"num_cpus": 1}, synchronizer={"offset": 1}).cpu_threads() == (1, 1, 1, True)
+    assert plan(**ahead) == (4, 4, 8, 8, True)
+    assert plan(**ahead, cluster={"trainer_workers": 2}) == (4, 2, 8, 4, True)
+    assert plan(synchronizer={"offset": 1, "concurrent": False}) == (8, 8, 8, 8, False)  # the same schedule in turn
+    assert plan(**ahead, mode="train") == (8, 8, 8, 8, False)  # no explorer in this process
+    assert plan(**ahead, trainer={"engine": "local"}) == (8, 8, 8, 8, False)  # the trainer is this process
+    assert plan(**ahead, cluster={"num_gpus": 1}) == (8, 8, 8, 8, False)  # the trainer is on a GPU
+    assert plan(**ahead, cluster={"ray_address": "auto"}) == (8, 8, 8, 8, False)  # the workers may be elsewhere
+    assert plan(**ahead, cluster={"explorer_threads": 2, "trainer_threads": 6}) == (2, 6, 2, 6, False)
+    assert Config(cluster={"num_cpus": 1}, synchronizer={"offset": 1}).cpu_threads() == (1, 1, 1, 1, True)

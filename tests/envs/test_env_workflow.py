@@ -101,25 +101,3 @@ def test_bad_workflow_args_are_one_line_errors_when_the_recipe_is_read(override,
     with pytest.raises(TrinityError, match=message):
         load_plan(RECIPE, [override])
 
-
-def test_the_explorer_evaluates_with_its_evaluation_threads_and_explores_with_its_own(monkeypatch):
-    """An explorer that explores beside the trainer on half the cores evaluates while the
-    trainer waits: with every core, then back to its share."""
-    import torch
-
-    from trinity_like.explorer.worker import ExplorerWorker, sampling_params
-    from trinity_like.models.resolve import resolve_model_path
-
-    cfg = load_plan(REPO / "examples" / "grpo_arith.yaml", ["model.path=tiny-random"]).stages[0].config
-    before = torch.get_num_threads()
-    try:
-        worker = ExplorerWorker(cfg, str(resolve_model_path("tiny-random")), num_threads=1, eval_threads=2)
-        seen = []
-        for wf in (worker.workflow, worker.eval_workflow):
-            monkeypatch.setattr(wf, "run", lambda tasks, **_: seen.append(torch.get_num_threads()))
-        worker.run([], sampling_params(cfg, step=1))
-        worker.run([], sampling_params(cfg, step=1), evaluation=True)
-        worker.run([], sampling_params(cfg, step=2))
-        assert seen == [1, 2, 1] and torch.get_num_threads() == 1
-    finally:
-        torch.set_num_threads(before)

@@ -8,6 +8,7 @@ pass of each checkpoint's weights for which weights sampled each buffered row.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from pathlib import Path
 
@@ -91,6 +92,20 @@ def test_an_off_policy_batch_trained_once_pays_no_old_logprob_pass(tmp_path):
     twice = run(tmp_path / "twice", *BASE, "synchronizer.offset=1", "trainer.update_epochs=2")
     assert timed(once) == [False] * STEPS
     assert timed(twice) == [True] * STEPS
+
+
+def test_verl_workers_and_the_explorer_actor_share_the_cores_through_a_board(tmp_path, capsys):
+    """The default recipe's layout (verl's CPU worker, the explorer as a Ray actor) with offset 1:
+    the run says it shares the cores, trains every step with staleness 1, and removes its board."""
+    from trinity_like.cpu_share import PREFIX
+    from trinity_like.trainer.shared_weights import shm_dir
+
+    run_dir = run(tmp_path, "trainer.total_steps=2", "algorithm.dynamic_sampling=false", "synchronizer.offset=1",
+                  "trainer.engine=verl", "monitor.eval_at_start=false")
+    assert "the explorer explores beside the trainer on the same cores" in capsys.readouterr().out
+    assert len(rewards(run_dir)) == 2 and metric_max(run_dir, "staleness/max") == 1
+    assert overlap_fraction(read_spans(run_dir / TIMELINE_FILE)) > 0.0
+    assert not list(shm_dir().glob(f"{PREFIX}{os.getpid()}-*"))
 
 
 def test_the_explorer_actor_runs_ahead_too(tmp_path):

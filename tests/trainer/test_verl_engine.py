@@ -21,6 +21,7 @@ import torch
 import trainer_batches
 from trainer_batches import ClippedPPOLoss, make_batch, nll_loss, value_mse_loss
 
+from trinity_like.cpu_share import EXPLORER, CoreShare
 from trinity_like.errors import TrinityError
 from trinity_like.trainer.base import with_normalisers
 from trinity_like.models.tiny import build_tiny_model
@@ -269,13 +270,22 @@ def test_lora_parity_weight_sync_and_checkpoints_across_engines(engine, tiny_pat
         verl.close()
 
 
-def test_a_worker_takes_the_threads_it_is_given(engine, tiny_path):
-    """``VerlParams.threads`` (a recipe's ``cluster.trainer_threads``, or the split beside a
-    concurrent explorer) is what torch uses in the worker; without it each of the module
-    engine's 2 workers takes its share of the cores."""
+def test_a_worker_takes_the_threads_it_is_given(engine, tiny_path, batch):
+    """``VerlParams.threads`` (a recipe's ``cluster.trainer_threads``) is what torch uses in the
+    worker, and without it each of the module engine's 2 workers takes its share of the cores;
+    with a board shared with the explorer (trinity_like/cpu_share.py) a micro-batch runs at the
+    trainer's share while the explorer computes and at its full width when it does not."""
     assert engine._call("trinity_threads", "test") == [max(1, (os.cpu_count() or 1) // 2)] * 2
-    one = VerlEngine(ModelParams(path=tiny_path), OPTIM, VerlParams(num_workers=1, threads=3))  # joins the running Ray
+    cores = CoreShare.create(share=(1, 2), wide=(4, 3))
+    one = VerlEngine(ModelParams(path=tiny_path, micro_batch_size=2), OPTIM,
+                     VerlParams(num_workers=1, threads=4, cores=cores))  # joins the running Ray
     try:
+        assert one._call("trinity_threads", "test") == [4]
+        with cores.computing(EXPLORER):
+            one.forward_backward(batch, nll_loss)
+        assert one._call("trinity_threads", "test") == [2]
+        one.forward_backward(batch, nll_loss)
         assert one._call("trinity_threads", "test") == [3]
     finally:
         one.close()
+        cores.close()

@@ -237,14 +237,11 @@ class StageConfig(Section):
 class CpuThreads(NamedTuple):
     """Torch threads per process (:meth:`Config.cpu_threads`)."""
 
-    explorer: int  # the explorer actor's, while it explores
-    trainer: int  # each CPU `verl` worker's
-    evaluation: int  # the explorer actor's, while it evaluates (the trainer waits)
-    split: bool = False  # auto split the cores: the explorer explores beside CPU trainer workers
-
-    @property
-    def explorer_and_evaluation(self) -> tuple[int, int]:
-        return self.explorer, self.evaluation
+    explorer: int  # the explorer actor's (when shared: while the trainer computes too)
+    trainer: int  # each CPU `verl` worker's (when shared: while the explorer computes too)
+    explorer_alone: int  # when shared: the explorer's while the trainer waits
+    trainer_alone: int  # when shared: each worker's while the explorer waits
+    shared: bool  # the two take turns at full width (trinity_like/cpu_share.py); False: fixed widths
 
 
 class Config(Section):
@@ -273,21 +270,26 @@ class Config(Section):
         return self.synchronizer.method
 
     def cpu_threads(self) -> CpuThreads:
-        """Torch threads of the explorer actor and of each CPU `verl` worker: ``cluster.*_threads``,
-        or auto. In turn each side has the cores to itself while it works: the explorer all of
-        them, a trainer worker its share. When the explorer explores while CPU workers train
-        (mode both, ``offset >= 1``, concurrent) the cores are split, half to the explorer:
-        both at full width put twice the threads on the cores, and each side ran 2-3x slower
-        (docs/async.md). Evaluations run while the trainer waits: with every core."""
+        """Torch threads of the explorer actor and of each CPU `verl` worker.
+
+        In turn each side has the cores to itself while it works: the explorer all of them, a
+        trainer worker its share. When the explorer explores while CPU workers train (mode
+        both, ``offset >= 1``, concurrent, a Ray started here) they share the cores
+        (:mod:`trinity_like.cpu_share`): half to the explorer and the rest to the workers
+        while both compute, every core to whichever computes alone. ``cluster.explorer_threads``
+        / ``trainer_threads`` fix the widths instead."""
         import os
 
         cores = self.cluster.num_cpus or os.cpu_count() or 1
-        sync = self.synchronizer
-        beside = self.mode == "both" and sync.offset >= 1 and sync.concurrent and self.cluster.num_gpus == 0
+        sync, c = self.synchronizer, self.cluster
+        beside = (self.mode == "both" and sync.offset >= 1 and sync.concurrent and self.trainer.engine == "verl"
+                  and c.num_gpus == 0 and c.ray_address is None)
         explorer = max(1, cores // 2) if beside else cores
-        trainer = max(1, (cores - explorer if beside else cores) // self.cluster.workers)
-        explorer = self.cluster.explorer_threads or explorer
-        return CpuThreads(explorer, self.cluster.trainer_threads or trainer, max(explorer, cores), beside)
+        trainer = max(1, (cores - explorer if beside else cores) // c.workers)
+        if c.explorer_threads is not None or c.trainer_threads is not None:
+            explorer, trainer = c.explorer_threads or explorer, c.trainer_threads or trainer
+            return CpuThreads(explorer, trainer, explorer, trainer, False)
+        return CpuThreads(explorer, trainer, cores, max(1, cores // c.workers), beside)
 
     def run_dir(self) -> str:
         import os

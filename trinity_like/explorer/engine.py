@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -187,6 +187,7 @@ class RolloutEngine:
         self._pad_id = int(pad) if pad is not None else (self.default_stop_ids or (0,))[0]
         self.prefix_cache = PrefixCache(params.prefix_cache_tokens)
         self._shared: set[str] = set()  # parameters that are the caller's tensors (update_weights(share=True))
+        self.pace: Callable[[], object] | None = None  # called before every decode step (cpu_share: the threads to take)
 
     # -- weights ----------------------------------------------------------------------
     def update_weights(
@@ -285,8 +286,11 @@ class _Run:
 
     # -- the loop -------------------------------------------------------------------------
     def loop(self) -> list[list[Sample]]:
+        pace = self.engine.pace or (lambda: None)
+        pace()
         self.refill()
         while self.slots:
+            pace()
             self.decode_step()
             self.refill()
         return [[s for s in group if s is not None] for group in self.results]

@@ -14,7 +14,9 @@ retries the call, so the run goes on. Each restart is counted (``restarts``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import os
 import time
 from pathlib import Path
@@ -25,6 +27,7 @@ from ray.exceptions import RayActorError
 
 from trinity_like.components import build_params, params_type
 from trinity_like.config.schema import Config
+from trinity_like.cpu_share import EXPLORER, CoreShare
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Task
 from trinity_like.plugins import load_plugins, ray_runtime_env
@@ -126,9 +129,10 @@ class ExplorerWorker:
     """Rollout engine + workflow over a model folder; in-process, or the body of the Ray actor."""
 
     def __init__(self, config: Config, model_path: str, num_threads: int | None = None,
-                 eval_threads: int | None = None) -> None:
-        """``num_threads``: torch threads of this process (None: leave them); ``eval_threads``:
-        for evaluations, which run while the trainer waits (None: ``num_threads``)."""
+                 cores: CoreShare | None = None) -> None:
+        """``num_threads``: torch threads of this process (None: leave them); ``cores``: the
+        board shared with the trainer (:mod:`trinity_like.cpu_share`), which sets them before
+        every decode step instead."""
         import torch
 
         from trinity_like.explorer.engine import EngineParams, RolloutEngine
@@ -152,20 +156,14 @@ class ExplorerWorker:
             wf_cls(params=workflow_params(config, wf_cls, evaluation=True)) if config.explorer.eval_reward_fn else self.workflow
         )
         self.restarts = 0  # in-process: a crash is the driver's
-        self.threads = (num_threads, eval_threads or num_threads)
+        self.cores = cores
+        if cores is not None:
+            self.engine.pace = functools.partial(cores.fit, EXPLORER)
 
     def run(self, tasks: list[Task], sampling: SamplingParams, evaluation: bool = False) -> WorkflowResult:
-        import torch
-
         workflow = self.eval_workflow if evaluation else self.workflow
-        rollout, wide = self.threads
-        if not evaluation or wide == rollout:
+        with self.cores.computing(EXPLORER) if self.cores is not None else contextlib.nullcontext():
             return workflow.run(tasks, engine=self.engine, sampling=sampling)
-        torch.set_num_threads(wide)
-        try:
-            return workflow.run(tasks, engine=self.engine, sampling=sampling)
-        finally:
-            torch.set_num_threads(rollout)
 
     def receive_weights(self, weights: Weights, version: int) -> None:
         state, full = _state_dict(weights)
@@ -186,9 +184,12 @@ class ExplorerWorker:
 class RemoteExplorer:
     """An :class:`ExplorerWorker` in a Ray actor, with crash recovery."""
 
-    def __init__(self, config: Config, model_path: str) -> None:
+    def __init__(self, config: Config, model_path: str, cores: CoreShare | None = None) -> None:
+        """``cores``: the board the actor shares the CPU cores through with the trainer (None: fixed width)."""
         actor_cls = ray.remote(max_restarts=MAX_RESTARTS, max_task_retries=0, num_cpus=0)(ExplorerWorker)
-        self.actor = actor_cls.options(runtime_env=ray_runtime_env()).remote(config, model_path, *config.cpu_threads().explorer_and_evaluation)
+        threads = config.cpu_threads()
+        width = threads.explorer_alone if cores is not None else threads.explorer
+        self.actor = actor_cls.options(runtime_env=ray_runtime_env()).remote(config, model_path, width, cores)
         self._weights: tuple[Weights, int] | None = None  # the latest, re-sent to a restarted actor
         self._mailbox: WeightMailbox | None = None  # where a state dict goes for the actor to read
         self.restarts = 0

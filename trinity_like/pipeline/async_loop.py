@@ -48,9 +48,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+from trinity_like.cpu_share import TRAINER
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Experience
 from trinity_like.explorer.worker import FrozenWeights, sampling_params
@@ -272,7 +274,7 @@ def run_concurrent(stage: Stage, learn: Learn, end_step: EndStep) -> dict[str, f
                     with stage.span("trainer", "wait", step):
                         batch = explorer.take()
                     put([batch], metrics)
-            with stage.span("trainer", "update", step):
+            with stage.span("trainer", "update", step), stage.cores.computing(TRAINER) if stage.cores else nullcontext():
                 learned, batch_trained = learn(stage, step, timer)
             metrics.update(learned)
             end_step(stage, step, timer, t0, metrics, batch_trained, evaluate=evaluate, sync=publish,

@@ -36,6 +36,7 @@ from trinity_like.buffer.base import ExperienceSource, SampleStrategy
 from trinity_like.buffer.storage import open_storage
 from trinity_like.config import ResolvedStage
 from trinity_like.config.schema import Config
+from trinity_like.cpu_share import CoreShare
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Experience, Task, rollout_id
 from trinity_like.explorer.worker import Explorer, ExplorerWorker, RemoteExplorer, sampling_params
@@ -98,6 +99,7 @@ class Stage:
     run_lock: RunLock | None = None  # this stage's claim on its run directory (:mod:`.run_lock`), freed by close()
     timeline: Timeline | None = None  # when each actor was busy (<run_dir>/timeline.jsonl, :mod:`~trinity_like.monitor.timeline`)
     reward_guard: RewardHackingGuard | None = None  # watches gold vs learned reward (:mod:`~trinity_like.monitor.reward_hacking`)
+    cores: CoreShare | None = None  # the CPU cores the explorer actor and verl's workers share (:mod:`~trinity_like.cpu_share`)
 
     @property
     def config(self) -> Config:
@@ -272,6 +274,8 @@ class Stage:
                 engine.close()
         if self.explorer is not None:
             self.explorer.close()
+        if self.cores is not None:
+            self.cores.close()
         if self.owns_ray:
             import ray
 
@@ -389,14 +393,14 @@ def _build_trainer(stage: Stage) -> None:
         strat = spec.components["sample_strategy"]
         stage.strategy = SAMPLE_STRATEGY.get(strat.name)(params=strat.params)
     kind = "reward" if "scores" in stage.batch_needs else "lm"
-    stage.actor = build_engine(cfg, path, kind=kind)
+    stage.actor = build_engine(cfg, path, kind=kind, cores=stage.cores)
     if "ref_logprob" in stage.batch_needs and stage.role != "offline":  # offline: only until its cache is full
-        stage.reference = build_engine(cfg, path, forward_only=True)
+        stage.reference = build_engine(cfg, path, forward_only=True, cores=stage.cores)
     if spec.algorithm.use_critic:
         from trinity_like.models.resolve import resolve_model_path
 
         critic_path = str(resolve_model_path(cfg.model.critic_path)) if cfg.model.critic_path else path
-        stage.critic = build_engine(cfg, critic_path, kind="value", critic=True)
+        stage.critic = build_engine(cfg, critic_path, kind="value", critic=True, cores=stage.cores)
         vl = spec.components.get("value_loss")
         if vl is None:
             raise TrinityError(f"algorithm {cfg.algorithm.type!r} uses a critic but names no value_loss")
@@ -430,11 +434,14 @@ def build_stage(spec: ResolvedStage, role: str) -> Stage:
         stage.owns_ray = start_ray_for(spec, engines)
         if role in ("both", "explore"):
             remote = remote_explorer(spec)
-            stage.explorer = (RemoteExplorer if remote else ExplorerWorker)(cfg, str(model_path))
             threads = cfg.cpu_threads()
-            if remote and threads.split and cfg.trainer.engine == "verl":
-                stage.logger.write(f"the explorer explores beside the trainer: torch threads split {threads.explorer} (explorer) / "
-                                   f"{threads.trainer} per trainer worker (cluster.explorer_threads, cluster.trainer_threads)")
+            if remote and role == "both":
+                stage.cores = CoreShare.for_threads(threads)
+            if stage.cores is not None:
+                stage.logger.write(f"the explorer explores beside the trainer on the same cores: each takes all {threads.explorer_alone} "
+                                   f"while the other waits, {threads.explorer} (explorer) and {threads.trainer} (each trainer "
+                                   f"worker) while both compute (cluster.explorer_threads / trainer_threads fix them)")
+            stage.explorer = RemoteExplorer(cfg, str(model_path), stage.cores) if remote else ExplorerWorker(cfg, str(model_path))
             stage.reward_guard = guard_for(cfg, run_dir, role)
         if role == "offline":
             add_self_pairs(stage)  # the starting model answers before any train engine takes memory

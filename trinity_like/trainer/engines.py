@@ -17,16 +17,18 @@ Ray are imported only for the ``verl`` engine, so the ``local`` one starts witho
 from __future__ import annotations
 
 from trinity_like.config.schema import Config
+from trinity_like.cpu_share import CoreShare
 from trinity_like.trainer.base import TrainEngine
 from trinity_like.trainer.params import model_params, optim_params
 
 
 def build_engine(config: Config, path: str, *, kind: str = "lm", forward_only: bool = False,
-                 critic: bool = False) -> TrainEngine:
+                 critic: bool = False, cores: CoreShare | None = None) -> TrainEngine:
     """A train engine of kind ``config.trainer.engine`` holding the model folder ``path``.
 
     ``kind``: "lm" (logprobs), "value" (a critic's values) or "reward" (a reward model's
-    scores); ``critic`` takes the optimiser from ``trainer.critic_optimizer``.
+    scores); ``critic`` takes the optimiser from ``trainer.critic_optimizer``; ``cores``: the
+    board the `verl` workers share the CPU cores through with the explorer (:mod:`trinity_like.cpu_share`).
     """
     model = model_params(config, path, kind=kind, forward_only=forward_only)
     optim = optim_params(config, critic=critic)
@@ -36,4 +38,4 @@ def build_engine(config: Config, path: str, *, kind: str = "lm", forward_only: b
         return LocalEngine(model, optim)
     from trinity_like.trainer.verl_engine import VerlEngine, verl_params
 
-    return VerlEngine(model, optim, verl_params(config))
+    return VerlEngine(model, optim, verl_params(config, cores))

@@ -122,10 +122,10 @@ def write_into(path: str, items: Iterable[tuple[str, torch.Tensor]]) -> SharedWe
     return SharedWeights(path=path, machine=this_machine(), entries=entries, size=size)
 
 
-def remove_orphans(folder: Path) -> None:
-    """Remove mailbox files whose owner process is gone (killed before its close)."""
-    for f in folder.glob(f"{PREFIX}*"):
-        pid = f.name.removeprefix(PREFIX).split("-", 1)[0]
+def remove_orphans(folder: Path, prefix: str = PREFIX) -> None:
+    """Remove files ``<prefix><pid>-...`` (mailboxes) whose owner process is gone (killed before its close)."""
+    for f in folder.glob(f"{prefix}*"):
+        pid = f.name.removeprefix(prefix).split("-", 1)[0]
         if pid.isdigit() and not psutil.pid_exists(int(pid)):
             f.unlink(missing_ok=True)
 

@@ -45,6 +45,7 @@ import torch
 from trinity_like import fault_points
 from trinity_like.config.schema import ClusterConfig, Config
 from trinity_like.config.schema import field_default as _default
+from trinity_like.cpu_share import CoreShare
 from trinity_like.errors import TrinityError
 from trinity_like.plugins import ray_runtime_env
 from trinity_like.trainer import lora as lora_lib
@@ -70,6 +71,7 @@ class VerlParams:
     strategy: str = "fsdp2"  # verl's FSDP flavour: "fsdp2" (fully_shard) or "fsdp"
     seed: int = _default(Config, "seed")  # verl's engine seed
     threads: int | None = None  # torch threads of each CPU worker; None: the node's cores // num_workers
+    cores: CoreShare | None = None  # the board the CPU workers share the cores through with the explorer
 
     def __post_init__(self) -> None:
         if self.num_workers < 1:
@@ -80,11 +82,12 @@ class VerlParams:
             raise TrinityError(f"verl strategy {self.strategy!r} unknown; expected fsdp2 or fsdp (fsdp2 on CPU)")
 
 
-def verl_params(config: Config) -> VerlParams:
-    """A recipe's ``cluster`` section as verl worker placement."""
-    c = config.cluster
+def verl_params(config: Config, cores: CoreShare | None = None) -> VerlParams:
+    """A recipe's ``cluster`` section as verl worker placement (``cores``: :mod:`trinity_like.cpu_share`)."""
+    c, threads = config.cluster, config.cpu_threads()
     return VerlParams(num_workers=c.workers, ray_address=c.ray_address, num_cpus=c.num_cpus,
-                      use_gpu=c.num_gpus > 0, placement=c.placement, seed=config.seed, threads=config.cpu_threads()[1])
+                      use_gpu=c.num_gpus > 0, placement=c.placement, seed=config.seed,
+                      threads=threads.trainer_alone if cores is not None else threads.trainer, cores=cores)
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -305,7 +308,7 @@ class VerlEngine:
             worker_env.update(verl_cpu.worker_env())
         worker_cls = RayClassWithInitArgs(cls=ray.remote(TrinityVerlWorker), config=config, kind=model.kind,
                                           lora=model.adapter, share_prompts=model.share_prompts,
-                                          num_threads=verl.threads)
+                                          num_threads=verl.threads, cores=verl.cores)
         self.group = RayWorkerGroup(
             resource_pool=self.pool,
             ray_cls_with_init=worker_cls,

@@ -50,6 +50,7 @@ from verl.single_controller.base.decorator import Dispatch, register  # noqa: E4
 from verl.workers.engine_workers_tinker import TinkerTrainingWorker  # noqa: E402
 
 from trinity_like import fault_points  # noqa: E402
+from trinity_like.cpu_share import TRAINER, CoreShare  # noqa: E402
 from trinity_like.errors import TrinityError  # noqa: E402
 from trinity_like.malloc import release_freed_memory, retain_freed_memory  # noqa: E402
 from trinity_like.trainer import lora as lora_lib  # noqa: E402
@@ -102,12 +103,13 @@ class TrinityVerlWorker(TinkerTrainingWorker):
     """verl's FSDP training worker, started on gloo when there is no GPU, with our entry points."""
 
     def __init__(self, config: Any, kind: str, lora: LoraParams | None = None, share_prompts: bool = True,
-                 num_threads: int | None = None) -> None:
+                 num_threads: int | None = None, cores: CoreShare | None = None) -> None:
         from trinity_like.plugins import load_plugins
 
         self.kind = kind
         self.lora = lora  # the adapter verl's peft model trains (config.model_config's lora_rank > 0), else None
         self.share_prompts = share_prompts  # each distinct prompt once per micro-batch (trainer/forward.py)
+        self.cores = cores  # shared with the explorer: the threads to take before each micro-batch (cpu_share.py)
         load_plugins()  # loss callables resolve registered components by name in this process
         if verl_cpu.requested() and not dist.is_initialized():
             # verl would start "cpu:gloo,cpu:gloo"; a plain gloo group is what FSDP2 needs here.
@@ -146,6 +148,8 @@ class TrinityVerlWorker(TinkerTrainingWorker):
                                               share_prompts=self.share_prompts)
         dp, stats, losses, metrics, kept = dist.get_world_size(), {}, [], {}, []
         for i, mb in enumerate(parts):
+            if self.cores is not None:
+                self.cores.fit(TRAINER)
             mb = {k: v.to(device) for k, v in mb.items()}
             last = i == len(parts) - 1
             sync = engine._gradient_sync_context(is_last_micro_batch=last) if train else nullcontext()
@@ -184,6 +188,8 @@ class TrinityVerlWorker(TinkerTrainingWorker):
 
         The lr is the scheduler's unless ``adam`` sets this step's own hyper-parameters.
         """
+        if self.cores is not None:
+            self.cores.fit(TRAINER)
         with self.engine.train_mode(zero_grad_on_exit=True):
             clip = self.engine.optimizer_config.clip_grad
             if adam is not None:
