@@ -316,11 +316,16 @@ def test_dataset_needs_exactly_one_source(tmp_path):
     assert "exactly one of `path` and `generator`" in error_of(p)
 
 
-def test_cpu_threads_share_the_cores_only_when_the_explorer_runs_beside_cpu_workers():
+def test_cpu_threads_share_the_cores_only_when_the_explorer_runs_beside_cpu_workers(monkeypatch):
     """In turn each side gets the cores while it works; beside a concurrent CPU verl trainer on a
     Ray started here they share them (half each while both compute, all to one alone); explicit
     cluster.*_threads fix the widths."""
+    import os
+
     from trinity_like.config.schema import Config
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert Config(cluster={"num_cpus": 16}).cpu_threads().explorer == 8  # never more threads than cores
 
     def plan(**sections):
         return tuple(Config(cluster={"num_cpus": 8, **sections.pop("cluster", {})}, **sections).cpu_threads())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -69,14 +70,15 @@ def test_a_board_left_by_a_killed_driver_is_removed_by_the_next_and_close_remove
     assert not Path(cores.path).exists()
 
 
-def test_a_recipe_shares_the_cores_only_when_its_explorer_runs_beside_cpu_workers():
-    ahead = Config(cluster={"num_cpus": 2}, synchronizer={"offset": 1})
+def test_a_recipe_shares_the_cores_only_when_its_explorer_runs_beside_cpu_workers(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    ahead = Config(synchronizer={"offset": 1})
     cores = CoreShare.for_threads(ahead.cpu_threads())
     try:
         assert cores is not None and (cores.share, cores.wide) == ((1, 1), (2, 2))
     finally:
         cores.close()
-    assert CoreShare.for_threads(Config(cluster={"num_cpus": 2}).cpu_threads()) is None
+    assert CoreShare.for_threads(Config().cpu_threads()) is None
 
 
 def test_the_explorer_flags_its_rollouts_and_takes_its_width_at_every_decode_step(board):

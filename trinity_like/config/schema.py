@@ -280,7 +280,8 @@ class Config(Section):
         / ``trainer_threads`` fix the widths instead."""
         import os
 
-        cores = self.cluster.num_cpus or os.cpu_count() or 1
+        cpus = os.cpu_count() or 1
+        cores = min(self.cluster.num_cpus or cpus, cpus)  # Ray's logical CPUs may be more than the machine's
         sync, c = self.synchronizer, self.cluster
         beside = (self.mode == "both" and sync.offset >= 1 and sync.concurrent and self.trainer.engine == "verl"
                   and c.num_gpus == 0 and c.ray_address is None)
