@@ -160,6 +160,8 @@ class TrinityVerlWorker(TinkerTrainingWorker):
                     loss, mb_metrics = self.loss_fn(outputs, mb)
                     if i == 0 and dist.get_rank() == dp - 1:  # the last rank, between its forward and backward
                         fault_points.reach("verl_worker_update")
+                    if self.cores is not None:  # backward is ~2/3 of a micro-batch: widen here too when the explorer is done
+                        self.cores.fit(TRAINER)
                     (loss * dp).backward()
                     losses.append(float(loss.detach()) * dp)
                     for k, v in mb_metrics.items():
