@@ -275,10 +275,11 @@ def test_requests_waiting_together_share_one_engine_run_and_get_their_solo_sampl
     and each still gets exactly the samples it gets alone (its own seeds)."""
     prompts = [types.ModelInput.from_ints(ids[: 3 + i]) for i in range(4)]
     alone = [client.sample(p, 3, params(seed=7 + i)).result(timeout=60) for i, p in enumerate(prompts)]
-    runs, gate = [], threading.Event()
+    runs, started, gate = [], threading.Event(), threading.Event()
     real_run = RolloutEngine.run
     monkeypatch.setattr(RolloutEngine, "run", lambda self, r, s: runs.append(len(r)) or real_run(self, r, s))
-    blocker = sampling_module._queue().submit(None, lambda jobs: [gate.wait(10)])  # the worker is busy
+    blocker = sampling_module._queue().submit(None, lambda jobs: [started.set() or gate.wait(10)])
+    assert started.wait(10)  # the worker is busy: every request below waits in the queue
     futures = [client.sample(p, 3, params(seed=7 + i)) for i, p in enumerate(prompts)]
     gate.set()
     together = [f.result(timeout=60) for f in futures]

@@ -146,9 +146,22 @@ def test_filter_by_reward(page, server, tiny_run):
     assert shown == [1.0] * wanted and 0 < wanted < 16
 
 
+def test_a_tab_clicked_before_the_runs_arrive_opens_once_they_do(page, server):
+    """A person clicks "Rollouts" the moment the page shows: the list of runs still on its way (held
+    back here) must not swallow the click."""
+    held = []
+    page.route("**/api/runs", lambda route: held.append(route))
+    page.goto(server)
+    while not held:
+        page.wait_for_timeout(20)
+    page.click("text=Rollouts")
+    held[0].continue_()
+    page.click(".step[data-version='1']")
+    page.wait_for_function("document.querySelector('#summary').textContent.startsWith('step 1:')")
+
+
 def test_held_out_problems_followed_across_evaluations(page, server, tiny_run):
     page.goto(server)
-    page.wait_for_selector(".panel[data-title='reward'] canvas")  # the page's tabs work once it has drawn
     page.click("text=Held-out")
     page.wait_for_selector("table.evals")
     header = [th.inner_text() for th in page.query_selector_all("table.evals th")]

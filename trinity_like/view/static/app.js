@@ -366,8 +366,22 @@ function renderEvals() {
 }
 
 // -- start -----------------------------------------------------------------------------------------
+function openTab(name) {
+  if (name === "rollouts" && !state.rolloutsLoaded) { state.rolloutsLoaded = true; loadVersions(); }
+  if (name === "evals" && !state.evals) loadEvals();
+  if (name === "curves") drawPanels();
+}
+
 async function main() {
-  state.runs = await api("api/runs");
+  // the tabs answer from the first moment: a click before the list of runs has arrived acts once it has
+  const runs = api("api/runs");
+  document.querySelectorAll(".tab").forEach((tab) => tab.addEventListener("click", () => {
+    document.querySelectorAll(".tab, .view").forEach((el) => el.classList.remove("active"));
+    tab.classList.add("active");
+    $(`#${tab.dataset.tab}`).classList.add("active");
+    runs.then(() => openTab(tab.dataset.tab));
+  }));
+  state.runs = await runs;
   state.metrics = state.runs.map(() => []);
   state.offsets = state.runs.map(() => ({offset: 0, explorer_offset: 0}));
   $("#runs").replaceChildren(...state.runs.map((r, i) => h("span", {title: r.path},
@@ -376,14 +390,6 @@ async function main() {
     sel.replaceChildren(...state.runs.map((r) => h("option", {value: r.id}, r.name)));
     sel.parentElement.style.display = state.runs.length > 1 ? "" : "none";
   }
-  document.querySelectorAll(".tab").forEach((tab) => tab.addEventListener("click", () => {
-    document.querySelectorAll(".tab, .view").forEach((el) => el.classList.remove("active"));
-    tab.classList.add("active");
-    $(`#${tab.dataset.tab}`).classList.add("active");
-    if (tab.dataset.tab === "rollouts" && !state.rolloutsLoaded) { state.rolloutsLoaded = true; loadVersions(); }
-    if (tab.dataset.tab === "evals" && !state.evals) loadEvals();
-    if (tab.dataset.tab === "curves") drawPanels();
-  }));
   $("#more").addEventListener("change", (e) => { if (e.target.value) { state.extra.push(e.target.value); drawPanels(); } });
   $("#filters").addEventListener("submit", (e) => { e.preventDefault(); state.page = 0; showStep(state.version); });
   if (REPORT) $("#filters").style.display = "none";
