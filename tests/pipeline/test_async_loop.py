@@ -108,13 +108,23 @@ def test_verl_workers_and_the_explorer_actor_share_the_cores_through_a_board(tmp
     assert not list(shm_dir().glob(f"{PREFIX}{os.getpid()}-*"))
 
 
-def test_the_explorer_actor_runs_ahead_too(tmp_path):
-    """The explorer as a Ray actor (its own process): the same batches as the in-turn loop in the driver."""
-    common = [*BASE, "synchronizer.offset=1"]
+def test_the_explorer_actor_runs_ahead_too(tmp_path, monkeypatch):
+    """The explorer as a Ray actor (its own process): the same batches as the in-turn loop in the
+    driver. It maps each published version where the trainer wrote it; 6 publishes take 3
+    mailboxes (the version sampled with, the one loaded, the next one), reused, removed at the end."""
+    from trinity_like.pipeline import async_loop
+    from trinity_like.trainer.shared_weights import PREFIX, WeightMailbox, shm_dir
+
+    made = []
+    monkeypatch.setattr(async_loop, "WeightMailbox", lambda: made.append(WeightMailbox()) or made[-1])
+    common = [*BASE, "trainer.total_steps=6", "synchronizer.offset=1"]
     ref = run(tmp_path / "ref", *common, "synchronizer.concurrent=false")
     conc = run(tmp_path / "conc", *common, "explorer.placement=ray")
-    assert rewards(conc) == rewards(ref)
+    assert rewards(conc) == rewards(ref) and len(rewards(ref)) == 6
     assert overlap_fraction(read_spans(conc / TIMELINE_FILE)) > 0.0
+    assert 1 <= len(made) <= 3
+    assert not [box for box in made if Path(box.path).exists()]
+    assert not list(shm_dir().glob(f"{PREFIX}{os.getpid()}-*"))
 
 
 def _logprobs(model: torch.nn.Module, tokens: list[int], prompt_length: int) -> torch.Tensor:

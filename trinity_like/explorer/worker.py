@@ -41,16 +41,9 @@ if TYPE_CHECKING:
 
 MAX_RESTARTS = 3
 
-
-
-class FrozenWeights(dict):
-    """A state dict of tensors that nobody writes again (a snapshot the trainer made for the
-    explorer): an in-process explorer samples from them as they are, with no copy."""
-
-
-# New weights for an explorer: a state dict, a frozen snapshot, weights in shared memory
+# New weights for an explorer: a state dict, weights in shared memory
 # (:mod:`~trinity_like.trainer.shared_weights`), or a model folder.
-Weights = Union["dict[str, torch.Tensor]", FrozenWeights, SharedWeights, str, Path]
+Weights = Union["dict[str, torch.Tensor]", SharedWeights, str, Path]
 
 
 def workflow_params(config: Config, cls: type, *, evaluation: bool = False) -> Any:
@@ -168,10 +161,9 @@ class ExplorerWorker:
     def receive_weights(self, weights: Weights, version: int) -> None:
         state, full = _state_dict(weights)
         # Shared memory is sampled from where it lies, with no copy of the weights here: the
-        # driver rewrites it only at the next sync, between two of this explorer's runs. A frozen
-        # snapshot is never written again, so it is shared too (a live state dict is copied: the
-        # trainer's optimiser writes it in place).
-        share = isinstance(weights, (SharedWeights, FrozenWeights))
+        # driver rewrites it only once this explorer has moved on to other weights (a live state
+        # dict is copied: the trainer's optimiser writes it in place).
+        share = isinstance(weights, SharedWeights)
         self.engine.update_weights(state, version=version, strict=full, share=share)
 
     def pid(self) -> int:

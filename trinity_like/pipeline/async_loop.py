@@ -26,11 +26,11 @@ them). An explorer actor (``placement: ray``, or beside verl's workers) runs in 
 process; the explorer thread only waits on it.
 
 Weights: the trainer changes its weights in place in every optimiser step, so the explorer
-never samples from them. A publish is a snapshot (:func:`snapshot`: fresh tensors, a
-merged copy with LoRA, verl's shared-memory export copied out) that nobody writes again; the explorer samples from that
-snapshot where it lies (:class:`~trinity_like.explorer.worker.FrozenWeights`, ``share``: no
-second copy), and an explorer actor maps it from its shared-memory mailbox, which only the
-explorer thread writes, between two batches. Snapshots no future batch can use are dropped.
+never samples from them. A publish is a snapshot in a shared-memory mailbox of its own
+(:class:`Snapshots`): the engine writes it there (verl's rank 0 from its own process, never
+through the driver), and the explorer samples from the file where it lies, in this process
+or in an actor -- one copy per publish, as a sync in turn makes. A mailbox is written again
+only once no later batch may load its version and the explorer has moved past it.
 
 Exactly once: only the driver writes the buffer and draws nothing; the explorer thread
 draws tasks. A checkpoint (and an evaluation) first pauses the explorer at a batch
@@ -55,12 +55,12 @@ from typing import Any
 from trinity_like.cpu_share import TRAINER
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Experience
-from trinity_like.explorer.worker import FrozenWeights, sampling_params
+from trinity_like.explorer.worker import sampling_params
 from trinity_like.monitor.logger import PhaseTimer
 from trinity_like.monitor.timeline import Span
 from trinity_like.pipeline.explorer_process import needed_version
 from trinity_like.pipeline.stage import Stage
-from trinity_like.trainer.shared_weights import SharedWeights
+from trinity_like.trainer.shared_weights import SharedWeights, WeightMailbox
 
 Learn = Callable[[Stage, int, PhaseTimer], "tuple[dict[str, float], Any]"]  # rl_loop.learn
 EndStep = Callable[..., None]  # rl_loop.end_step
@@ -78,6 +78,39 @@ class Explored:
     version: int  # the weights that sampled it
 
 
+class Snapshots:
+    """Shared-memory mailboxes (:mod:`~trinity_like.trainer.shared_weights`) that hold the
+    published versions, reused once their version is let go: as many as versions are held at
+    once (``offset`` + 2 with ``fixed``), each written in place after its first use -- no
+    fresh 0.5 GB for SmolLM2 at every step. Not thread-safe: :class:`BackgroundExplorer`
+    calls it under its lock."""
+
+    def __init__(self) -> None:
+        self._free: list[WeightMailbox] = []
+        self._held: dict[str, WeightMailbox] = {}  # path -> a mailbox whose version is held
+        self._all: list[WeightMailbox] = []
+
+    def spare(self) -> WeightMailbox:
+        """A mailbox nobody reads: to write the next version into, then :meth:`hold`."""
+        if not self._free:
+            self._all.append(WeightMailbox())
+            self._free.append(self._all[-1])
+        return self._free.pop()
+
+    def hold(self, box: WeightMailbox) -> None:
+        self._held[box.path] = box
+
+    def keep_only(self, handles: list[SharedWeights | None]) -> None:
+        """Every held mailbox but those of ``handles`` may be written again."""
+        keep = {h.path for h in handles if h is not None}
+        for path in [p for p in self._held if p not in keep]:
+            self._free.append(self._held.pop(path))
+
+    def close(self) -> None:
+        for box in self._all:
+            box.close()
+
+
 class BackgroundExplorer:
     """The explorer thread and what it shares with the driver, under one condition variable."""
 
@@ -89,7 +122,10 @@ class BackgroundExplorer:
         self.newest_first = cfg.synchronizer.sync_style == "explorer_driven"
         self.next_step = first_step  # the next batch the thread explores
         self.version = stage.model_version  # the weights the explorer holds now
-        self._published: dict[int, FrozenWeights] = {}  # snapshots some later batch may load
+        self._published: dict[int, SharedWeights] = {}  # snapshots some later batch may load
+        self._snapshots = Snapshots()
+        self._holds: SharedWeights | None = None  # the snapshot the explorer samples with (None: not one of ours)
+        self._loading: SharedWeights | None = None  # the one it loads now
         self._done: deque[Explored] = deque()  # finished, not yet in the buffer
         self._cond = threading.Condition()
         self._paused = self._busy = self._stop = False
@@ -98,9 +134,13 @@ class BackgroundExplorer:
         self._thread.start()
 
     # -- the driver's side ---------------------------------------------------------------
-    def publish(self, version: int, weights: FrozenWeights) -> None:
-        """The trainer's weights after step ``version``, for batches that may use them."""
+    def publish(self, version: int) -> None:
+        """The trainer's weights now, as ``version``, for batches that may use them."""
         with self._cond:
+            box = self._snapshots.spare()
+        weights = self.stage.actor.export_weights(box)  # outside the lock: the explorer goes on meanwhile
+        with self._cond:
+            self._snapshots.hold(box)
             self._published[version] = weights
             self._prune()
             self._cond.notify_all()
@@ -138,7 +178,8 @@ class BackgroundExplorer:
                 newest = max(self._published)
                 if newest > self.version:
                     self.stage.explorer.receive_weights(self._published[newest], newest)
-                    self.version = newest
+                    self.version, self._holds = newest, self._published[newest]
+                    self._prune()
 
     def close(self, wait: bool = True) -> None:
         """End the thread (after its batch, when ``wait``; an error path does not wait for it)."""
@@ -147,6 +188,10 @@ class BackgroundExplorer:
             self._cond.notify_all()
         if wait:
             self._thread.join()
+
+    def remove_snapshots(self) -> None:
+        """Remove the snapshots' files (a reader that mapped one keeps its pages until it lets them go)."""
+        self._snapshots.close()
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -163,12 +208,14 @@ class BackgroundExplorer:
 
     def _prune(self) -> None:
         """Drop snapshots no later batch will load (``fixed``: older than the next batch needs;
-        ``explorer_driven``: all but the newest)."""
+        ``explorer_driven``: all but the newest); their mailboxes are reused once the
+        explorer does not sample with them either."""
         needed = needed_version(self.next_step, self.offset, self.interval)
         keep = {max(self._published)} if self.newest_first and self._published else set()
         for v in list(self._published):
             if v not in keep and (self.newest_first or v < needed):
                 del self._published[v]
+        self._snapshots.keep_only([*self._published.values(), self._holds, self._loading])
 
     def _loop(self) -> None:
         timeline = self.stage.timeline
@@ -182,6 +229,7 @@ class BackgroundExplorer:
                         return
                     step, version = self.next_step, self._choice()
                     weights = self._published.get(version)
+                    self._loading = weights if version != self.version else None
                     self._busy = True
                 try:
                     if timeline is not None and time.time() - waited > 1e-3:
@@ -196,12 +244,14 @@ class BackgroundExplorer:
                 self._error = exc
                 self._cond.notify_all()
 
-    def _explore(self, step: int, version: int, weights: FrozenWeights | None) -> None:
+    def _explore(self, step: int, version: int, weights: SharedWeights | None) -> None:
         stage = self.stage
         if version != self.version:
             with stage.span("explorer", "sync", step):
                 stage.explorer.receive_weights(weights, version)
-            self.version = version
+            with self._cond:
+                self.version, self._holds, self._loading = version, weights, None
+                self._prune()
         tasks = stage.draw_tasks()
         t0 = time.perf_counter()
         with stage.span("explorer", "rollout", step):
@@ -215,14 +265,6 @@ class BackgroundExplorer:
             self._cond.notify_all()
 
 
-def snapshot(stage: Stage) -> FrozenWeights:
-    """The trainer's weights now, in tensors nobody writes again (see the module doc)."""
-    weights = stage.actor.export_weights()
-    # verl: its shared-memory mailbox, which the next export rewrites; local: views of the live weights
-    tensors = weights.tensors() if isinstance(weights, SharedWeights) else weights
-    return FrozenWeights({name: t.detach().clone() for name, t in tensors.items()})
-
-
 def run_concurrent(stage: Stage, learn: Learn, end_step: EndStep) -> dict[str, float]:
     """Mode ``both``, ``synchronizer.offset >= 1``: see the module doc. ``learn`` and ``end_step``
     are the reference loop's (:func:`.rl_loop.learn`, :func:`.rl_loop.end_step`), handed over by
@@ -233,8 +275,6 @@ def run_concurrent(stage: Stage, learn: Learn, end_step: EndStep) -> dict[str, f
     if cfg.monitor.eval_at_start and stage.eval_tasks and stage.start_step == 0:
         stage.log(0, stage.evaluate(0))
     first = int(stage.extra_state.get(NEXT_STEP_KEY, stage.start_step + 1))
-    if stage.start_step > 0:  # resumed: the explorer may map an engine's mailbox that publishing rewrites
-        stage.explorer.receive_weights(snapshot(stage), stage.model_version)
     explorer = BackgroundExplorer(stage, first)
     in_buffer = first - 1  # the last batch's step that is in the buffer
     pending: dict[str, float] = {}  # metrics of batches put into the buffer outside a step's wait
@@ -248,9 +288,6 @@ def run_concurrent(stage: Stage, learn: Learn, end_step: EndStep) -> dict[str, f
             metrics.update(b.metrics)
             metrics["explorer/rollout_s"] = metrics.get("explorer/rollout_s", 0.0) + b.seconds
             metrics["explorer/model_version"] = float(b.version)
-
-    def publish(step: int) -> None:
-        explorer.publish(step, snapshot(stage))
 
     def quiesce(step: int) -> None:
         """Before a checkpoint: every batch the explorer drew is in the buffer."""
@@ -277,18 +314,20 @@ def run_concurrent(stage: Stage, learn: Learn, end_step: EndStep) -> dict[str, f
             with stage.span("trainer", "update", step), stage.cores.computing(TRAINER) if stage.cores else nullcontext():
                 learned, batch_trained = learn(stage, step, timer)
             metrics.update(learned)
-            end_step(stage, step, timer, t0, metrics, batch_trained, evaluate=evaluate, sync=publish,
+            end_step(stage, step, timer, t0, metrics, batch_trained, evaluate=evaluate, sync=explorer.publish,
                      before_checkpoint=quiesce)
             explorer.resume()
             last = metrics
         explorer.pause()
         explorer.load_newest()
+        explorer.close()
+        if stage.eval_tasks:
+            final = stage.evaluate(total)
+            stage.log(total, final)
+            last.update(final)
     except BaseException:
         explorer.close(wait=False)
         raise
-    explorer.close()
-    if stage.eval_tasks:
-        final = stage.evaluate(total)
-        stage.log(total, final)
-        last.update(final)
+    finally:
+        explorer.remove_snapshots()  # the explorer is not used again but to close it
     return last

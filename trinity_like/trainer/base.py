@@ -49,6 +49,7 @@ import torch
 
 from trinity_like.errors import TrinityError
 from trinity_like.trainer.params import AdamStep
+from trinity_like.trainer.shared_weights import WeightMailbox
 
 Batch = dict[str, torch.Tensor]
 LossCallable = Callable[[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
@@ -87,11 +88,15 @@ class TrainEngine(Protocol):
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Full (unsharded) model weights on CPU, Hugging Face names -- for weight sync."""
 
-    def export_weights(self) -> Any:
+    def export_weights(self, mailbox: WeightMailbox | None = None) -> Any:
         """The full weights for an explorer: a state dict (views of the live weights: copy
         them before the next step), or, when the engine's workers live in Ray, a handle to
         them in shared memory (:class:`~trinity_like.trainer.shared_weights.SharedWeights`)
-        that the explorer actor maps directly."""
+        that the explorer actor maps directly.
+
+        With ``mailbox``, every engine writes them there and returns the handle: a snapshot
+        that stays as it is until that mailbox is written again (the concurrent explorer
+        keeps one mailbox per version a batch may still load)."""
 
     def save(self, path: str) -> None:
         """Write a checkpoint folder, safetensors and JSON only (no pickle; see "Checkpoints" below)."""

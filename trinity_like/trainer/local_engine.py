@@ -65,6 +65,7 @@ from trinity_like.trainer.base import (
 )
 from trinity_like.trainer.forward import model_outputs, packing_metrics, sorted_micro_batches
 from trinity_like.trainer.params import AdamStep, ModelParams, OptimParams, lr_factor
+from trinity_like.trainer.shared_weights import SharedWeights, WeightMailbox
 
 # Optimiser state keyed by parameter name, unsharded: the format both engines write, so a
 # checkpoint saved by one engine resumes on the other.
@@ -208,12 +209,13 @@ class LocalEngine:
     def release_memory(self) -> None:
         """Nothing: an explorer in this process reuses what the step freed, page for page."""
 
-    def export_weights(self) -> dict[str, torch.Tensor]:
+    def export_weights(self, mailbox: WeightMailbox | None = None) -> dict[str, torch.Tensor] | SharedWeights:
         """The weights for an explorer: views of the live weights (the reader copies them into
-        its model; no snapshot of 0.5 GB is made for SmolLM2), merged with LoRA."""
-        if self.params.adapter is not None:
-            return self.state_dict()
-        return {k: v.detach() for k, v in self.model.state_dict().items()}
+        its model; no snapshot of 0.5 GB is made for SmolLM2), merged with LoRA; written into
+        ``mailbox`` when one is given."""
+        weights = self.state_dict() if self.params.adapter is not None else {
+            k: v.detach() for k, v in self.model.state_dict().items()}
+        return weights if mailbox is None else mailbox.write(weights)
 
     def save(self, path: str) -> None:
         """A checkpoint folder (layout in :mod:`~trinity_like.trainer.base`): the Hugging Face

@@ -371,13 +371,13 @@ class VerlEngine:
         """Full weights gathered from the shards, on the driver's CPU."""
         return self._call("trinity_state_dict", "gathering the weights")[0]
 
-    def export_weights(self) -> SharedWeights:
-        """The full weights in this engine's shared-memory mailbox
+    def export_weights(self, mailbox: WeightMailbox | None = None) -> SharedWeights:
+        """The full weights in this engine's shared-memory mailbox, or in ``mailbox``
         (:mod:`~trinity_like.trainer.shared_weights`), written there by rank 0: a reader on
         this machine (the explorer actor) maps them without a trip through the driver or
-        Ray's object store. Each export overwrites the last. A tied output embedding is left
-        out (the reader's model ties it)."""
-        return self._call("trinity_export", "the weight export", self.mailbox.path)[0]
+        Ray's object store. Each export overwrites what that mailbox held. A tied output
+        embedding is left out (the reader's model ties it)."""
+        return self._call("trinity_export", "the weight export", (mailbox or self.mailbox).path)[0]
 
     def save(self, path: str) -> None:
         """The checkpoint layout of :mod:`~trinity_like.trainer.base`, written by rank 0."""
