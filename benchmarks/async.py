@@ -106,6 +106,7 @@ def run_variant(offset: int, steps: int, extra: list[str], folder: Path) -> dict
     third = max(1, steps // 3)
     ordered = [rewards[s] for s in sorted(rewards)]
     waits = [r.get("time/rollout", 0.0) for r in trained]
+    shutil.rmtree(folder, ignore_errors=True)  # its checkpoints (3 GB): nine runs of them filled a disk
     return {
         "offset": offset, "wall_s": wall, "loop_s": loop_s, "steps_per_hour": steps / loop_s * 3600,
         "rewards": ordered, "reward_first_third": statistics.fmean(ordered[:third]),
