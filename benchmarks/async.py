@@ -12,8 +12,10 @@ differs:
 Every variant trains every group (``algorithm.dynamic_sampling=false``): with dynamic
 sampling the rows trained per step depend on the rewards, which differ between variants, so
 the trainer's work would too; this way each step trains ``batch_size x group_size`` rows in
-every variant. Rounds rotate which variant goes first. Per variant the script reports the median over
-rounds of:
+every variant. A short warm-up run of the first variant, not counted, goes before the rounds
+(``--warmup``): the first run on a machine loads the model and the libraries from a cold
+disk cache and ran 5-15 % slower than the same run later. Rounds rotate which variant goes
+first. Per variant the script reports the median over rounds of:
 
 - steps/hour: trained steps / the loop's wall time, from the run's ``timeline.jsonl`` (first
   span to last trainer span: model loading and the held-out evaluations at start and end left
@@ -77,6 +79,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="trained steps of every run (default 12; 6 with --tiny)")
     p.add_argument("--reps", type=int, default=None, help="rounds: every variant runs once per round (default 3; 1 with --tiny)")
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"a comma list of {', '.join(VARIANTS)}")
+    p.add_argument("--warmup", type=int, default=2, help="steps of an uncounted first run before the rounds (0: none)")
     p.add_argument("--gpus", type=int, default=0, help="cluster.num_gpus of the verl workers (a GPU machine)")
     p.add_argument("--client", action="store_true", help=f"also run {CLIENT_BENCH.name} (the client RL loop)")
     p.add_argument("--out", default=None, help="results path without suffix (default benchmarks/results/async[_tiny|_gpu])")
@@ -140,7 +143,7 @@ def run_client_bench(args: argparse.Namespace, reps: int, scratch: Path) -> dict
     if not CLIENT_BENCH.exists():
         raise SystemExit(f"--client: {CLIENT_BENCH} is not there")
     out = scratch / "async_client"
-    argv = [sys.executable, str(CLIENT_BENCH), "--reps", str(reps), "--out", str(out)]
+    argv = [sys.executable, str(CLIENT_BENCH), "--reps", str(reps), "--warmup", str(args.warmup), "--out", str(out)]
     if args.tiny:
         argv += ["--tiny", "--iterations", "2"]
     done = subprocess.run(argv, cwd=ROOT, env={**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1"}, check=False)
@@ -164,6 +167,9 @@ def main() -> None:
     runs: dict[str, list[dict]] = {n: [] for n in names}
     client = None
     try:
+        if args.warmup > 0:
+            r = run_variant(VARIANTS[names[0]], args.warmup, extra, scratch / "warmup")
+            print(f"warm-up ({names[0]}, {args.warmup} steps, not counted): {r['steps_per_hour']:.0f} steps/h", flush=True)
         for rep in range(reps):
             order = names[rep % len(names):] + names[:rep % len(names)]  # who goes first rotates
             for name in order:
@@ -183,7 +189,7 @@ def main() -> None:
         device = torch.cuda.get_device_name(0) if args.gpus and torch.cuda.is_available() else "cpu"
     except ImportError:
         device = "unknown"
-    meta = {"recipe": str(RECIPE.relative_to(ROOT)), "tiny": args.tiny, "steps": steps, "reps": reps,
+    meta = {"recipe": str(RECIPE.relative_to(ROOT)), "tiny": args.tiny, "steps": steps, "reps": reps, "warmup": args.warmup,
             "overrides": extra, "device": device, "commit": git_commit(), "cpus": os.cpu_count(),
             "machine": platform.machine(), "load_avg": os.getloadavg()}
     out.parent.mkdir(parents=True, exist_ok=True)
