@@ -58,8 +58,9 @@ class MixSampleParams(DefaultParams):
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.expert_ratio < 1.0:
-            raise ValueError(f"expert_ratio must be in [0, 1) (expert rows come on top of the rollouts), "
-                             f"got {self.expert_ratio}")
+            raise ValueError(
+                f"expert_ratio must be in [0, 1) (expert rows come on top of the rollouts), got {self.expert_ratio}"
+            )
 
 
 def expert_rows_for(batch_size: int, expert_ratio: float) -> int:

@@ -66,8 +66,13 @@ from trinity_like.monitor.timeline import (
 RECIPE = ROOT / "examples" / "grpo_arith.yaml"
 VARIANTS = {"sync": 0, "off1": 1, "off2": 2}  # name -> synchronizer.offset
 TINY = [  # the tests' shrunk recipe (tests/pipeline/tiny_runs.py): the tiny model, the local engine
-    "model.path=tiny-random", "trainer.engine=local", "buffer.eval_tasks.size=8", "explorer.batch_size=4",
-    "explorer.group_size=4", "explorer.reward_fn=format", "explorer.reward_args={pattern: '.*[0-9].*'}",
+    "model.path=tiny-random",
+    "trainer.engine=local",
+    "buffer.eval_tasks.size=8",
+    "explorer.batch_size=4",
+    "explorer.group_size=4",
+    "explorer.reward_fn=format",
+    "explorer.reward_args={pattern: '.*[0-9].*'}",
     "explorer.eval_reward_fn=exact_match",
 ]
 CLIENT_BENCH = ROOT / "benchmarks" / "async_client.py"
@@ -75,23 +80,41 @@ CLIENT_BENCH = ROOT / "benchmarks" / "async_client.py"
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--tiny", action="store_true", help="the tiny random model and the local engine (a check of the script)")
+    p.add_argument(
+        "--tiny", action="store_true", help="the tiny random model and the local engine (a check of the script)"
+    )
     p.add_argument("--steps", type=int, default=None, help="trained steps of every run (default 12; 6 with --tiny)")
-    p.add_argument("--reps", type=int, default=None, help="rounds: every variant runs once per round (default 3; 1 with --tiny)")
+    p.add_argument(
+        "--reps", type=int, default=None, help="rounds: every variant runs once per round (default 3; 1 with --tiny)"
+    )
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"a comma list of {', '.join(VARIANTS)}")
     p.add_argument("--warmup", type=int, default=2, help="steps of an uncounted first run before the rounds (0: none)")
     p.add_argument("--gpus", type=int, default=0, help="cluster.num_gpus of the verl workers (a GPU machine)")
     p.add_argument("--client", action="store_true", help=f"also run {CLIENT_BENCH.name} (the client RL loop)")
-    p.add_argument("--out", default=None, help="results path without suffix (default benchmarks/results/async[_tiny|_gpu])")
+    p.add_argument(
+        "--out", default=None, help="results path without suffix (default benchmarks/results/async[_tiny|_gpu])"
+    )
     p.add_argument("overrides", nargs="*", metavar="key.path=value", help="more overrides for every variant")
     return p.parse_args()
 
 
 def run_variant(offset: int, steps: int, extra: list[str], folder: Path) -> dict:
     """One run of the recipe with ``synchronizer.offset=offset``; its figures."""
-    argv = [sys.executable, "-m", "trinity_like.cli", "run", "--config", str(RECIPE), f"run_root={folder}",
-            "name=bench", f"trainer.total_steps={steps}", f"synchronizer.offset={offset}", "monitor.progress=false",
-            "algorithm.dynamic_sampling=false", *extra]
+    argv = [
+        sys.executable,
+        "-m",
+        "trinity_like.cli",
+        "run",
+        "--config",
+        str(RECIPE),
+        f"run_root={folder}",
+        "name=bench",
+        f"trainer.total_steps={steps}",
+        f"synchronizer.offset={offset}",
+        "monitor.progress=false",
+        "algorithm.dynamic_sampling=false",
+        *extra,
+    ]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
     start = time.perf_counter()
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
@@ -111,10 +134,15 @@ def run_variant(offset: int, steps: int, extra: list[str], folder: Path) -> dict
     waits = [r.get("time/rollout", 0.0) for r in trained]
     shutil.rmtree(folder, ignore_errors=True)  # its checkpoints (3 GB): nine runs of them filled a disk
     return {
-        "offset": offset, "wall_s": wall, "loop_s": loop_s, "steps_per_hour": steps / loop_s * 3600,
-        "rewards": ordered, "reward_first_third": statistics.fmean(ordered[:third]),
+        "offset": offset,
+        "wall_s": wall,
+        "loop_s": loop_s,
+        "steps_per_hour": steps / loop_s * 3600,
+        "rewards": ordered,
+        "reward_first_third": statistics.fmean(ordered[:third]),
         "reward_last_third": statistics.fmean(ordered[-third:]),
-        "eval_final": evals[-1] if evals else None, "eval_start": evals[0] if len(evals) > 1 else None,
+        "eval_final": evals[-1] if evals else None,
+        "eval_start": evals[0] if len(evals) > 1 else None,
         "overlap": overlap_fraction(spans) or 0.0,
         "rollout_s_per_step": busy_seconds(spans, "explorer", "rollout") / steps,
         "update_s_per_step": busy_seconds(spans, "trainer", "update") / steps,
@@ -128,13 +156,29 @@ def summarise(name: str, runs: list[dict], sync_runs: list[dict] | None) -> dict
         values = [r[key] for r in runs if r[key] is not None]
         return statistics.median(values) if values else None
 
-    out = {"variant": name, "offset": runs[0]["offset"], "runs": runs,
-           **{f"{k}_median": med(k) for k in ("steps_per_hour", "reward_first_third", "reward_last_third", "eval_final",
-                                              "overlap", "rollout_s_per_step", "update_s_per_step",
-                                              "trainer_wait_s_per_step", "staleness_max")}}
+    out = {
+        "variant": name,
+        "offset": runs[0]["offset"],
+        "runs": runs,
+        **{
+            f"{k}_median": med(k)
+            for k in (
+                "steps_per_hour",
+                "reward_first_third",
+                "reward_last_third",
+                "eval_final",
+                "overlap",
+                "rollout_s_per_step",
+                "update_s_per_step",
+                "trainer_wait_s_per_step",
+                "staleness_max",
+            )
+        },
+    }
     if sync_runs is not None:
         out["speed_ratio_to_sync_median"] = statistics.median(
-            r["steps_per_hour"] / s["steps_per_hour"] for r, s in zip(runs, sync_runs, strict=True))
+            r["steps_per_hour"] / s["steps_per_hour"] for r, s in zip(runs, sync_runs, strict=True)
+        )
     return out
 
 
@@ -146,7 +190,9 @@ def run_client_bench(args: argparse.Namespace, reps: int, scratch: Path) -> dict
     argv = [sys.executable, str(CLIENT_BENCH), "--reps", str(reps), "--warmup", str(args.warmup), "--out", str(out)]
     if args.tiny:
         argv += ["--tiny", "--iterations", "2"]
-    done = subprocess.run(argv, cwd=ROOT, env={**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1"}, check=False)
+    done = subprocess.run(
+        argv, cwd=ROOT, env={**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1"}, check=False
+    )
     if done.returncode != 0:
         raise SystemExit(f"--client: {CLIENT_BENCH.name} failed (exit status {done.returncode})")
     return json.loads(out.with_suffix(".json").read_text())
@@ -169,14 +215,19 @@ def main() -> None:
     try:
         if args.warmup > 0:
             r = run_variant(VARIANTS[names[0]], args.warmup, extra, scratch / "warmup")
-            print(f"warm-up ({names[0]}, {args.warmup} steps, not counted): {r['steps_per_hour']:.0f} steps/h", flush=True)
+            print(
+                f"warm-up ({names[0]}, {args.warmup} steps, not counted): {r['steps_per_hour']:.0f} steps/h", flush=True
+            )
         for rep in range(reps):
-            order = names[rep % len(names):] + names[:rep % len(names)]  # who goes first rotates
+            order = names[rep % len(names) :] + names[: rep % len(names)]  # who goes first rotates
             for name in order:
                 r = run_variant(VARIANTS[name], steps, extra, scratch / f"{name}-{rep}")
                 runs[name].append(r)
-                print(f"round {rep + 1}/{reps} {name}: {r['steps_per_hour']:.0f} steps/h, reward "
-                      f"{statistics.fmean(r['rewards']):.3f}, overlap {r['overlap']:.2f}", flush=True)
+                print(
+                    f"round {rep + 1}/{reps} {name}: {r['steps_per_hour']:.0f} steps/h, reward "
+                    f"{statistics.fmean(r['rewards']):.3f}, overlap {r['overlap']:.2f}",
+                    flush=True,
+                )
         if args.client:
             client = run_client_bench(args, reps, scratch)
     finally:
@@ -189,24 +240,41 @@ def main() -> None:
         device = torch.cuda.get_device_name(0) if args.gpus and torch.cuda.is_available() else "cpu"
     except ImportError:
         device = "unknown"
-    meta = {"recipe": str(RECIPE.relative_to(ROOT)), "tiny": args.tiny, "steps": steps, "reps": reps, "warmup": args.warmup,
-            "overrides": extra, "device": device, "commit": git_commit(), "cpus": os.cpu_count(),
-            "machine": platform.machine(), "load_avg": os.getloadavg()}
+    meta = {
+        "recipe": str(RECIPE.relative_to(ROOT)),
+        "tiny": args.tiny,
+        "steps": steps,
+        "reps": reps,
+        "warmup": args.warmup,
+        "overrides": extra,
+        "device": device,
+        "commit": git_commit(),
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "load_avg": os.getloadavg(),
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results, "client": client}, indent=1))
     title = f"# GRPO recipe: in turn vs explorer ahead ({'tiny model' if args.tiny else 'SmolLM2'}, {device}, {steps} steps, {reps} rounds)"
-    header = ("| variant | steps/hour | vs sync | reward, first third | reward, last third | held-out, end | "
-              "overlap | rollout s/step | trainer wait s/step |")
+    header = (
+        "| variant | steps/hour | vs sync | reward, first third | reward, last third | held-out, end | "
+        "overlap | rollout s/step | trainer wait s/step |"
+    )
     lines = [title, "", header, "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         ratio = f"{r['speed_ratio_to_sync_median']:.2f}x" if "speed_ratio_to_sync_median" in r else "1.00x"
         held = f"{r['eval_final_median']:.3f}" if r["eval_final_median"] is not None else "-"
-        lines.append(f"| {r['variant']} | {r['steps_per_hour_median']:.0f} | {ratio} | {r['reward_first_third_median']:.3f} | "
-                     f"{r['reward_last_third_median']:.3f} | {held} | {r['overlap_median']:.2f} | "
-                     f"{r['rollout_s_per_step_median']:.2f} | {r['trainer_wait_s_per_step_median']:.2f} |")
+        lines.append(
+            f"| {r['variant']} | {r['steps_per_hour_median']:.0f} | {ratio} | {r['reward_first_third_median']:.3f} | "
+            f"{r['reward_last_third_median']:.3f} | {held} | {r['overlap_median']:.2f} | "
+            f"{r['rollout_s_per_step_median']:.2f} | {r['trainer_wait_s_per_step_median']:.2f} |"
+        )
     lines += ["", f"Medians over rounds; commit {meta['commit']}, load average {meta['load_avg'][0]:.1f} at the end."]
     if client is not None:
-        lines += ["", f"Client RL loop ({CLIENT_BENCH.name}): see the `client` entry of {out.with_suffix('.json').name}."]
+        lines += [
+            "",
+            f"Client RL loop ({CLIENT_BENCH.name}): see the `client` entry of {out.with_suffix('.json').name}.",
+        ]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -65,19 +65,33 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--stream", type=int, default=0, help="num_minibatches for every variant (0: no streaming)")
     p.add_argument("--loss", default="ppo", help="the loss of every variant (ppo: docs/async.md)")
     p.add_argument("--lr", type=float, default=1e-5)
-    p.add_argument("--warmup", type=int, default=2, help="iterations of an uncounted first run before the rounds (0: none)")
+    p.add_argument(
+        "--warmup", type=int, default=2, help="iterations of an uncounted first run before the rounds (0: none)"
+    )
     p.add_argument("--variants", default=",".join(VARIANTS), help=f"a comma list of {', '.join(VARIANTS)}")
-    p.add_argument("--out", default=None, help="results path without suffix (default benchmarks/results/async_client"
-                                              "[_tiny])")
+    p.add_argument(
+        "--out", default=None, help="results path without suffix (default benchmarks/results/async_client[_tiny])"
+    )
     return p.parse_args()
 
 
 def run_variant(args: argparse.Namespace, model: str, k: int, folder: Path) -> dict:
     """One training run; its wall time, per-iteration rewards and overlap."""
-    config = RLTrainConfig(log_path=str(folder / "run"), iterations=args.iterations, batch_size=args.batch,
-                           group_size=args.group, loss_fn=args.loss, learning_rate=args.lr, eval_every=0,
-                           save_every=0, progress=False, seed=0, max_steps_off_policy=k,
-                           num_minibatches=args.stream, skip_zero_advantage_groups=False)
+    config = RLTrainConfig(
+        log_path=str(folder / "run"),
+        iterations=args.iterations,
+        batch_size=args.batch,
+        group_size=args.group,
+        loss_fn=args.loss,
+        learning_rate=args.lr,
+        eval_every=0,
+        save_every=0,
+        progress=False,
+        seed=0,
+        max_steps_off_policy=k,
+        num_minibatches=args.stream,
+        skip_zero_advantage_groups=False,
+    )
     tasks = arithmetic_tasks(ArithmeticParams(), "train", args.iterations * args.batch)
     started = time.perf_counter()
     with tinker.ServiceClient(log_dir=folder / "client") as service:
@@ -85,17 +99,21 @@ def run_variant(args: argparse.Namespace, model: str, k: int, folder: Path) -> d
         factory = build_env_factory("arithmetic", {"max_tokens": args.max_tokens}, tokenizer=training.get_tokenizer())
         result = train(config, training, factory, tasks)
     wall = time.perf_counter() - started
-    return {"wall_s": wall, "iterations_per_hour": args.iterations / wall * 3600,
-            "rewards": [m["reward/mean"] for m in result.metrics],
-            "overlap": [m.get("async/overlap_fraction", 0.0) for m in result.metrics],
-            "discarded": sum(m.get("async/discarded_stale", 0.0) for m in result.metrics),
-            "staleness_mean": statistics.fmean(m.get("async/staleness_mean", 0.0) for m in result.metrics)}
+    return {
+        "wall_s": wall,
+        "iterations_per_hour": args.iterations / wall * 3600,
+        "rewards": [m["reward/mean"] for m in result.metrics],
+        "overlap": [m.get("async/overlap_fraction", 0.0) for m in result.metrics],
+        "discarded": sum(m.get("async/discarded_stale", 0.0) for m in result.metrics),
+        "staleness_mean": statistics.fmean(m.get("async/staleness_mean", 0.0) for m in result.metrics),
+    }
 
 
 def summarise(name: str, runs: list[dict], sync_runs: list[dict] | None, iterations: int) -> dict:
     third = max(1, iterations // 3)
     out = {
-        "variant": name, "runs": runs,
+        "variant": name,
+        "runs": runs,
         "iterations_per_hour_median": statistics.median(r["iterations_per_hour"] for r in runs),
         "reward_first_third_median": statistics.median(statistics.fmean(r["rewards"][:third]) for r in runs),
         "reward_last_third_median": statistics.median(statistics.fmean(r["rewards"][-third:]) for r in runs),
@@ -104,7 +122,8 @@ def summarise(name: str, runs: list[dict], sync_runs: list[dict] | None, iterati
     }
     if sync_runs is not None:
         out["speed_ratio_to_sync_median"] = statistics.median(
-            r["iterations_per_hour"] / s["iterations_per_hour"] for r, s in zip(runs, sync_runs, strict=True))
+            r["iterations_per_hour"] / s["iterations_per_hour"] for r, s in zip(runs, sync_runs, strict=True)
+        )
     return out
 
 
@@ -115,44 +134,72 @@ def main() -> None:
     unknown = [n for n in names if n not in VARIANTS]
     if unknown or not names:
         raise SystemExit(f"--variants: unknown {unknown or names}; choose from {', '.join(VARIANTS)}")
-    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / ("async_client_tiny" if args.tiny
-                                                                            else "async_client")
+    out = (
+        Path(args.out)
+        if args.out
+        else ROOT / "benchmarks" / "results" / ("async_client_tiny" if args.tiny else "async_client")
+    )
     scratch = Path(tempfile.mkdtemp(prefix="async-client-bench-"))
     runs: dict[str, list[dict]] = {n: [] for n in names}
     try:
         if args.warmup > 0:
-            r = run_variant(argparse.Namespace(**{**vars(args), "iterations": args.warmup}), model, VARIANTS[names[0]],
-                            scratch / "warmup")
-            print(f"warm-up ({names[0]}, {args.warmup} iterations, not counted): {r['iterations_per_hour']:.0f} it/h",
-                  flush=True)
+            r = run_variant(
+                argparse.Namespace(**{**vars(args), "iterations": args.warmup}),
+                model,
+                VARIANTS[names[0]],
+                scratch / "warmup",
+            )
+            print(
+                f"warm-up ({names[0]}, {args.warmup} iterations, not counted): {r['iterations_per_hour']:.0f} it/h",
+                flush=True,
+            )
         for rep in range(args.reps):
-            order = names[rep % len(names):] + names[:rep % len(names)]  # who goes first rotates
+            order = names[rep % len(names) :] + names[: rep % len(names)]  # who goes first rotates
             for name in order:
                 r = run_variant(args, model, VARIANTS[name], scratch / f"{name}-{rep}")
                 runs[name].append(r)
-                print(f"round {rep + 1}/{args.reps} {name}: {r['iterations_per_hour']:.0f} it/h, "
-                      f"reward {statistics.fmean(r['rewards']):.3f}, overlap {statistics.median(r['overlap']):.2f}",
-                      flush=True)
+                print(
+                    f"round {rep + 1}/{args.reps} {name}: {r['iterations_per_hour']:.0f} it/h, "
+                    f"reward {statistics.fmean(r['rewards']):.3f}, overlap {statistics.median(r['overlap']):.2f}",
+                    flush=True,
+                )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     sync = runs.get("sync")
     results = [summarise(n, runs[n], sync if n != "sync" else None, args.iterations) for n in names]
-    meta = {"model": model, "iterations": args.iterations, "reps": args.reps, "warmup": args.warmup, "batch": args.batch,
-            "group": args.group, "max_tokens": args.max_tokens, "stream": args.stream, "loss": args.loss,
-            "lr": args.lr, "commit": git_commit(), "cpus": os.cpu_count(), "machine": platform.machine(),
-            "load_avg": os.getloadavg()}
+    meta = {
+        "model": model,
+        "iterations": args.iterations,
+        "reps": args.reps,
+        "warmup": args.warmup,
+        "batch": args.batch,
+        "group": args.group,
+        "max_tokens": args.max_tokens,
+        "stream": args.stream,
+        "loss": args.loss,
+        "lr": args.lr,
+        "commit": git_commit(),
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "load_avg": os.getloadavg(),
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     streaming = f", num_minibatches {args.stream} in every variant" if args.stream else ""
     title = f"# Client RL loop: sync (K = 0) vs off-by-K ({model}, {args.iterations} iterations, {args.reps} rounds"
-    lines = [f"{title}{streaming})", "",
-             "| variant | iterations/hour | vs sync | reward, first third | reward, last third | overlap | dropped |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"{title}{streaming})",
+        "",
+        "| variant | iterations/hour | vs sync | reward, first third | reward, last third | overlap | dropped |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         ratio = f"{r['speed_ratio_to_sync_median']:.2f}x" if "speed_ratio_to_sync_median" in r else "1.00x"
-        lines.append(f"| {r['variant']} | {r['iterations_per_hour_median']:.0f} | {ratio} | "
-                     f"{r['reward_first_third_median']:.3f} | {r['reward_last_third_median']:.3f} | "
-                     f"{r['overlap_median']:.2f} | {r['discarded_median']:.0f} |")
+        lines.append(
+            f"| {r['variant']} | {r['iterations_per_hour_median']:.0f} | {ratio} | "
+            f"{r['reward_first_third_median']:.3f} | {r['reward_last_third_median']:.3f} | "
+            f"{r['overlap_median']:.2f} | {r['discarded_median']:.0f} |"
+        )
     lines += ["", f"Medians over rounds; commit {meta['commit']}, load average {meta['load_avg'][0]:.1f} at the end."]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

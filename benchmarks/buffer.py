@@ -161,8 +161,12 @@ def explorer_rate(repeats: int) -> dict[str, float | int | str]:
 
     model, tok = build_tiny_model(seed=0)
     engine = RolloutEngine(model, tok)
-    prompts = [tok.apply_chat_template([{"role": "user", "content": f"What is {a} + {a % 7}?"}],
-                                       tokenize=False, add_generation_prompt=True) for a in range(16)]
+    prompts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": f"What is {a} + {a % 7}?"}], tokenize=False, add_generation_prompt=True
+        )
+        for a in range(16)
+    ]
     ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
     sampling = SamplingParams(n=8, max_new_tokens=64, seed=1)
     rates, lengths = [], []
@@ -194,28 +198,45 @@ def main() -> None:
         for kind in ("sqlite", "memory"):
             for batch in (1, 64):
                 n = rows if batch == 64 else rows[: max(64, len(rows) // 4)]
-                write = median_rates(lambda: time_write(kind, n, batch, folder), args.repeats)
-                read = median_rates(lambda: time_read(kind, n, batch, folder), args.repeats)
-                cells.append({
-                    "storage": kind, "batch": batch, "rows": len(n),
-                    "write_per_s": write[0], "write_per_cpu_s": write[1],
-                    "read_per_s": read[0], "read_per_cpu_s": read[1],
-                })
-                print(f"{kind:7s} batch {batch:3d}: write {write[0]:9.0f}/s ({write[1]:9.0f}/cpu-s)"
-                      f"  read {read[0]:9.0f}/s ({read[1]:9.0f}/cpu-s)", flush=True)
+                write = median_rates(
+                    lambda kind=kind, n=n, batch=batch: time_write(kind, n, batch, folder), args.repeats
+                )
+                read = median_rates(lambda kind=kind, n=n, batch=batch: time_read(kind, n, batch, folder), args.repeats)
+                cells.append(
+                    {
+                        "storage": kind,
+                        "batch": batch,
+                        "rows": len(n),
+                        "write_per_s": write[0],
+                        "write_per_cpu_s": write[1],
+                        "read_per_s": read[0],
+                        "read_per_cpu_s": read[1],
+                    }
+                )
+                print(
+                    f"{kind:7s} batch {batch:3d}: write {write[0]:9.0f}/s ({write[1]:9.0f}/cpu-s)"
+                    f"  read {read[0]:9.0f}/s ({read[1]:9.0f}/cpu-s)",
+                    flush=True,
+                )
         both = median_rates(lambda: time_concurrent(rows, 64, folder), args.repeats)
         concurrent = {"storage": "sqlite", "batch": 64, "rows": len(rows), "end_to_end_per_s": both[0]}
         print(f"sqlite  writer process + reader process, batch 64: {both[0]:9.0f}/s end to end", flush=True)
     explorer = explorer_rate(args.repeats)
-    print(f"explorer: {explorer['experiences_per_s']:.1f} experiences/s "
-          f"({explorer['experiences_per_cpu_s']:.1f}/cpu-s)", flush=True)
+    print(
+        f"explorer: {explorer['experiences_per_s']:.1f} experiences/s ({explorer['experiences_per_cpu_s']:.1f}/cpu-s)",
+        flush=True,
+    )
     sqlite = [c for c in cells if c["storage"] == "sqlite"]
     ratios = {
         f"batch_{b}_{unit}": min(c[f"write_per_{unit}"], c[f"read_per_{unit}"]) / explorer[f"experiences_per_{unit}"]
-        for b in (1, 64) for unit in ("s", "cpu_s") for c in sqlite if c["batch"] == b
+        for b in (1, 64)
+        for unit in ("s", "cpu_s")
+        for c in sqlite
+        if c["batch"] == b
     }
     report = {
-        "command": COMMAND + (f" --repeats {args.repeats}" if args.repeats != 5 else "")
+        "command": COMMAND
+        + (f" --repeats {args.repeats}" if args.repeats != 5 else "")
         + (f" --rows {args.rows}" if args.rows != 1024 else ""),
         "tokens_per_experience": PROMPT + RESPONSE,
         "machine": f"{platform.machine()}, {platform.processor() or '?'}, python {sys.version.split()[0]}, torch threads 1",

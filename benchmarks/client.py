@@ -84,24 +84,30 @@ def sample_batch(model, tokenizer, args) -> tuple[list[list[int]], list[list], l
     tasks = arithmetic_tasks(ArithmeticParams(), "train", args.prompts, seed=args.seed)
     prompts = [render_prompt(tokenizer, t.messages()) for t in tasks]
     groups = RolloutEngine(model, tokenizer).generate(
-        prompts, SamplingParams(n=args.group, max_new_tokens=args.max_tokens, seed=args.seed))
+        prompts, SamplingParams(n=args.group, max_new_tokens=args.max_tokens, seed=args.seed)
+    )
     return prompts, groups, [t.answer for t in tasks]
 
 
 def advantages(tokenizer, groups, answers) -> list[list[float]]:
     out = []
     for group, answer in zip(groups, answers, strict=True):
-        rewards = [exact_match(response=tokenizer.decode(s.token_ids, skip_special_tokens=True), answer=answer)
-                   for s in group]
+        rewards = [
+            exact_match(response=tokenizer.decode(s.token_ids, skip_special_tokens=True), answer=answer) for s in group
+        ]
         mean = sum(rewards) / len(rewards)
         out.append([r - mean for r in rewards])
     return out
 
 
 def engine_batch(prompts, groups, adv, pad_id: int) -> dict[str, torch.Tensor]:
-    rows = [Experience(tokens=list(p) + s.token_ids, prompt_length=len(p), logprobs=s.logprobs,
-                       advantages=[a] * len(s.token_ids))
-            for p, group, adv_G in zip(prompts, groups, adv, strict=True) for s, a in zip(group, adv_G, strict=True)]
+    rows = [
+        Experience(
+            tokens=list(p) + s.token_ids, prompt_length=len(p), logprobs=s.logprobs, advantages=[a] * len(s.token_ids)
+        )
+        for p, group, adv_G in zip(prompts, groups, adv, strict=True)
+        for s, a in zip(group, adv_G, strict=True)
+    ]
     batch = experience_batch(rows, pad_id)
     batch["old_logprob"] = batch["rollout_logprob"]
     return batch
@@ -112,10 +118,16 @@ def client_data(prompts, groups, adv) -> list[types.Datum]:
     for p, group, adv_G in zip(prompts, groups, adv, strict=True):
         ob = len(p) - 1
         for s, a in zip(group, adv_G, strict=True):
-            data.append(types.Datum(
-                model_input=types.ModelInput.from_ints(list(p) + s.token_ids[:-1]),
-                loss_fn_inputs={"target_tokens": [0] * ob + s.token_ids, "logprobs": [0.0] * ob + s.logprobs,
-                                "advantages": [0.0] * ob + [a] * len(s.token_ids)}))
+            data.append(
+                types.Datum(
+                    model_input=types.ModelInput.from_ints(list(p) + s.token_ids[:-1]),
+                    loss_fn_inputs={
+                        "target_tokens": [0] * ob + s.token_ids,
+                        "logprobs": [0.0] * ob + s.logprobs,
+                        "advantages": [0.0] * ob + [a] * len(s.token_ids),
+                    },
+                )
+            )
     return data
 
 
@@ -126,8 +138,13 @@ def timed(fn) -> float:
 
 
 def bench_training(args, folder: Path, batch, data) -> dict:
-    ppo = ComponentSpec("POLICY_LOSS_FN", "ppo", build_params(
-        POLICY_LOSS_FN.get("ppo"), {"loss_agg_mode": "token-sum", "clip_ratio_low": 0.2, "clip_ratio_high": 0.2}))
+    ppo = ComponentSpec(
+        "POLICY_LOSS_FN",
+        "ppo",
+        build_params(
+            POLICY_LOSS_FN.get("ppo"), {"loss_agg_mode": "token-sum", "clip_ratio_low": 0.2, "clip_ratio_high": 0.2}
+        ),
+    )
     objective = Objective(policy_loss=ppo)
     model = ModelParams(path=str(folder), micro_batch_size=args.micro_batch)
     engine = LocalEngine(model, OptimParams(lr=args.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0, grad_clip=0.0))
@@ -189,37 +206,49 @@ def batched_requests(prompts, args):
     ``sample(..., seed=seed + i)`` gives it."""
     from trinity_like.explorer.engine import Request, sample_seed
 
-    requests = [Request(tuple(p), tuple(sample_seed(args.seed + i, 0, s) for s in range(args.group)))
-                for i, p in enumerate(prompts)]
+    requests = [
+        Request(tuple(p), tuple(sample_seed(args.seed + i, 0, s) for s in range(args.group)))
+        for i, p in enumerate(prompts)
+    ]
     return requests, SamplingParams(n=args.group, max_new_tokens=args.max_tokens)
 
 
 def summary(times: dict[str, list[float]], tokens: int, ours: str, base: str) -> dict:
     med = {k: statistics.median(v) for k, v in times.items()}
     rounds = [b / a for a, b in zip(times[ours], times[base], strict=True)]
-    return {"times": times, "median_s": med, "tokens": tokens,
-            "tokens_per_s": {k: tokens / v for k, v in med.items()},
-            "rate_ratio": med[base] / med[ours], "median_round_ratio": statistics.median(rounds)}
+    return {
+        "times": times,
+        "median_s": med,
+        "tokens": tokens,
+        "tokens_per_s": {k: tokens / v for k, v in med.items()},
+        "rate_ratio": med[base] / med[ours],
+        "median_round_ratio": statistics.median(rounds),
+    }
 
 
 def markdown(result: dict, command: str) -> str:
     t, s, meta = result["training"], result["sampling"], result["meta"]
     lines = [
         "# Client overhead: TrainingClient / SamplingClient vs the engines they drive",
-        "", f"Command: `{command}`", "",
+        "",
+        f"Command: `{command}`",
+        "",
         f"{meta['model']}, {meta['prompts']} prompts x {meta['group']} samples, up to {meta['max_tokens']} new tokens, "
         f"micro-batch {meta['micro_batch']}, fp32, {meta['reps']} interleaved rounds after one warm-up; "
         f"commit {meta['commit']}, {meta['when']}, load average {meta['load']:.1f}.",
-        f"Machine fp32 matmul peak (1024^3, best of 5): {meta['peak_gflops']:.1f} GFLOP/s.", "",
+        f"Machine fp32 matmul peak (1024^3, best of 5): {meta['peak_gflops']:.1f} GFLOP/s.",
+        "",
         "| work | engine | client | client rate / engine rate (medians) | median of per-round ratios |",
         "|---|---|---|---|---|",
         f"| GRPO train step ({t['tokens']} trained tokens) | {t['median_s']['engine']:.2f} s | "
         f"{t['median_s']['client']:.2f} s | **{t['rate_ratio']:.3f}** | {t['median_round_ratio']:.3f} |",
         f"| sampling ({s['tokens']} tokens) | {s['tokens_per_s']['engine']:.1f} tok/s | "
         f"{s['tokens_per_s']['client']:.1f} tok/s | **{s['rate_ratio']:.3f}** | {s['median_round_ratio']:.3f} |",
-        "", f"Per-round times (s): training {t['times']}, sampling {s['times']}.",
+        "",
+        f"Per-round times (s): training {t['times']}, sampling {s['times']}.",
         f"Model work per train step ~6 x params x tokens = {meta['train_gflop']:.0f} GFLOP: the engine reaches "
-        f"{meta['train_gflop'] / t['median_s']['engine'] / meta['peak_gflops']:.0%} of the matmul peak.", "",
+        f"{meta['train_gflop'] / t['median_s']['engine'] / meta['peak_gflops']:.0%} of the matmul peak.",
+        "",
     ]
     return "\n".join(lines)
 
@@ -232,29 +261,42 @@ def grpo_iteration(training, sampler, renderer, tasks, args, step: int):
     started = time.perf_counter()
     params = types.SamplingParams(max_tokens=args.max_tokens, stop=renderer.get_stop_sequences(), temperature=1.0)
     prompts = [renderer.build_generation_prompt(t.messages()) for t in tasks]
-    futures = [sampler.sample(p, args.group, params.model_copy(update={"seed": step * 1000 + i}))
-               for i, p in enumerate(prompts)]
+    futures = [
+        sampler.sample(p, args.group, params.model_copy(update={"seed": step * 1000 + i}))
+        for i, p in enumerate(prompts)
+    ]
     groups = [f.result().sequences for f in futures]
     sampled = time.perf_counter()
     data = []
     for task, prompt, group in zip(tasks, prompts, groups, strict=True):
-        rewards = [exact_match(response=renderer.parse_response(s.tokens)[0]["content"], answer=task.answer)
-                   for s in group]
+        rewards = [
+            exact_match(response=renderer.parse_response(s.tokens)[0]["content"], answer=task.answer) for s in group
+        ]
         mean = sum(rewards) / len(rewards)
         ob = prompt.length - 1  # every group is trained, equal rewards too: the work does not depend on them
         for seq, r in zip(group, rewards, strict=True):
-            data.append(types.Datum(
-                model_input=prompt.append(types.EncodedTextChunk(tokens=seq.tokens[:-1])),
-                loss_fn_inputs={"target_tokens": [0] * ob + seq.tokens, "logprobs": [0.0] * ob + seq.logprobs,
-                                "advantages": [0.0] * ob + [r - mean] * len(seq.tokens)}))
+            data.append(
+                types.Datum(
+                    model_input=prompt.append(types.EncodedTextChunk(tokens=seq.tokens[:-1])),
+                    loss_fn_inputs={
+                        "target_tokens": [0] * ob + seq.tokens,
+                        "logprobs": [0.0] * ob + seq.logprobs,
+                        "advantages": [0.0] * ob + [r - mean] * len(seq.tokens),
+                    },
+                )
+            )
     fwd = training.forward_backward(data, "importance_sampling")
     opt = training.optim_step(types.AdamParams(learning_rate=args.lr, beta1=0.9, beta2=0.95, eps=1e-8))
     fwd.result(), opt.result()
     trained = time.perf_counter()
     sampler = training.save_weights_and_get_sampling_client().result()  # in-process: the client answers result()
     done = time.perf_counter()
-    phases = {"iteration": done - started, "sample": sampled - started, "train": trained - sampled,
-              "snapshot": done - trained}
+    phases = {
+        "iteration": done - started,
+        "sample": sampled - started,
+        "train": trained - sampled,
+        "snapshot": done - trained,
+    }
     return sampler, phases, [s.tokens for g in groups for s in g]
 
 
@@ -271,36 +313,52 @@ def compare_http(args, folder: Path, peak: float, command: str) -> None:
     local = tinker.ServiceClient(micro_batch_size=args.micro_batch, log_dir=scratch / "local")
     with local_server(scratch / "serve", "--model", str(folder), "--micro-batch-size", str(args.micro_batch)) as url:
         remote = sdk.ServiceClient(base_url=url)
-        trainers = {"in-process": local.create_lora_training_client(str(folder), rank=0, seed=args.seed),
-                    "http": remote.create_lora_training_client(str(folder), rank=0, seed=args.seed).result()}
+        trainers = {
+            "in-process": local.create_lora_training_client(str(folder), rank=0, seed=args.seed),
+            "http": remote.create_lora_training_client(str(folder), rank=0, seed=args.seed).result(),
+        }
         renderer = get_renderer("chatml", trainers["in-process"].get_tokenizer())
         samplers = {k: t.save_weights_and_get_sampling_client().result() for k, t in trainers.items()}
         phases: dict[str, list[dict]] = {"in-process": [], "http": []}
         same_samples = []
         for rep in range(args.reps + 1):  # the first round warms up and is not counted
-            batch = tasks[rep * args.prompts: (rep + 1) * args.prompts]
+            batch = tasks[rep * args.prompts : (rep + 1) * args.prompts]
             order = ["in-process", "http"] if rep % 2 == 0 else ["http", "in-process"]
             tokens = {}
             for name in order:
-                samplers[name], took, tokens[name] = grpo_iteration(trainers[name], samplers[name], renderer, batch,
-                                                                   args, rep)
+                samplers[name], took, tokens[name] = grpo_iteration(
+                    trainers[name], samplers[name], renderer, batch, args, rep
+                )
                 if rep:
                     phases[name].append(took)
             same_samples.append(tokens["in-process"] == tokens["http"])
-            print(f"round {rep}: " + ", ".join(f"{k} {v[-1]['iteration']:.2f} s" for k, v in phases.items() if v)
-                  + ("" if same_samples[-1] else " (samples differ)"), flush=True)
+            print(
+                f"round {rep}: "
+                + ", ".join(f"{k} {v[-1]['iteration']:.2f} s" for k, v in phases.items() if v)
+                + ("" if same_samples[-1] else " (samples differ)"),
+                flush=True,
+            )
         remote.close("success").result()
     local.close()
     shutil.rmtree(scratch)  # the server's data directory and the in-process client's logs
     times = {k: [p["iteration"] for p in v] for k, v in phases.items()}
-    result = {"meta": {**vars(args), "peak_gflops": peak, "commit": git_commit(), "load": os.getloadavg()[0],
-                       "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "torch": torch.__version__,
-                       "python": platform.python_version()},
-              "phases": phases, "same_samples": same_samples,
-              "median_s": {k: statistics.median(v) for k, v in times.items()},
-              "phase_medians_s": {k: {ph: statistics.median(p[ph] for p in v) for ph in v[0]} for k, v in phases.items()},
-              "median_ratio": statistics.median(times["http"]) / statistics.median(times["in-process"]),
-              "median_round_ratio": statistics.median(h / i for h, i in zip(times["http"], times["in-process"]))}
+    result = {
+        "meta": {
+            **vars(args),
+            "peak_gflops": peak,
+            "commit": git_commit(),
+            "load": os.getloadavg()[0],
+            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+        },
+        "phases": phases,
+        "same_samples": same_samples,
+        "median_s": {k: statistics.median(v) for k, v in times.items()},
+        "phase_medians_s": {k: {ph: statistics.median(p[ph] for p in v) for ph in v[0]} for k, v in phases.items()},
+        "median_ratio": statistics.median(times["http"]) / statistics.median(times["in-process"]),
+        "median_round_ratio": statistics.median(h / i for h, i in zip(times["http"], times["in-process"])),
+    }
     name = args.out or ("client_http_tiny" if args.model == "tiny-random" else "client_http")
     OUT.mkdir(exist_ok=True)
     (OUT / f"{name}.json").write_text(json.dumps(result, indent=1))
@@ -314,23 +372,29 @@ def markdown_http(result: dict, command: str) -> str:
     verdict = "met" if added <= 0.15 else "NOT met"
     lines = [
         "# One GRPO iteration of the client loop: the official SDK over HTTP vs the in-process client",
-        "", f"Command: `{command}`", "",
+        "",
+        f"Command: `{command}`",
+        "",
         f"{meta['model']}, {meta['prompts']} prompts x {meta['group']} samples, up to {meta['max_tokens']} new tokens, "
         f"`importance_sampling`, full fine-tune, micro-batch {meta['micro_batch']}, fp32; the server in its own "
         f"process; {meta['reps']} interleaved rounds after one warm-up; commit {meta['commit']}, {meta['when']}, "
         f"load average {meta['load']:.1f}. Machine fp32 matmul peak: {meta['peak_gflops']:.1f} GFLOP/s.",
         f"Both sides sampled the same tokens in {sum(result['same_samples'])} of {len(result['same_samples'])} "
-        "rounds (same weights, same seeds: the same work).", "",
-        "| phase (median s) | in-process | http | http / in-process |", "|---|---|---|---|",
+        "rounds (same weights, same seeds: the same work).",
+        "",
+        "| phase (median s) | in-process | http | http / in-process |",
+        "|---|---|---|---|",
     ]
     for phase in ("iteration", "sample", "train", "snapshot"):
         a, b = ph["in-process"][phase], ph["http"][phase]
         lines.append(f"| {phase} | {a:.3f} | {b:.3f} | {b / a:.3f} |")
     lines += [
-        "", f"HTTP adds **{added:+.1%}** to an iteration (ratio of medians {result['median_ratio']:.3f}; median of "
+        "",
+        f"HTTP adds **{added:+.1%}** to an iteration (ratio of medians {result['median_ratio']:.3f}; median of "
         f"per-round ratios {result['median_round_ratio']:.3f}); target at most +15 %: {verdict}.",
         f"Per-round iteration times (s): in-process {[round(p['iteration'], 3) for p in result['phases']['in-process']]},"
-        f" http {[round(p['iteration'], 3) for p in result['phases']['http']]}.", "",
+        f" http {[round(p['iteration'], 3) for p in result['phases']['http']]}.",
+        "",
     ]
     return "\n".join(lines)
 
@@ -345,8 +409,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--compare", default="engine", choices=["engine", "http"],
-                   help="engine: the client vs the engines it drives; http: the SDK over HTTP vs the in-process client")
+    p.add_argument(
+        "--compare",
+        default="engine",
+        choices=["engine", "http"],
+        help="engine: the client vs the engines it drives; http: the SDK over HTTP vs the in-process client",
+    )
     p.add_argument("--out", default=None, help="results name (default: client[_http], with _tiny for tiny-random)")
     args = p.parse_args(argv)
     load_plugins()
@@ -366,9 +434,16 @@ def main(argv: list[str] | None = None) -> None:
     training = bench_training(args, folder, batch, data)
     params = sum(t.numel() for t in load_model(folder)[0].parameters())
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    meta = {**vars(args), "peak_gflops": peak, "commit": commit, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "load": os.getloadavg()[0], "python": platform.python_version(), "torch": torch.__version__,
-            "train_gflop": 6 * params * training["tokens"] / 1e9}
+    meta = {
+        **vars(args),
+        "peak_gflops": peak,
+        "commit": commit,
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load": os.getloadavg()[0],
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "train_gflop": 6 * params * training["tokens"] / 1e9,
+    }
     result = {"meta": meta, "training": training, "sampling": sampling}
     name = args.out or ("client_tiny" if args.model == "tiny-random" else "client")
     OUT.mkdir(exist_ok=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import threading
@@ -27,8 +28,13 @@ def matmul_peak_gflops(size: int = 1024, reps: int = 5) -> float:
 
 def git_commit() -> str:
     """The short commit of the checkout, ``+dirty`` when tracked files differ from it."""
-    out = subprocess.run(["git", "describe", "--always", "--dirty=+dirty", "--abbrev=7"], cwd=ROOT,
-                         capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        ["git", "describe", "--always", "--dirty=+dirty", "--abbrev=7"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     return out.stdout.strip() or "unknown"
 
 
@@ -81,11 +87,17 @@ class PeakMemory:
     def stop(self) -> dict[str, float]:
         self._stop.set()
         self._thread.join()
-        return {"peak_rss_gb": self.peak_rss / 1e9, "peak_pss_gb": self.peak_pss / 1e9,
-                "peak_pss_gb_by_process": {k: round(v / 1e9, 3) for k, v in
-                                           sorted(self.peak_pss_by_process.items(), key=lambda kv: -kv[1])},
-                "rss_interval_s": self.interval_s, "pss_interval_s": self.interval_s * self.pss_every,
-                "max_processes": self.max_processes, "untagged_new_ray_processes": len(self.untagged_ray)}
+        return {
+            "peak_rss_gb": self.peak_rss / 1e9,
+            "peak_pss_gb": self.peak_pss / 1e9,
+            "peak_pss_gb_by_process": {
+                k: round(v / 1e9, 3) for k, v in sorted(self.peak_pss_by_process.items(), key=lambda kv: -kv[1])
+            },
+            "rss_interval_s": self.interval_s,
+            "pss_interval_s": self.interval_s * self.pss_every,
+            "max_processes": self.max_processes,
+            "untagged_new_ray_processes": len(self.untagged_ray),
+        }
 
     def members(self) -> list:
         """The processes of the group now (the root, its descendants, tagged processes)."""
@@ -173,9 +185,7 @@ def stop_group(memory: PeakMemory, proc: subprocess.Popen) -> int:
     while (left := memory.members()) and time.monotonic() < deadline:
         time.sleep(0.5)
     for p in left:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(left, timeout=10)
     return len(left)

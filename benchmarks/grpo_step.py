@@ -68,6 +68,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import argparse  # noqa: E402
+import contextlib
 import dataclasses  # noqa: E402
 import importlib.metadata  # noqa: E402
 import json  # noqa: E402
@@ -192,8 +193,11 @@ class Ours:
         return m
 
     def info(self) -> dict[str, Any]:
-        return {"overrides": self.overrides, "dynamic_sampling": self.stage.dynamic_sampling,
-                "verl_worker_threads": verl_worker_threads()}
+        return {
+            "overrides": self.overrides,
+            "dynamic_sampling": self.stage.dynamic_sampling,
+            "verl_worker_threads": verl_worker_threads(),
+        }
 
     def close(self) -> None:
         self.ctx.close()
@@ -219,8 +223,13 @@ def verl_worker_threads() -> list[dict[str, str]]:
             env = dict(kv.split(b"=", 1) for kv in (proc / "environ").read_bytes().split(b"\0") if b"=" in kv)
         except (OSError, KeyError):
             continue
-        out.append({"pid": proc.name, "OMP_NUM_THREADS": env.get(b"OMP_NUM_THREADS", b"unset").decode(),
-                    "os_threads": st.get("Threads", "?")})
+        out.append(
+            {
+                "pid": proc.name,
+                "OMP_NUM_THREADS": env.get(b"OMP_NUM_THREADS", b"unset").decode(),
+                "os_threads": st.get("Threads", "?"),
+            }
+        )
     return out
 
 
@@ -229,10 +238,8 @@ def renice_self(nice: int) -> None:
     if not nice:
         return
     for tid in os.listdir("/proc/self/task"):
-        try:
+        with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, int(tid), nice)
-        except OSError:
-            pass
 
 
 # -- TRL -----------------------------------------------------------------------------------
@@ -262,13 +269,29 @@ class Trl:
         data = Dataset.from_list([{"prompt": t.messages(), "answer": t.answer} for t in tasks])
         rows = args.prompts * args.group
         config = trl.GRPOConfig(
-            output_dir=out_dir, use_cpu=True, bf16=False,
-            per_device_train_batch_size=args.micro_batch, gradient_accumulation_steps=rows // args.micro_batch,
-            num_generations=args.group, max_completion_length=args.max_new_tokens,
-            temperature=1.0, top_k=0, top_p=1.0, beta=0.0, num_iterations=1,
-            learning_rate=args.lr, lr_scheduler_type="constant", max_grad_norm=1.0, weight_decay=0.0,
-            gradient_checkpointing=False, max_steps=args.steps + 1, logging_steps=1, report_to="none",
-            save_strategy="no", seed=42, dataloader_num_workers=0,
+            output_dir=out_dir,
+            use_cpu=True,
+            bf16=False,
+            per_device_train_batch_size=args.micro_batch,
+            gradient_accumulation_steps=rows // args.micro_batch,
+            num_generations=args.group,
+            max_completion_length=args.max_new_tokens,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            beta=0.0,
+            num_iterations=1,
+            learning_rate=args.lr,
+            lr_scheduler_type="constant",
+            max_grad_norm=1.0,
+            weight_decay=0.0,
+            gradient_checkpointing=False,
+            max_steps=args.steps + 1,
+            logging_steps=1,
+            report_to="none",
+            save_strategy="no",
+            seed=42,
+            dataloader_num_workers=0,
         )
         self.records: list[dict[str, Any]] = []
         phases: dict[str, float] = {}
@@ -298,8 +321,14 @@ class Trl:
                 if logs and records:
                     records[-1].update({f"log/{k}": float(v) for k, v in logs.items() if k in keep})
 
-        self.trainer = trl.GRPOTrainer(model=model, reward_funcs=exact_match_reward, args=config, train_dataset=data,
-                                       processing_class=tokenizer, callbacks=[Record()])
+        self.trainer = trl.GRPOTrainer(
+            model=model,
+            reward_funcs=exact_match_reward,
+            args=config,
+            train_dataset=data,
+            processing_class=tokenizer,
+            callbacks=[Record()],
+        )
         self.trainer.model.generate = timed(self.trainer.model.generate, phases, "time/generate")
         generate_and_score = timed(self.trainer._generate_and_score_completions, phases, "time/rollout")
 
@@ -308,8 +337,12 @@ class Trl:
             out = generate_and_score(inputs)
             prompt, completion = out["prompt_ids"], out["completion_ids"]
             real = float(out["prompt_mask"].sum() + out["completion_mask"].sum())
-            phases.update(rows_trained=prompt.shape[0], real_tokens=real, run_tokens=real,
-                          padded_tokens=float(prompt.shape[0] * (prompt.shape[1] + completion.shape[1])))
+            phases.update(
+                rows_trained=prompt.shape[0],
+                real_tokens=real,
+                run_tokens=real,
+                padded_tokens=float(prompt.shape[0] * (prompt.shape[1] + completion.shape[1])),
+            )
             return out
 
         self.trainer._generate_and_score_completions = counted
@@ -408,7 +441,8 @@ def summarise(rounds: list[dict[str, dict]], params: int, peak_gflops: float) ->
         keys = sorted({k for s in steps for k in s if k.startswith("time/")})
         trained = [s for s in steps if s["train_s"] > 0]
         s_out: dict[str, Any] = {
-            "steps": len(steps), "rounds": len(runs),
+            "steps": len(steps),
+            "rounds": len(runs),
             "median_step_s": statistics.median(s["time/step"] for s in steps),
             "round_median_step_s": [statistics.median(s["time/step"] for s in run["steps"]) for run in runs],
             "phases_median_s": {k: statistics.median(s.get(k, 0.0) for s in steps) for k in keys},
@@ -422,12 +456,14 @@ def summarise(rounds: list[dict[str, dict]], params: int, peak_gflops: float) ->
             "median_setup_s": statistics.median(run["setup_s"] for run in runs),
             "mean_reward": statistics.fmean(s.get("reward/mean", s.get("log/reward", float("nan"))) for s in steps),
             "mean_response_tokens": statistics.fmean(
-                s.get("response_length/mean", s.get("log/completions/mean_length", float("nan"))) for s in steps),
+                s.get("response_length/mean", s.get("log/completions/mean_length", float("nan"))) for s in steps
+            ),
         }
         if trained:
             s_out["train_tokens_per_s"] = statistics.median(s["real_tokens"] / s["train_s"] for s in trained)
             s_out["peak_fraction"] = statistics.median(
-                6 * params * s["run_tokens"] / s["train_s"] / 1e9 / peak_gflops for s in trained)
+                6 * params * s["run_tokens"] / s["train_s"] / 1e9 / peak_gflops for s in trained
+            )
         out[name] = s_out
     if "trl" in out:
         for name, s in out.items():
@@ -439,20 +475,38 @@ def summarise(rounds: list[dict[str, dict]], params: int, peak_gflops: float) ->
     return out
 
 
-OUR_PHASES = ("rollout", "buffer_write", "sample", "advantage", "reference", "old_logprob",
-              "update", "update.forward_backward", "update.optim_step", "sync", "sync.gather", "sync.transfer")
-LABELS = {"trl": "TRL `GRPOTrainer` (`use_cpu=True`)", "verl": "ours, `verl` engine (FSDP worker, the recipe default: 1 on CPU), every group",
-          "local": "ours, `local` engine, every group", "verl-dyn": "ours, `verl`, dynamic sampling (recipe default)",
-          "local-dyn": "ours, `local`, dynamic sampling (recipe default)"}
+OUR_PHASES = (
+    "rollout",
+    "buffer_write",
+    "sample",
+    "advantage",
+    "reference",
+    "old_logprob",
+    "update",
+    "update.forward_backward",
+    "update.optim_step",
+    "sync",
+    "sync.gather",
+    "sync.transfer",
+)
+LABELS = {
+    "trl": "TRL `GRPOTrainer` (`use_cpu=True`)",
+    "verl": "ours, `verl` engine (FSDP worker, the recipe default: 1 on CPU), every group",
+    "local": "ours, `local` engine, every group",
+    "verl-dyn": "ours, `verl`, dynamic sampling (recipe default)",
+    "local-dyn": "ours, `local`, dynamic sampling (recipe default)",
+}
 
 
 def table(summary: dict, names: tuple[str, ...], rows: int) -> list[str]:
     def x(v: float | None, bold: bool = False) -> str:
         return "-" if v is None else f"**{v:.2f}x**" if bold else f"{v:.2f}x"
 
-    header = ("| contender | median step s | speed vs TRL (median of per-round ratios) | (ratio of medians) "
-              f"| rows trained / step (of {rows}) | training pass s | equal-work tokens/s | tokens run / step "
-              "| % of fp32 peak | peak RSS GB | peak PSS GB |")
+    header = (
+        "| contender | median step s | speed vs TRL (median of per-round ratios) | (ratio of medians) "
+        f"| rows trained / step (of {rows}) | training pass s | equal-work tokens/s | tokens run / step "
+        "| % of fp32 peak | peak RSS GB | peak PSS GB |"
+    )
     lines = [header, "|---" * 11 + "|"]
     for name in (n for n in names if n in summary):
         s = summary[name]
@@ -461,7 +515,8 @@ def table(summary: dict, names: tuple[str, ...], rows: int) -> list[str]:
             f"| {LABELS[name]} | {s['median_step_s']:.2f} | {x(s.get('speed_vs_trl_median_of_rounds'), bold=True)} "
             f"| {x(s.get('speed_vs_trl_ratio_of_medians'))} | {s['mean_rows_trained']:.1f} | {s['median_train_s']:.2f} "
             f"| {'-' if rate is None else f'{rate:,.0f}'} | {s['mean_run_tokens']:,.0f} "
-            f"| {'-' if frac is None else f'{frac:.1%}'} | {s['peak_rss_gb']:.2f} | {s['peak_pss_gb']:.2f} |")
+            f"| {'-' if frac is None else f'{frac:.1%}'} | {s['peak_rss_gb']:.2f} | {s['peak_pss_gb']:.2f} |"
+        )
     return lines
 
 
@@ -469,37 +524,64 @@ def markdown(summary: dict, meta: dict) -> str:
     a = meta["args"]
     rows = a["prompts"] * a["group"]
     done = meta["rounds_done"]
-    when = (f"Commit {meta['commit']}, {meta['date_utc']} UTC. Machine: {meta['machine']}. Load average (1 min) at "
-            f"start {meta['load_start']:.1f}, at end {meta['load_end']:.1f}, median over timed steps "
-            f"{meta['load_median']:.1f} -- a shared machine: compare the ratios, not absolute times.")
-    workload = (f"Workload: `{a['model']}` ({meta['params'] / 1e6:.2f} M parameters), {a['prompts']} prompts x "
-                f"{a['group']} samples, up to {a['max_new_tokens']} new tokens, T=1.0, top_k/top_p off, lr {a['lr']:g}, "
-                f"micro-batch {a['micro_batch']}, one AdamW step per batch, fp32, no reference model, no gradient "
-                f"checkpointing. Each contender in its own process, one at a time: build, 1 warm-up step, "
-                f"{a['steps']} timed steps; {done} round(s) of {a['rounds']} asked, order alternating (round 0: "
-                f"{', '.join(meta['orders'][0])}). Torch threads {a['threads']}, niceness {a['nice']} (Ray starts its "
-                "workers at 15).")
-    dynamic = (f"Ours trains only the groups whose rewards differ (DAPO's dynamic sampling); TRL trains all {rows} "
-               "rows, zero-advantage ones included. The ratio is of step rates on unequal work, not a like-for-like "
-               "speed-up.")
+    when = (
+        f"Commit {meta['commit']}, {meta['date_utc']} UTC. Machine: {meta['machine']}. Load average (1 min) at "
+        f"start {meta['load_start']:.1f}, at end {meta['load_end']:.1f}, median over timed steps "
+        f"{meta['load_median']:.1f} -- a shared machine: compare the ratios, not absolute times."
+    )
+    workload = (
+        f"Workload: `{a['model']}` ({meta['params'] / 1e6:.2f} M parameters), {a['prompts']} prompts x "
+        f"{a['group']} samples, up to {a['max_new_tokens']} new tokens, T=1.0, top_k/top_p off, lr {a['lr']:g}, "
+        f"micro-batch {a['micro_batch']}, one AdamW step per batch, fp32, no reference model, no gradient "
+        f"checkpointing. Each contender in its own process, one at a time: build, 1 warm-up step, "
+        f"{a['steps']} timed steps; {done} round(s) of {a['rounds']} asked, order alternating (round 0: "
+        f"{', '.join(meta['orders'][0])}). Torch threads {a['threads']}, niceness {a['nice']} (Ray starts its "
+        "workers at 15)."
+    )
+    dynamic = (
+        f"Ours trains only the groups whose rewards differ (DAPO's dynamic sampling); TRL trains all {rows} "
+        "rows, zero-advantage ones included. The ratio is of step rates on unequal work, not a like-for-like "
+        "speed-up."
+    )
     sources = "; ".join(f"{n}: {', '.join(s['run_tokens_source'])}" for n, s in summary.items())
-    notes = ("Speed vs TRL: TRL's median step time in a round / the contender's in the same round (> 1: faster), "
-             "median over rounds. Training pass: ours the `update` phase, TRL its step minus generation and "
-             "scoring. Equal-work tokens/s: real tokens (prompt + response) of the rows trained / training-pass "
-             f"seconds. % of fp32 peak: 6 x {meta['params'] / 1e6:.2f} M parameters x tokens run through the model "
-             f"(padding left out) / training-pass seconds / {meta['peak_gflops']:.1f} GFLOP/s (this machine's fp32 "
-             f"matmul, {meta['peak_size']}^3, best of 5, measured here before and after the rounds). Tokens run -- "
-             f"{sources}. Peak memory: summed over the contender's processes (Ray's included), RSS sampled every "
-             "0.25 s, PSS every 2 s (reading it walks page tables: more often, the sampler slowed the contenders it "
-             "measured); RSS counts shared pages once per process, PSS splits them.")
+    notes = (
+        "Speed vs TRL: TRL's median step time in a round / the contender's in the same round (> 1: faster), "
+        "median over rounds. Training pass: ours the `update` phase, TRL its step minus generation and "
+        "scoring. Equal-work tokens/s: real tokens (prompt + response) of the rows trained / training-pass "
+        f"seconds. % of fp32 peak: 6 x {meta['params'] / 1e6:.2f} M parameters x tokens run through the model "
+        f"(padding left out) / training-pass seconds / {meta['peak_gflops']:.1f} GFLOP/s (this machine's fp32 "
+        f"matmul, {meta['peak_size']}^3, best of 5, measured here before and after the rounds). Tokens run -- "
+        f"{sources}. Peak memory: summed over the contender's processes (Ray's included), RSS sampled every "
+        "0.25 s, PSS every 2 s (reading it walks page tables: more often, the sampler slowed the contenders it "
+        "measured); RSS counts shared pages once per process, PSS splits them."
+    )
     lines = [
-        "# GRPO step rate: ours vs TRL `GRPOTrainer`, equal work first", "",
-        f"Command: `{meta['command']}`", "", when, "", workload, "",
-        "## Equal work: every group trained on both sides", "", *table(summary, EQUAL_WORK, rows), "",
-        "## Dynamic sampling (the recipe as shipped): fewer rows trained", "", dynamic, "",
-        *table(summary, ("trl", *DYNAMIC), rows), "", notes, "",
-        "## Phases", "", "Ours (median seconds per step; `a.b` is a part of `a`):", "",
-        "| contender | step | " + " | ".join(OUR_PHASES) + " |", "|---" * (len(OUR_PHASES) + 2) + "|",
+        "# GRPO step rate: ours vs TRL `GRPOTrainer`, equal work first",
+        "",
+        f"Command: `{meta['command']}`",
+        "",
+        when,
+        "",
+        workload,
+        "",
+        "## Equal work: every group trained on both sides",
+        "",
+        *table(summary, EQUAL_WORK, rows),
+        "",
+        "## Dynamic sampling (the recipe as shipped): fewer rows trained",
+        "",
+        dynamic,
+        "",
+        *table(summary, ("trl", *DYNAMIC), rows),
+        "",
+        notes,
+        "",
+        "## Phases",
+        "",
+        "Ours (median seconds per step; `a.b` is a part of `a`):",
+        "",
+        "| contender | step | " + " | ".join(OUR_PHASES) + " |",
+        "|---" * (len(OUR_PHASES) + 2) + "|",
     ]
     for name, s in summary.items():
         if name == "trl":
@@ -509,18 +591,30 @@ def markdown(summary: dict, meta: dict) -> str:
         lines.append(f"| {name} | {p['time/step']:.2f} | " + " | ".join(cells) + " |")
     if "trl" in summary:
         p = summary["trl"]["phases_median_s"]
-        lines += ["", (f"TRL (median seconds per step): step {p['time/step']:.2f}; generation + scoring "
-                       f"(`_generate_and_score_completions`) {p.get('time/rollout', 0):.2f}, of which `model.generate` "
-                       f"{p.get('time/generate', 0):.2f}; training pass {p.get('time/train', 0):.2f}, of which "
-                       f"optimizer step {p.get('time/optim_step', 0):.2f}.")]
+        lines += [
+            "",
+            (
+                f"TRL (median seconds per step): step {p['time/step']:.2f}; generation + scoring "
+                f"(`_generate_and_score_completions`) {p.get('time/rollout', 0):.2f}, of which `model.generate` "
+                f"{p.get('time/generate', 0):.2f}; training pass {p.get('time/train', 0):.2f}, of which "
+                f"optimizer step {p.get('time/optim_step', 0):.2f}."
+            ),
+        ]
     names = list(summary)
-    lines += ["", "## Rounds (median step s of each contender's timed steps; setup s in brackets)", "",
-              "| round | order | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|"]
+    lines += [
+        "",
+        "## Rounds (median step s of each contender's timed steps; setup s in brackets)",
+        "",
+        "| round | order | " + " | ".join(names) + " |",
+        "|---" * (len(names) + 2) + "|",
+    ]
     for r, order in enumerate(meta["orders"][:done]):
         cells = [f"{summary[n]['round_median_step_s'][r]:.2f} ({meta['setup_s'][n][r]:.0f})" for n in names]
         lines.append(f"| {r} | {' > '.join(order)} | " + " | ".join(cells) + " |")
-    others = "; ".join(f"{n} mean reward {s['mean_reward']:.3f}, mean response {s['mean_response_tokens']:.1f} tokens"
-                       for n, s in summary.items())
+    others = "; ".join(
+        f"{n} mean reward {s['mean_reward']:.3f}, mean response {s['mean_response_tokens']:.1f} tokens"
+        for n, s in summary.items()
+    )
     lines += ["", f"Other: {others}."]
     return "\n".join(lines) + "\n"
 
@@ -529,22 +623,30 @@ def write_results(args: argparse.Namespace, meta: dict, rounds: list[dict[str, d
     """Write OUT.md and OUT.json from the rounds so far (called after every round: a cut-off run keeps them)."""
     summary = summarise(rounds, meta["params"], meta["peak_gflops"])
     loads = [s["load1"] for r in rounds for run in r.values() for s in run["steps"]]
-    meta = {**meta, "rounds_done": len(rounds), "load_end": os.getloadavg()[0],
-            "load_median": statistics.median(loads) if loads else float("nan"),
-            "setup_s": {n: [r[n]["setup_s"] for r in rounds] for n in summary}}
+    meta = {
+        **meta,
+        "rounds_done": len(rounds),
+        "load_end": os.getloadavg()[0],
+        "load_median": statistics.median(loads) if loads else float("nan"),
+        "setup_s": {n: [r[n]["setup_s"] for r in rounds] for n in summary},
+    }
     text = markdown(summary, meta)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".md").write_text(text)
     args.out.with_suffix(".json").write_text(
-        json.dumps({**meta, "summary": summary, "rounds": rounds}, indent=1, default=float))
+        json.dumps({**meta, "summary": summary, "rounds": rounds}, indent=1, default=float)
+    )
     return text
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", help="built-in id or model folder")
-    parser.add_argument("--contenders", default=",".join(CONTENDERS),
-                        help=f"comma-separated, of: {', '.join(CONTENDERS)} (speed ratios need trl)")
+    parser.add_argument(
+        "--contenders",
+        default=",".join(CONTENDERS),
+        help=f"comma-separated, of: {', '.join(CONTENDERS)} (speed ratios need trl)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="rounds; each runs every contender once")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per contender per round (after 1 warm-up)")
     parser.add_argument("--prompts", type=int, default=8)
@@ -553,10 +655,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--micro-batch", type=int, default=16, help="rows per forward/backward, both sides")
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads of each contender")
-    parser.add_argument("--nice", type=int, default=15,
-                        help="niceness of each contender's process: Ray starts its workers (our verl workers and "
-                             "explorer actor) at niceness 15, so driver-side work (TRL, ours-local) runs at the same "
-                             "CPU priority under load; 0 keeps the process as started")
+    parser.add_argument(
+        "--nice",
+        type=int,
+        default=15,
+        help="niceness of each contender's process: Ray starts its workers (our verl workers and "
+        "explorer actor) at niceness 15, so driver-side work (TRL, ours-local) runs at the same "
+        "CPU priority under load; 0 keeps the process as started",
+    )
     parser.add_argument("--recipe", type=Path, default=RECIPE)
     parser.add_argument("--peak-size", type=int, default=2048, help="matrix size of the fp32 matmul peak")
     parser.add_argument("--child-timeout", type=float, default=3600, help="seconds one contender process may run")
@@ -587,7 +693,8 @@ def main(argv: list[str] | None = None) -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, {versions}",
         "load_start": load_start,
         "params": model_parameters(args.model),
-        "peak_gflops": peak, "peak_size": args.peak_size,
+        "peak_gflops": peak,
+        "peak_size": args.peak_size,
         "orders": [names if r % 2 == 0 else names[::-1] for r in range(args.rounds)],
     }
     folder = Path(tempfile.mkdtemp(prefix="grpo_step_"))
@@ -598,8 +705,10 @@ def main(argv: list[str] | None = None) -> None:
             log(f"round {rnd}: {name}")
             r = results[name] = run_child(name, args, rnd, folder)
             times = ", ".join(f"{s['time/step']:.2f}" for s in r["steps"])
-            log(f"round {rnd} {name}: steps {times} s; peak RSS {r['memory']['peak_rss_gb']:.2f} GB "
-                f"(PSS {r['memory']['peak_pss_gb']:.2f}) over {r['memory']['max_processes']} processes")
+            log(
+                f"round {rnd} {name}: steps {times} s; peak RSS {r['memory']['peak_rss_gb']:.2f} GB "
+                f"(PSS {r['memory']['peak_pss_gb']:.2f}) over {r['memory']['max_processes']} processes"
+            )
         rounds.append(results)
         if rnd == len(meta["orders"]) - 1:  # the peak again, after the rounds: the best of both
             meta["peak_gflops"] = max(peak, matmul_peak_gflops(args.peak_size))

@@ -31,8 +31,18 @@ RECIPE = ROOT / "examples" / "grpo_arith.yaml"
 def run_variant(label: str, recipe: Path, overrides: list[str], runs_root: Path) -> dict:
     """One run of the recipe: wall time, peak memory, and the figures its metrics hold."""
     name = f"main_job_{label}"
-    argv = [sys.executable, "-m", "trinity_like.cli", "run", "--config", str(recipe),
-            f"run_root={runs_root}", f"name={name}", "monitor.progress=false", *overrides]
+    argv = [
+        sys.executable,
+        "-m",
+        "trinity_like.cli",
+        "run",
+        "--config",
+        str(recipe),
+        f"run_root={runs_root}",
+        f"name={name}",
+        "monitor.progress=false",
+        *overrides,
+    ]
     memory = PeakMemory()
     start = time.perf_counter()
     proc = subprocess.Popen(argv, env=memory.env, cwd=ROOT)
@@ -54,13 +64,18 @@ def run_variant(label: str, recipe: Path, overrides: list[str], runs_root: Path)
 
     evals = values("eval/accuracy")
     return {
-        "label": label, "overrides": overrides, "wall_s": wall, **peak,
+        "label": label,
+        "overrides": overrides,
+        "wall_s": wall,
+        **peak,
         "memory_total_gb_median": median("memory/total_gb"),
         "memory_total_gb_max": max(values("memory/total_gb"), default=None),
         "memory_trainer_gb_max": max(values("memory/trainer_workers_gb"), default=None),
         "memory_explorer_gb_max": max(values("memory/explorer_gb"), default=None),
-        "step_s_median": median("time/step"), "update_s_median": median("time/update"),
-        "eval_start": evals[0] if evals else None, "eval_end": evals[-1] if evals else None,
+        "step_s_median": median("time/step"),
+        "update_s_median": median("time/update"),
+        "eval_start": evals[0] if evals else None,
+        "eval_end": evals[-1] if evals else None,
         "rewards": [round(r, 4) for r in values("reward/mean")],
     }
 
@@ -70,9 +85,12 @@ def markdown(results: list[dict], meta: dict) -> str:
         return "-" if v is None else f"{v:.{digits}f}"
 
     lines = [
-        "# The main job: wall time and peak memory of the whole process tree", "",
-        f"Command: `{meta['command']}`", "",
-        f"Commit {meta['commit']}, {meta['date']}. Recipe `{meta['recipe']}`. Machine: {meta['machine']}.", "",
+        "# The main job: wall time and peak memory of the whole process tree",
+        "",
+        f"Command: `{meta['command']}`",
+        "",
+        f"Commit {meta['commit']}, {meta['date']}. Recipe `{meta['recipe']}`. Machine: {meta['machine']}.",
+        "",
         "| variant | overrides | wall s | peak PSS GB (all processes) | peak RSS GB | memory/total_gb median | max "
         "| trainer max GB | explorer max GB | step s | update s | eval start | eval end |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -82,20 +100,26 @@ def markdown(results: list[dict], meta: dict) -> str:
             f"| {r['label']} | `{' '.join(r['overrides']) or '-'}` | {r['wall_s']:.0f} | **{r['peak_pss_gb']:.2f}** "
             f"| {r['peak_rss_gb']:.2f} | {f(r['memory_total_gb_median'])} | {f(r['memory_total_gb_max'])} "
             f"| {f(r['memory_trainer_gb_max'])} | {f(r['memory_explorer_gb_max'])} | {f(r['step_s_median'])} "
-            f"| {f(r['update_s_median'])} | {f(r['eval_start'], 3)} | {f(r['eval_end'], 3)} |")
+            f"| {f(r['update_s_median'])} | {f(r['eval_start'], 3)} | {f(r['eval_end'], 3)} |"
+        )
     lines += [
-        "", "Peak PSS: the largest sum, over samples, of the proportional set size of the command and every "
+        "",
+        "Peak PSS: the largest sum, over samples, of the proportional set size of the command and every "
         "process it started (Ray's raylet, GCS, agents and workers included); each shared page is split "
         "between the processes that map it, so the sum is what the run costs the machine. RSS counts shared "
         "pages once per process. `memory/total_gb`: the run's own per-step figure (driver + trainer workers "
-        "+ explorer, at step ends).", "",
-        "At the peak, each kind of process's PSS (GB):", "",
+        "+ explorer, at step ends).",
+        "",
+        "At the peak, each kind of process's PSS (GB):",
+        "",
     ]
-    lines += [f"- {r['label']}: " + ", ".join(f"{k} {v:.2f}" for k, v in r["peak_pss_gb_by_process"].items())
-              for r in results]
+    lines += [
+        f"- {r['label']}: " + ", ".join(f"{k} {v:.2f}" for k, v in r["peak_pss_gb_by_process"].items()) for r in results
+    ]
     lines += [
         "",
-        "Rewards per step (same seed: equal across variants up to floating-point order):", "",
+        "Rewards per step (same seed: equal across variants up to floating-point order):",
+        "",
     ]
     lines += [f"- {r['label']}: {r['rewards']}" for r in results]
     return "\n".join(lines) + "\n"
@@ -104,10 +128,20 @@ def markdown(results: list[dict], meta: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=RECIPE, help="the recipe (default: the README's main job)")
-    parser.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE[,KEY=VALUE...]",
-                        help="a run with these overrides (repeatable); default: the recipe as it is")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="an override for every variant (e.g. a smaller run)")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL:KEY=VALUE[,KEY=VALUE...]",
+        help="a run with these overrides (repeatable); default: the recipe as it is",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override for every variant (e.g. a smaller run)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "main_job")
     args = parser.parse_args(argv)
     variants = [("default", [])]
@@ -127,8 +161,10 @@ def main(argv: list[str] | None = None) -> None:
 
     meta = {
         "command": "python benchmarks/main_job.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "recipe": str(Path(args.config).resolve().relative_to(ROOT)) if Path(args.config).resolve().is_relative_to(ROOT)
+        "commit": git_commit(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "recipe": str(Path(args.config).resolve().relative_to(ROOT))
+        if Path(args.config).resolve().is_relative_to(ROOT)
         else str(args.config),
         "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
     }

@@ -56,8 +56,10 @@ def openings(tokenizer, episodes: int) -> list[list[int]]:
     out = []
     for i in range(episodes):
         a, b = 12 + (37 * i) % 80, 3 + (7 * i) % 20
-        msg = (f"What is {a} * {b}? You may call the calculator by writing <calc>EXPRESSION</calc>; "
-               "its result comes back to you. End with the final answer.")
+        msg = (
+            f"What is {a} * {b}? You may call the calculator by writing <calc>EXPRESSION</calc>; "
+            "its result comes back to you. End with the final answer."
+        )
         out.append(render_prompt(tokenizer, [{"role": "user", "content": msg}]))
     return out
 
@@ -69,8 +71,10 @@ def observation(tokenizer, response: list[int], episode: int, turn: int) -> list
     length cap (no end-of-turn token), the observation closes the turn itself.
     """
     a, b = 12 + (37 * episode) % 80, 3 + (7 * episode) % 20
-    body = (f"<tool_result>{{\"tool\": \"calculator\", \"call\": {turn + 1}, \"expression\": \"{a} * {b}\", "
-            f"\"value\": {a * b}}}</tool_result>")
+    body = (
+        f'<tool_result>{{"tool": "calculator", "call": {turn + 1}, "expression": "{a} * {b}", '
+        f'"value": {a * b}}}</tool_result>'
+    )
     closed = bool(response) and response[-1] == tokenizer.eos_token_id
     text = ("" if closed else tokenizer.eos_token) + f"\n<|im_start|>user\n{body}<|im_end|>\n<|im_start|>assistant\n"
     return list(tokenizer.encode(text, add_special_tokens=False))
@@ -100,8 +104,14 @@ def run_engine(engine: RolloutEngine, tokenizer, starts, args, seed: int) -> dic
             histories[e] = histories[e] + sample.token_ids + observation(tokenizer, sample.token_ids, e, turn)
     wall = time.perf_counter() - t0
     reused = engine.prefix_cache.stats["reused_tokens"] - stats0["reused_tokens"]
-    return {"wall_s": wall, "tokens": tokens, "prompt_tokens": prompt_tokens, "prefilled_tokens": prompt_tokens - reused,
-            "final_history_tokens": statistics.mean(len(h) for h in histories), "split_s": dict(engine.timings)}
+    return {
+        "wall_s": wall,
+        "tokens": tokens,
+        "prompt_tokens": prompt_tokens,
+        "prefilled_tokens": prompt_tokens - reused,
+        "final_history_tokens": statistics.mean(len(h) for h in histories),
+        "split_s": dict(engine.timings),
+    }
 
 
 def run_generate(model, tokenizer, starts, args, seed: int, stop_ids: set[int]) -> dict:
@@ -117,9 +127,17 @@ def run_generate(model, tokenizer, starts, args, seed: int, stop_ids: set[int]) 
         torch.manual_seed(seed * 100 + turn)
         with torch.inference_mode():
             out = model.generate(
-                input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                max_new_tokens=args.max_new_tokens, pad_token_id=pad, eos_token_id=sorted(stop_ids),
-                return_dict_in_generate=True, output_scores=True,
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=args.max_new_tokens,
+                pad_token_id=pad,
+                eos_token_id=sorted(stop_ids),
+                return_dict_in_generate=True,
+                output_scores=True,
             )
             logprobs = model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
         prompt_tokens += sum(len(h) for h in histories)
@@ -129,8 +147,13 @@ def run_generate(model, tokenizer, starts, args, seed: int, stop_ids: set[int]) 
             tokens += len(response)
             histories[e] = histories[e] + response + observation(tokenizer, response, e, turn)
     wall = time.perf_counter() - t0
-    return {"wall_s": wall, "tokens": tokens, "prompt_tokens": prompt_tokens, "prefilled_tokens": prompt_tokens,
-            "final_history_tokens": statistics.mean(len(h) for h in histories)}
+    return {
+        "wall_s": wall,
+        "tokens": tokens,
+        "prompt_tokens": prompt_tokens,
+        "prefilled_tokens": prompt_tokens,
+        "final_history_tokens": statistics.mean(len(h) for h in histories),
+    }
 
 
 def bench(args) -> dict:
@@ -157,24 +180,38 @@ def bench(args) -> dict:
             result = contenders[name](1 + rnd)
             result["tokens_per_s"] = result["tokens"] / result["wall_s"]
             runs[name].append(result)
-            print(f"round {rnd} {name}: {result['tokens']} tokens in {result['wall_s']:.2f} s = "
-                  f"{result['tokens_per_s']:.1f} tok/s; prefilled {result['prefilled_tokens']} of "
-                  f"{result['prompt_tokens']} prompt tokens", file=sys.stderr, flush=True)
+            print(
+                f"round {rnd} {name}: {result['tokens']} tokens in {result['wall_s']:.2f} s = "
+                f"{result['tokens_per_s']:.1f} tok/s; prefilled {result['prefilled_tokens']} of "
+                f"{result['prompt_tokens']} prompt tokens",
+                file=sys.stderr,
+                flush=True,
+            )
     peaks.append(matmul_peak_gflops())
-    summary = {n: {k: statistics.median(r[k] for r in runs[n])
-                   for k in ("tokens_per_s", "wall_s", "tokens", "prompt_tokens", "prefilled_tokens",
-                             "final_history_tokens")} for n in CONTENDERS}
+    summary = {
+        n: {
+            k: statistics.median(r[k] for r in runs[n])
+            for k in ("tokens_per_s", "wall_s", "tokens", "prompt_tokens", "prefilled_tokens", "final_history_tokens")
+        }
+        for n in CONTENDERS
+    }
     for base in ("reprefill", "generate"):
         ratios = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs["reuse"], runs[base])]
         summary["reuse"][f"ratio_vs_{base}"] = statistics.median(ratios)
         summary["reuse"][f"ratios_vs_{base}"] = ratios
     for name in ("reuse", "reprefill"):
-        summary[name]["split_s"] = {k: statistics.median(r["split_s"][k] for r in runs[name])
-                                    for k in runs[name][0]["split_s"]}
-    return {"model": args.model, "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
-            "observation_tokens": {"min": min(obs), "mean": statistics.mean(obs), "max": max(obs)},
-            "opening_tokens": statistics.mean(len(p) for p in starts), "matmul_peak_gflops": peaks,
-            "summary": summary, "runs": runs}
+        summary[name]["split_s"] = {
+            k: statistics.median(r["split_s"][k] for r in runs[name]) for k in runs[name][0]["split_s"]
+        }
+    return {
+        "model": args.model,
+        "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+        "observation_tokens": {"min": min(obs), "mean": statistics.mean(obs), "max": max(obs)},
+        "opening_tokens": statistics.mean(len(p) for p in starts),
+        "matmul_peak_gflops": peaks,
+        "summary": summary,
+        "runs": runs,
+    }
 
 
 def markdown(res: dict, args, command: str, commit: str) -> str:
@@ -204,18 +241,26 @@ def markdown(res: dict, args, command: str, commit: str) -> str:
     ]
     for name in CONTENDERS:
         ratio = "-" if name == "reuse" else f"{o[f'ratio_vs_{name}']:.2f}x"
-        lines.append(f"| {name} | {s[name]['tokens_per_s']:.1f} | {s[name]['wall_s']:.2f} | {s[name]['tokens']:.0f} "
-                     f"| {s[name]['prefilled_tokens']:.0f} / {s[name]['prompt_tokens']:.0f} | {ratio} |")
+        lines.append(
+            f"| {name} | {s[name]['tokens_per_s']:.1f} | {s[name]['wall_s']:.2f} | {s[name]['tokens']:.0f} "
+            f"| {s[name]['prefilled_tokens']:.0f} / {s[name]['prompt_tokens']:.0f} | {ratio} |"
+        )
     lines += ["", "Per-round ratios (spread under load):", ""]
     for base in ("reprefill", "generate"):
         lines.append(f"- reuse / {base}: " + ", ".join(f"{r:.2f}x" for r in o[f"ratios_vs_{base}"]))
-    lines += ["", "Our time split (median seconds per run):", "",
-              "| contender | prefill | decode forward | sampling | cache management | bookkeeping |",
-              "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Our time split (median seconds per run):",
+        "",
+        "| contender | prefill | decode forward | sampling | cache management | bookkeeping |",
+        "|---|---|---|---|---|---|",
+    ]
     for name in ("reuse", "reprefill"):
         sp = s[name]["split_s"]
-        lines.append(f"| {name} | {sp['prefill']:.2f} | {sp['decode_forward']:.2f} | {sp['sampling']:.2f} "
-                     f"| {sp['cache']:.2f} | {sp['bookkeeping']:.2f} |")
+        lines.append(
+            f"| {name} | {sp['prefill']:.2f} | {sp['decode_forward']:.2f} | {sp['sampling']:.2f} "
+            f"| {sp['cache']:.2f} | {sp['bookkeeping']:.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -226,10 +271,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads (1: two threads on a shared 2-core machine stall when another job runs)")
-    parser.add_argument("--out", type=Path, help="writes OUT.md and OUT.json (default: results/multiturn, "
-                        "results/multiturn_tiny for tiny-random)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (1: two threads on a shared 2-core machine stall when another job runs)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="writes OUT.md and OUT.json (default: results/multiturn, results/multiturn_tiny for tiny-random)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     out = args.out or RESULTS / ("multiturn_tiny" if args.model == "tiny-random" else "multiturn")

@@ -49,18 +49,29 @@ def cli(args: list[str], log: Path) -> float:
     """Run ``trinity-like`` with ``args`` (output to ``log``); its wall time, or exit naming the log."""
     t0 = time.perf_counter()
     with open(log, "w") as out:
-        proc = subprocess.run([sys.executable, "-m", "trinity_like.cli", *args], cwd=ROOT, stdout=out,
-                              stderr=subprocess.STDOUT, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-m", "trinity_like.cli", *args],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=False,
+        )
     if proc.returncode != 0:
         raise SystemExit(f"trinity-like {shlex.join(args)}: exit {proc.returncode}; see {log}")
     return time.perf_counter() - t0
 
 
 def cell_overrides(pairs: str, kl: float, rm_root: Path, run_root: Path, steps: int) -> list[str]:
-    return [f"name=rm_sweep_{pairs}_kl{kl:g}", f"run_root={run_root}", f"trainer.total_steps={steps}",
-            f"explorer.reward_args.path={rm_root / PAIRS[pairs]}", "trainer.engine=local", "monitor.progress=false",
-            "monitor.rm_check_tasks=0",
-            f"algorithm.kl_loss={{name: k3, coef: {kl:g}}}"]
+    return [
+        f"name=rm_sweep_{pairs}_kl{kl:g}",
+        f"run_root={run_root}",
+        f"trainer.total_steps={steps}",
+        f"explorer.reward_args.path={rm_root / PAIRS[pairs]}",
+        "trainer.engine=local",
+        "monitor.progress=false",
+        "monitor.rm_check_tasks=0",
+        f"algorithm.kl_loss={{name: k3, coef: {kl:g}}}",
+    ]
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -72,10 +83,14 @@ def summarize(rows: list[dict]) -> dict:
         found = [r[key] for r in steps if key in r]
         return mean(found[:3]), mean(found[-3:])
 
-    return {"accuracy": (evals[0]["eval/accuracy"], evals[-1]["eval/accuracy"]),
-            "accuracy_stderr": evals[-1]["eval/accuracy_stderr"],
-            "gold": first_last("reward/gold_mean"), "learned": first_last("reward/mean"),
-            "kl_end": kls[-1] if kls else float("nan"), "steps": len(steps)}
+    return {
+        "accuracy": (evals[0]["eval/accuracy"], evals[-1]["eval/accuracy"]),
+        "accuracy_stderr": evals[-1]["eval/accuracy_stderr"],
+        "gold": first_last("reward/gold_mean"),
+        "learned": first_last("reward/mean"),
+        "kl_end": kls[-1] if kls else float("nan"),
+        "steps": len(steps),
+    }
 
 
 def markdown(results: list[dict]) -> str:
@@ -93,8 +108,10 @@ def markdown(results: list[dict]) -> str:
     ]
     for r in results:
         (a0, a1), (g0, g1), (l0, l1) = r["accuracy"], r["gold"], r["learned"]
-        lines.append(f"| {r['pairs']} | {r['kl']:g} | {100 * a0:.1f} % -> {100 * a1:.1f} % +- {100 * r['accuracy_stderr']:.1f} "
-                     f"| {g0:.3f} -> {g1:.3f} | {l0:.2f} -> {l1:.2f} | {r['kl_end']:.4f} | {r['wall_s'] / 60:.1f} min |")
+        lines.append(
+            f"| {r['pairs']} | {r['kl']:g} | {100 * a0:.1f} % -> {100 * a1:.1f} % +- {100 * r['accuracy_stderr']:.1f} "
+            f"| {g0:.3f} -> {g1:.3f} | {l0:.2f} -> {l1:.2f} | {r['kl_end']:.4f} | {r['wall_s'] / 60:.1f} min |"
+        )
     lines += ["", "Each cell's command:", ""] + [f"- `{r['command']}`" for r in results]
     return "\n".join(lines) + "\n"
 
@@ -104,7 +121,9 @@ def main() -> None:
     parser.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=list(PAIRS))
     parser.add_argument("--kl", nargs="+", type=float, default=[0.0, 0.1, 1.0], help="KL loss coefficients")
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--rm-root", help="a run root holding rm/ and rm_policy/ (default: train them under --run-root)")
+    parser.add_argument(
+        "--rm-root", help="a run root holding rm/ and rm_policy/ (default: train them under --run-root)"
+    )
     parser.add_argument("--run-root", default=str(ROOT / "runs" / "rm_sweep"))
     parser.add_argument("--out", default="rm_sweep", help="results file stem in benchmarks/results")
     args = parser.parse_args()
@@ -117,8 +136,10 @@ def main() -> None:
         name = PAIRS[pairs]
         if not (rm_root / name / "checkpoints").is_dir():
             print(f"{name}: training the reward model", flush=True)
-            cli(["run", "--config", f"examples/{name}.yaml", f"run_root={rm_root}", "monitor.progress=false"],
-                run_root / "logs" / f"{name}.log")
+            cli(
+                ["run", "--config", f"examples/{name}.yaml", f"run_root={rm_root}", "monitor.progress=false"],
+                run_root / "logs" / f"{name}.log",
+            )
     command = " ".join(["python benchmarks/rm_sweep.py", *map(shlex.quote, sys.argv[1:])])
     out_json = RESULTS / f"{args.out}.json"
     # cells of earlier runs of the script stay, a cell run again replaces its row
@@ -129,11 +150,20 @@ def main() -> None:
             name = overrides[0].split("=", 1)[1]
             print(f"{name}: running", flush=True)
             wall = cli(["run", "--config", "examples/grpo_with_rm.yaml", *overrides], run_root / "logs" / f"{name}.log")
-            result = {"pairs": pairs, "kl": kl, **summarize(read_metrics(run_root / name)), "wall_s": wall,
-                      "command": shlex.join(["trinity-like", "run", "--config", "examples/grpo_with_rm.yaml", *overrides]),
-                      "by": command, "date": time.strftime("%Y-%m-%d")}
-            print(f"{name}: held-out {result['accuracy']}, gold {result['gold']}, KL {result['kl_end']:.4f} "
-                  f"({wall / 60:.1f} min)", flush=True)
+            result = {
+                "pairs": pairs,
+                "kl": kl,
+                **summarize(read_metrics(run_root / name)),
+                "wall_s": wall,
+                "command": shlex.join(["trinity-like", "run", "--config", "examples/grpo_with_rm.yaml", *overrides]),
+                "by": command,
+                "date": time.strftime("%Y-%m-%d"),
+            }
+            print(
+                f"{name}: held-out {result['accuracy']}, gold {result['gold']}, KL {result['kl_end']:.4f} "
+                f"({wall / 60:.1f} min)",
+                flush=True,
+            )
             cells[pairs, kl] = result
             results = [cells[k] for k in sorted(cells, key=lambda k: (list(PAIRS).index(k[0]), k[1]))]
             RESULTS.mkdir(parents=True, exist_ok=True)

@@ -81,9 +81,18 @@ def run_generate(model, tokenizer, prompts, group: int, max_new: int, seed: int,
     t0 = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(
-            input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-            max_new_tokens=max_new, num_return_sequences=group, pad_token_id=pad, eos_token_id=sorted(stop_ids),
-            return_dict_in_generate=logprobs, output_scores=logprobs,
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new,
+            num_return_sequences=group,
+            pad_token_id=pad,
+            eos_token_id=sorted(stop_ids),
+            return_dict_in_generate=logprobs,
+            output_scores=logprobs,
         )
         if logprobs:
             seqs = out.sequences
@@ -125,11 +134,20 @@ def bench_model(ref: str, args) -> dict:
             result = contenders[name](1000 + rep)
             result["tokens_per_s"] = result["tokens"] / result["wall_s"]
             runs[name].append(result)
-            print(f"{ref} rep {rep} {name}: {result['tokens']} tokens in {result['wall_s']:.2f} s "
-                  f"= {result['tokens_per_s']:.1f} tok/s", file=sys.stderr, flush=True)
-    summary = {n: {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs[n]),
-                   "wall_s": statistics.median(r["wall_s"] for r in runs[n]),
-                   "tokens": statistics.median(r["tokens"] for r in runs[n])} for n in names}
+            print(
+                f"{ref} rep {rep} {name}: {result['tokens']} tokens in {result['wall_s']:.2f} s "
+                f"= {result['tokens_per_s']:.1f} tok/s",
+                file=sys.stderr,
+                flush=True,
+            )
+    summary = {
+        n: {
+            "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs[n]),
+            "wall_s": statistics.median(r["wall_s"] for r in runs[n]),
+            "tokens": statistics.median(r["tokens"] for r in runs[n]),
+        }
+        for n in names
+    }
     for base in ("generate", "generate+logprobs"):
         ratios = [o["tokens_per_s"] / b["tokens_per_s"] for o, b in zip(runs["ours"], runs[base])]
         summary["ours"][f"ratio_vs_{base}"] = statistics.median(ratios)
@@ -140,15 +158,25 @@ def bench_model(ref: str, args) -> dict:
             summary["ours-bf16"][f"ratio_vs_{base}"] = statistics.median(ratios)
     split = {k: statistics.median(r["split_s"][k] for r in runs["ours"]) for k in runs["ours"][0]["split_s"]}
     summary["ours"]["split_s"] = split
-    return {"model": ref, "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
-            "prompt_tokens": [len(p) for p in prompts], "summary": summary, "runs": runs}
+    return {
+        "model": ref,
+        "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+        "prompt_tokens": [len(p) for p in prompts],
+        "summary": summary,
+        "runs": runs,
+    }
 
 
 def git_commit() -> str:
     """The checked-out commit (the code measured), or "unknown" outside a git checkout."""
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-                             cwd=Path(__file__).resolve().parent)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parent,
+        )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return out.stdout.strip()
@@ -175,27 +203,43 @@ def markdown(results: list[dict], args, command: str, commit: str) -> str:
         s = res["summary"]
         for name in ("ours", "generate", "generate+logprobs"):
             ratio = "-" if name == "ours" else f"{s['ours'][f'ratio_vs_{name}']:.2f}x"
-            lines.append(f"| {res['model']} | {name} | {s[name]['tokens_per_s']:.1f} | {s[name]['wall_s']:.2f} "
-                         f"| {s[name]['tokens']:.0f} | {ratio} |")
+            lines.append(
+                f"| {res['model']} | {name} | {s[name]['tokens_per_s']:.1f} | {s[name]['wall_s']:.2f} "
+                f"| {s[name]['tokens']:.0f} | {ratio} |"
+            )
         if "ours-bf16" in s:
             r16 = s["ours-bf16"]
             for name in ("ours-bf16", "generate-bf16"):
-                ratio = "-" if name == "ours-bf16" else (
-                    f"{r16['ratio_vs_generate-bf16']:.2f}x (ours-bf16 vs fp32 generate: {r16['ratio_vs_generate']:.2f}x)")
-                lines.append(f"| {res['model']} | {name} | {s[name]['tokens_per_s']:.1f} | {s[name]['wall_s']:.2f} "
-                             f"| {s[name]['tokens']:.0f} | {ratio} |")
+                ratio = (
+                    "-"
+                    if name == "ours-bf16"
+                    else (
+                        f"{r16['ratio_vs_generate-bf16']:.2f}x (ours-bf16 vs fp32 generate: {r16['ratio_vs_generate']:.2f}x)"
+                    )
+                )
+                lines.append(
+                    f"| {res['model']} | {name} | {s[name]['tokens_per_s']:.1f} | {s[name]['wall_s']:.2f} "
+                    f"| {s[name]['tokens']:.0f} | {ratio} |"
+                )
     lines += ["", "Per-repetition ratios ours / generate (spread under load):", ""]
     for res in results:
         o = res["summary"]["ours"]
         for base in ("generate", "generate+logprobs"):
             if f"ratios_vs_{base}" in o:
                 lines.append(f"- {res['model']} vs {base}: " + ", ".join(f"{r:.2f}x" for r in o[f"ratios_vs_{base}"]))
-    lines += ["", "Our time split (median seconds per run):", "",
-              "| model | prefill | decode forward | sampling | cache management | bookkeeping |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Our time split (median seconds per run):",
+        "",
+        "| model | prefill | decode forward | sampling | cache management | bookkeeping |",
+        "|---|---|---|---|---|---|",
+    ]
     for res in results:
         sp = res["summary"]["ours"]["split_s"]
-        lines.append(f"| {res['model']} | {sp['prefill']:.2f} | {sp['decode_forward']:.2f} | {sp['sampling']:.2f} "
-                     f"| {sp['cache']:.2f} | {sp['bookkeeping']:.2f} |")
+        lines.append(
+            f"| {res['model']} | {sp['prefill']:.2f} | {sp['decode_forward']:.2f} | {sp['sampling']:.2f} "
+            f"| {sp['cache']:.2f} | {sp['bookkeeping']:.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -216,10 +260,16 @@ def main(argv: list[str] | None = None) -> None:
         for res in saved["results"]:  # older files lack the per-repetition ratio lists
             runs, o = res["runs"], res["summary"]["ours"]
             for base in ("generate", "generate+logprobs"):
-                o.setdefault(f"ratios_vs_{base}", [a["tokens_per_s"] / b["tokens_per_s"]
-                                                   for a, b in zip(runs["ours"], runs[base])])
-        text = markdown(saved["results"], argparse.Namespace(**saved["args"]), saved["command"].strip(),
-                        saved.get("commit", "unknown"))
+                o.setdefault(
+                    f"ratios_vs_{base}",
+                    [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs["ours"], runs[base])],
+                )
+        text = markdown(
+            saved["results"],
+            argparse.Namespace(**saved["args"]),
+            saved["command"].strip(),
+            saved.get("commit", "unknown"),
+        )
         args.render.with_suffix(".md").write_text(text)
         print(text)
         return
@@ -232,8 +282,12 @@ def main(argv: list[str] | None = None) -> None:
         results.append(bench_model(ref, args))
         text = markdown(results, args, command.strip(), commit)
         args.out.with_suffix(".md").write_text(text)
-        meta = {"command": command, "commit": commit, "args": vars(args) | {"out": str(args.out), "render": None},
-                "results": results}
+        meta = {
+            "command": command,
+            "commit": commit,
+            "args": vars(args) | {"out": str(args.out), "render": None},
+            "results": results,
+        }
         args.out.with_suffix(".json").write_text(json.dumps(meta, indent=1))
     print(text)
 

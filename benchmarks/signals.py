@@ -133,7 +133,9 @@ def summarize(recipe: Recipe, run_dirs: list[Path]) -> dict:
     return out
 
 
-def run_recipe(recipe: Recipe, args: argparse.Namespace, run_root: Path, log_dir: Path) -> tuple[list[Path], float, list[str]]:
+def run_recipe(
+    recipe: Recipe, args: argparse.Namespace, run_root: Path, log_dir: Path
+) -> tuple[list[Path], float, list[str]]:
     overrides = [f"run_root={run_root}", f"trainer.engine={args.engine}", "monitor.progress=false"]
     if args.model != "smollm2-135m-instruct":
         overrides.append(f"model.path={args.model}")
@@ -213,10 +215,18 @@ def main() -> None:
     for recipe in chosen:
         print(f"{recipe.name}: running", flush=True)
         run_dirs, wall, command = run_recipe(recipe, args, run_root, log_dir)
-        result = {**summarize(recipe, run_dirs), "wall_s": wall, "command": command,
-                  "date": time.strftime("%Y-%m-%d"), "by": " ".join(["python benchmarks/signals.py", *sys.argv[1:]])}
-        print(f"{recipe.name}: {result['signal']} {fmt(result['start'])} -> {fmt(result['end'])} "
-              f"accuracy {result.get('accuracy')} ({wall / 60:.1f} min)", flush=True)
+        result = {
+            **summarize(recipe, run_dirs),
+            "wall_s": wall,
+            "command": command,
+            "date": time.strftime("%Y-%m-%d"),
+            "by": " ".join(["python benchmarks/signals.py", *sys.argv[1:]]),
+        }
+        print(
+            f"{recipe.name}: {result['signal']} {fmt(result['start'])} -> {fmt(result['end'])} "
+            f"accuracy {result.get('accuracy')} ({wall / 60:.1f} min)",
+            flush=True,
+        )
         previous[recipe.name] = result
         results = [previous[r.name] for r in RECIPES if r.name in previous]
         RESULTS.mkdir(parents=True, exist_ok=True)

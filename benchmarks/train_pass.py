@@ -61,14 +61,24 @@ def grpo_batch(model, tokenizer, args) -> dict[str, torch.Tensor]:
     tasks = arithmetic_tasks(ArithmeticParams(), "train", args.prompts, seed=args.seed)
     prompts = [render_prompt(tokenizer, t.messages()) for t in tasks]
     groups = RolloutEngine(model, tokenizer).generate(
-        prompts, SamplingParams(n=args.group, max_new_tokens=args.max_tokens, seed=args.seed))
+        prompts, SamplingParams(n=args.group, max_new_tokens=args.max_tokens, seed=args.seed)
+    )
     rows = []
     for prompt, group, task in zip(prompts, groups, tasks, strict=True):
-        rewards = [exact_match(response=tokenizer.decode(s.token_ids, skip_special_tokens=True), answer=task.answer)
-                   for s in group]
+        rewards = [
+            exact_match(response=tokenizer.decode(s.token_ids, skip_special_tokens=True), answer=task.answer)
+            for s in group
+        ]
         mean = sum(rewards) / len(rewards)
-        rows += [Experience(tokens=list(prompt) + s.token_ids, prompt_length=len(prompt), logprobs=s.logprobs,
-                            advantages=[r - mean] * len(s.token_ids)) for s, r in zip(group, rewards, strict=True)]
+        rows += [
+            Experience(
+                tokens=list(prompt) + s.token_ids,
+                prompt_length=len(prompt),
+                logprobs=s.logprobs,
+                advantages=[r - mean] * len(s.token_ids),
+            )
+            for s, r in zip(group, rewards, strict=True)
+        ]
     batch = with_normalisers(experience_batch(rows, tokenizer.pad_token_id))
     batch["old_logprob"] = batch["rollout_logprob"]
     return batch
@@ -76,8 +86,12 @@ def grpo_batch(model, tokenizer, args) -> dict[str, torch.Tensor]:
 
 def full_logits_outputs(model, batch) -> dict[str, torch.Tensor]:
     """Logits and log-softmax at every position of the padded batch, then the response columns."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   position_ids=batch["position_ids"], use_cache=False).logits.float()
+    logits = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        position_ids=batch["position_ids"],
+        use_cache=False,
+    ).logits.float()
     response_len = batch["response_mask"].shape[1]
     logp = torch.log_softmax(logits, dim=-1)[:, -response_len - 1 : -1]
     return {"logprob": logp.gather(-1, batch["input_ids"][:, -response_len:].unsqueeze(-1)).squeeze(-1)}
@@ -150,19 +164,33 @@ def main(argv: list[str] | None = None) -> None:
     peak = matmul_peak_gflops()
     rows = {}
     head = model.get_output_embeddings().weight.numel()  # tied to the input embedding, which costs no FLOPs
-    scored = int(batch["attention_mask"][:, -batch["response_mask"].shape[1]:].sum())
+    scored = int(batch["attention_mask"][:, -batch["response_mask"].shape[1] :].sum())
     for variant in VARIANTS:
         median = statistics.median(times[variant])
         tokens, padding = tokens_run(variant, batch, args.micro_batch)
         head_positions = tokens if variant == "full-logits" else scored
         flops = 6 * (params - head) * tokens + 6 * head * head_positions  # forward 2, backward 4 per weight
-        rows[variant] = {"median_s": median, "tokens_run": tokens, "padded_fraction": padding,
-                         "gflop": flops / 1e9, "peak_fraction": flops / median / 1e9 / peak, "times": times[variant]}
+        rows[variant] = {
+            "median_s": median,
+            "tokens_run": tokens,
+            "padded_fraction": padding,
+            "gflop": flops / 1e9,
+            "peak_fraction": flops / median / 1e9 / peak,
+            "times": times[variant],
+        }
     real = int(batch["attention_mask"].sum())
-    meta = {"command": "python benchmarks/train_pass.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "commit": git_commit(), "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "load": os.getloadavg()[0], "peak_gflops": peak, "rows": int(batch["input_ids"].shape[0]),
-            "real_tokens": real, "grid": list(batch["input_ids"].shape), "params": params, **vars(args)}
+    meta = {
+        "command": "python benchmarks/train_pass.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "commit": git_commit(),
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load": os.getloadavg()[0],
+        "peak_gflops": peak,
+        "rows": int(batch["input_ids"].shape[0]),
+        "real_tokens": real,
+        "grid": list(batch["input_ids"].shape),
+        "params": params,
+        **vars(args),
+    }
     meta["out"] = str(args.out)
     text = markdown(rows, meta)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -174,17 +202,21 @@ def main(argv: list[str] | None = None) -> None:
 def markdown(rows: dict, meta: dict) -> str:
     base = rows["full-logits"]["median_s"]
     lines = [
-        f"Command: `{meta['command']}` (commit {meta['commit']}, {meta['when']}, load {meta['load']:.1f})", "",
+        f"Command: `{meta['command']}` (commit {meta['commit']}, {meta['when']}, load {meta['load']:.1f})",
+        "",
         f"{meta['model']}, {meta['prompts']} prompts x {meta['group']} samples, up to {meta['max_tokens']} new "
         f"tokens: {meta['rows']} rows, padded grid {meta['grid'][0]} x {meta['grid'][1]}, {meta['real_tokens']} real "
         f"tokens; micro-batch {meta['micro_batch']}, fp32, forward + backward, median of {meta['reps']} "
-        f"(order alternating). Machine fp32 matmul peak: {meta['peak_gflops']:.1f} GFLOP/s.", "",
+        f"(order alternating). Machine fp32 matmul peak: {meta['peak_gflops']:.1f} GFLOP/s.",
+        "",
         "| variant | seconds | vs full-logits | positions the backbone ran | of which padding | GFLOP | % of fp32 peak |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for variant, r in rows.items():
-        lines.append(f"| {variant} | {r['median_s']:.2f} | {base / r['median_s']:.2f}x | {r['tokens_run']} | "
-                     f"{r['padded_fraction']:.1%} | {r['gflop']:.0f} | {r['peak_fraction']:.0%} |")
+        lines.append(
+            f"| {variant} | {r['median_s']:.2f} | {base / r['median_s']:.2f}x | {r['tokens_run']} | "
+            f"{r['padded_fraction']:.1%} | {r['gflop']:.0f} | {r['peak_fraction']:.0%} |"
+        )
     return "\n".join(lines) + "\n"
 
 

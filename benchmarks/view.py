@@ -52,8 +52,11 @@ def write_run(run_dir: Path, rows: int, vocab: int, seed: int = 0) -> float:
     """A run directory of ``rows`` experiences in the real buffer; returns the seconds it took."""
     rng = random.Random(seed)
     run_dir.mkdir(parents=True)
-    (run_dir / "config.json").write_text(json.dumps({"name": "synthetic", "model": {"path": MODEL},
-                                                     "buffer": {"experience": {"storage": "sqlite", "args": {}}}}))
+    (run_dir / "config.json").write_text(
+        json.dumps(
+            {"name": "synthetic", "model": {"path": MODEL}, "buffer": {"experience": {"storage": "sqlite", "args": {}}}}
+        )
+    )
     t0 = time.perf_counter()
     steps = -(-rows // (GROUP * GROUPS))
     with SqliteStorage(params=SqliteParams(), run_dir=run_dir) as buf, open(run_dir / "metrics.jsonl", "w") as fh:
@@ -63,20 +66,45 @@ def write_run(run_dir: Path, rows: int, vocab: int, seed: int = 0) -> float:
                 prompt = [rng.randrange(vocab) for _ in range(PROMPT)]
                 for _ in range(GROUP):
                     response = [rng.randrange(vocab) for _ in range(RESPONSE)]
-                    batch.append(Experience(tokens=prompt + response, prompt_length=PROMPT,
-                                            logprobs=[-rng.random() * 3 for _ in response], reward=float(rng.random() < 0.3),
-                                            group_id=f"{step}-{g}", task_id=f"task-{step}-{g}", model_version=step,
-                                            finish_reason=rng.choice(("stop", "length"))))
+                    batch.append(
+                        Experience(
+                            tokens=prompt + response,
+                            prompt_length=PROMPT,
+                            logprobs=[-rng.random() * 3 for _ in response],
+                            reward=float(rng.random() < 0.3),
+                            group_id=f"{step}-{g}",
+                            task_id=f"task-{step}-{g}",
+                            model_version=step,
+                            finish_reason=rng.choice(("stop", "length")),
+                        )
+                    )
             buf.put(batch[: rows - step * GROUP * GROUPS])
             # the trainer's half: claim, record what the step computed (advantages and its own
             # logprobs: what the colour toggle reads), commit -- as a real run leaves the buffer
             trained = buf.claim(len(batch), timeout=0)
-            buf.record_trained(step + 1, [TrainedRecord(r.eid, {"advantages": [r.reward - 0.3] * RESPONSE,
-                                                                "trainer_logprob": [x + 0.01 for x in r.logprobs]})
-                                          for r in trained])
+            buf.record_trained(
+                step + 1,
+                [
+                    TrainedRecord(
+                        r.eid,
+                        {"advantages": [r.reward - 0.3] * RESPONSE, "trainer_logprob": [x + 0.01 for x in r.logprobs]},
+                    )
+                    for r in trained
+                ],
+            )
             buf.commit(step + 1)
-            fh.write(json.dumps({"step": step + 1, "reward/mean": rng.random(), "loss": rng.random(),
-                                 "time/step": 10.0, "throughput/tokens_per_s": 100.0}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "step": step + 1,
+                        "reward/mean": rng.random(),
+                        "loss": rng.random(),
+                        "time/step": 10.0,
+                        "throughput/tokens_per_s": 100.0,
+                    }
+                )
+                + "\n"
+            )
     return time.perf_counter() - t0
 
 
@@ -91,7 +119,9 @@ def start_server(run_dir: Path) -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(build_app([Run.open(run_dir)]), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(build_app([Run.open(run_dir)]), host="127.0.0.1", port=port, log_level="warning")
+    )
     threading.Thread(target=server.run, daemon=True).start()
     while not server.started:
         time.sleep(0.05)
@@ -136,7 +166,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=100_000, help="experiences in the synthetic buffer")
     parser.add_argument("--repeats", type=int, default=20, help="steps timed (medians)")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "view"), help="results prefix (.json, .md)")
+    parser.add_argument(
+        "--out", default=str(ROOT / "benchmarks" / "results" / "view"), help="results prefix (.json, .md)"
+    )
     args = parser.parse_args()
     vocab = len(load_tokenizer(MODEL))
     with tempfile.TemporaryDirectory() as tmp:
@@ -157,10 +189,16 @@ def main() -> None:
         clicks = browser_times(root + "/", picks)
     result = {
         "command": "python benchmarks/view.py" + (f" --rows {args.rows}" if args.rows != 100_000 else ""),
-        "commit": git_commit(), "rows": args.rows, "steps": len(steps), "rows_per_step": GROUP * GROUPS,
-        "buffer_mb": round(db_mb, 1), "write_s": round(write_s, 1), "versions_s": round(versions_s, 4),
+        "commit": git_commit(),
+        "rows": args.rows,
+        "steps": len(steps),
+        "rows_per_step": GROUP * GROUPS,
+        "buffer_mb": round(db_mb, 1),
+        "write_s": round(write_s, 1),
+        "versions_s": round(versions_s, 4),
         "first_page_s": round(first_s, 3),
-        "page_s_median": round(statistics.median(t for t, _ in page), 4), "page_s_max": round(max(t for t, _ in page), 4),
+        "page_s_median": round(statistics.median(t for t, _ in page), 4),
+        "page_s_max": round(max(t for t, _ in page), 4),
         "page_kb": round(statistics.median(n for _, n in page) / 1024, 1),
         "text_filter_s_median": round(statistics.median(t for t, _ in text), 4),
         "metrics_s_median": round(statistics.median(t for t, _ in metrics), 4),
@@ -180,8 +218,13 @@ def main() -> None:
         f"| same, text filter | {result['text_filter_s_median'] * 1e3:.0f} ms |\n"
         f"| first page (loads the tokenizer) | {first_s * 1e3:.0f} ms |\n"
         f"| metrics file (`/metrics`) | {result['metrics_s_median'] * 1e3:.0f} ms |\n"
-        + (f"| headless Chromium: click on a step to its 64 samples drawn | {statistics.median(clicks) * 1e3:.0f} ms "
-           f"(max {max(clicks) * 1e3:.0f} ms) |\n" if clicks else "| headless Chromium | not installed: not measured |\n"))
+        + (
+            f"| headless Chromium: click on a step to its 64 samples drawn | {statistics.median(clicks) * 1e3:.0f} ms "
+            f"(max {max(clicks) * 1e3:.0f} ms) |\n"
+            if clicks
+            else "| headless Chromium | not installed: not measured |\n"
+        )
+    )
 
 
 if __name__ == "__main__":

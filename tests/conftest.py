@@ -10,7 +10,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 
-
 # Modules that start a Ray head with ``ray start``: one worker runs them, one after another
 # (their heads and dashboards must not meet), while the other worker runs the rest.
 RAY_START = {"test_two_node_ray_cluster.py", "test_existing_ray_cluster.py", "test_existing_cluster.py"}

@@ -36,8 +36,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--plugin", action="append", default=[], metavar="P",
-                   help="plugin module, .py file or package folder to load (repeatable)")
+    p.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="P",
+        help="plugin module, .py file or package folder to load (repeatable)",
+    )
     p.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
@@ -64,12 +69,17 @@ def build_parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="draw a run's curves (reward, accuracy, loss, phase times) as a PNG")
     plot.add_argument("run_dir", help="run directory, e.g. runs/grpo_arith")
     plot.add_argument("--out", help="PNG path (default: <run_dir>/metrics.png, or timeline.png)")
-    plot.add_argument("--timeline", action="store_true",
-                      help="draw when each actor (explorer, trainer) was busy, from <run_dir>/timeline.jsonl")
+    plot.add_argument(
+        "--timeline",
+        action="store_true",
+        help="draw when each actor (explorer, trainer) was busy, from <run_dir>/timeline.jsonl",
+    )
     plot.add_argument("--last", type=float, metavar="SECONDS", help="with --timeline: only the run's last SECONDS")
     plot.add_argument("--debug", action="store_true", help="show tracebacks")
 
-    view = sub.add_parser("view", help="a local web page over runs: curves, every rollout in the buffer, held-out answers")
+    view = sub.add_parser(
+        "view", help="a local web page over runs: curves, every rollout in the buffer, held-out answers"
+    )
     view.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (several: curves overlaid)")
     view.add_argument("--port", type=int, default=8420, help="port on 127.0.0.1 (default 8420)")
     view.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -79,51 +89,89 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", required=True, help="HTML file to write")
     rep.add_argument("--debug", action="store_true", help="show tracebacks")
 
-    exp = sub.add_parser("export", help="write a checkpoint as a plain Hugging Face folder (a LoRA adapter merged into its base)")
+    exp = sub.add_parser(
+        "export", help="write a checkpoint as a plain Hugging Face folder (a LoRA adapter merged into its base)"
+    )
     exp.add_argument("checkpoint", help="a train engine's checkpoint folder (or a run's checkpoints/step_N)")
     exp.add_argument("--out", required=True, help="new folder to write (must not exist, or be empty)")
     exp.add_argument("--base", help="base model of a LoRA checkpoint, when not where its base_model.json says")
     exp.add_argument("--debug", action="store_true", help="show tracebacks")
 
-    srv = sub.add_parser("serve", help="Tinker's HTTP protocol over our engines: the official tinker SDK runs "
-                                       "against it with base_url=http://HOST:PORT")
+    srv = sub.add_parser(
+        "serve",
+        help="Tinker's HTTP protocol over our engines: the official tinker SDK runs "
+        "against it with base_url=http://HOST:PORT",
+    )
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --api-key)")
     srv.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0: any free port)")
-    srv.add_argument("--api-key", default=os.environ.get("TRINITY_LIKE_SERVE_API_KEY"),
-                     help="require this key (tml-...) on every request (default: $TRINITY_LIKE_SERVE_API_KEY)")
-    srv.add_argument("--data-dir", default=None,
-                     help="where tinker:// checkpoints live (default: $TRINITY_LIKE_CACHE/serve or ~/.cache/trinity_like/serve)")
-    srv.add_argument("--model", action="append", default=[], metavar="M",
-                     help="a model id or Hugging Face folder to list beside the built-ins (repeatable)")
+    srv.add_argument(
+        "--api-key",
+        default=os.environ.get("TRINITY_LIKE_SERVE_API_KEY"),
+        help="require this key (tml-...) on every request (default: $TRINITY_LIKE_SERVE_API_KEY)",
+    )
+    srv.add_argument(
+        "--data-dir",
+        default=None,
+        help="where tinker:// checkpoints live (default: $TRINITY_LIKE_CACHE/serve or ~/.cache/trinity_like/serve)",
+    )
+    srv.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="M",
+        help="a model id or Hugging Face folder to list beside the built-ins (repeatable)",
+    )
     srv.add_argument("--train-engine", default="local", help="local (in-process torch, default) or verl")
     srv.add_argument("--micro-batch-size", type=int, default=8, help="rows per forward/backward pass (default 8)")
-    srv.add_argument("--max-pending", type=int, default=512, help="requests queued at once before HTTP 429 (default 512)")
+    srv.add_argument(
+        "--max-pending", type=int, default=512, help="requests queued at once before HTTP 429 (default 512)"
+    )
     srv.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body in MiB (default 64)")
-    srv.add_argument("--poll-seconds", type=float, default=10.0,
-                     help="how long a result fetch waits before the SDK is told to poll again (default 10)")
+    srv.add_argument(
+        "--poll-seconds",
+        type=float,
+        default=10.0,
+        help="how long a result fetch waits before the SDK is told to poll again (default 10)",
+    )
     _add_common(srv)
 
-    rmc = sub.add_parser("rm-check", help="a reward model against the task's verifier on the starting policy's own "
-                                          "samples: AUC overall, by format, within prompt groups; probes; length bias")
-    rmc.add_argument("rm", nargs="?", metavar="RM_RUN", help="reward model folder or rm run directory (its latest checkpoint)")
-    rmc.add_argument("--tasks", required=True, metavar="RECIPE_OR_TASKS",
-                     help="an RL recipe (its model, sampling, buffer.eval_tasks, eval_reward_fn) or a task file")
+    rmc = sub.add_parser(
+        "rm-check",
+        help="a reward model against the task's verifier on the starting policy's own "
+        "samples: AUC overall, by format, within prompt groups; probes; length bias",
+    )
+    rmc.add_argument(
+        "rm", nargs="?", metavar="RM_RUN", help="reward model folder or rm run directory (its latest checkpoint)"
+    )
+    rmc.add_argument(
+        "--tasks",
+        required=True,
+        metavar="RECIPE_OR_TASKS",
+        help="an RL recipe (its model, sampling, buffer.eval_tasks, eval_reward_fn) or a task file",
+    )
     rmc.add_argument("--samples", type=int, default=8, help="samples per task (default 8)")
     rmc.add_argument("--num-tasks", type=int, default=64, help="held-out tasks used (the first N; default 64)")
     rmc.add_argument("--model", help="the policy to sample (default: the recipe's model.path)")
-    rmc.add_argument("--verifier", help="REWARD_FN of right/wrong (default: the recipe's eval_reward_fn, else exact_match)")
+    rmc.add_argument(
+        "--verifier", help="REWARD_FN of right/wrong (default: the recipe's eval_reward_fn, else exact_match)"
+    )
     rmc.add_argument("--reward-fn", help="score with this REWARD_FN instead of RM_RUN (rm_ensemble, composite, ...)")
     rmc.add_argument("--reward-args", default="{}", help="its params, a YAML/JSON mapping (default {})")
     rmc.add_argument("--out", default="rm_check.json", help="JSON report to write (default rm_check.json)")
     _add_common(rmc)
 
-    rmp = sub.add_parser("rm-pairs", help="preference pairs (train and held-out) from the starting policy's own samples, "
-                                          "labelled by the verifier: right vs wrong within a format and across formats")
+    rmp = sub.add_parser(
+        "rm-pairs",
+        help="preference pairs (train and held-out) from the starting policy's own samples, "
+        "labelled by the verifier: right vs wrong within a format and across formats",
+    )
     rmp.add_argument("recipe", help="an RL recipe: its model, sampling, verifier, buffer.tasks and buffer.eval_tasks")
     rmp.add_argument("overrides", nargs="*", metavar="key.path=value", help="override recipe values")
     rmp.add_argument("--out", required=True, help="folder for pairs.jsonl, pairs_eval.jsonl and pairs.json")
     rmp.add_argument("--samples", type=int, default=8, help="samples per task (default 8)")
-    rmp.add_argument("--num-tasks", type=int, default=256, help="training tasks (the first N of buffer.tasks; default 256)")
+    rmp.add_argument(
+        "--num-tasks", type=int, default=256, help="training tasks (the first N of buffer.tasks; default 256)"
+    )
     rmp.add_argument("--num-eval-tasks", type=int, default=64, help="held-out tasks (of buffer.eval_tasks; default 64)")
     rmp.add_argument("--model", help="the policy to sample (default: the recipe's model.path)")
     _add_common(rmp)
@@ -244,11 +292,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     load_plugins(args.plugin)
     root = os.environ.get(CACHE_ENV)
     default_dir = (Path(root).expanduser() if root else Path.home() / ".cache" / "trinity_like") / "serve"
-    params = ServeParams(data_dir=Path(args.data_dir) if args.data_dir else default_dir, host=args.host,
-                         port=args.port, api_key=args.api_key, max_body_bytes=int(args.max_body_mb * 2**20),
-                         max_pending=args.max_pending, train_engine=args.train_engine,
-                         micro_batch_size=args.micro_batch_size, models=tuple(args.model),
-                         poll_seconds=args.poll_seconds)
+    params = ServeParams(
+        data_dir=Path(args.data_dir) if args.data_dir else default_dir,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        max_body_bytes=int(args.max_body_mb * 2**20),
+        max_pending=args.max_pending,
+        train_engine=args.train_engine,
+        micro_batch_size=args.micro_batch_size,
+        models=tuple(args.model),
+        poll_seconds=args.poll_seconds,
+    )
     serve(params)
     return 0
 
@@ -277,8 +332,9 @@ def cmd_rm_check(args: argparse.Namespace) -> int:
     from trinity_like.rm_check.check import check_setup, format_report, run_check
 
     load_plugins(args.plugin)
-    setup = check_setup(args.tasks, num_tasks=args.num_tasks, model=args.model, verifier=args.verifier,
-                        plugins=args.plugin)
+    setup = check_setup(
+        args.tasks, num_tasks=args.num_tasks, model=args.model, verifier=args.verifier, plugins=args.plugin
+    )
     if args.rm is not None:
         scorer, name = build_reward_fn("reward_model", {"path": args.rm}), args.rm
     else:
@@ -305,18 +361,35 @@ def cmd_rm_pairs(args: argparse.Namespace) -> int:
     from trinity_like.rm_check.pairs import write_policy_pairs
 
     load_plugins(args.plugin)
-    summary = write_policy_pairs(args.recipe, args.out, samples=args.samples, num_tasks=args.num_tasks,
-                                 num_eval_tasks=args.num_eval_tasks, model=args.model, plugins=args.plugin,
-                                 overrides=args.overrides)
+    summary = write_policy_pairs(
+        args.recipe,
+        args.out,
+        samples=args.samples,
+        num_tasks=args.num_tasks,
+        num_eval_tasks=args.num_eval_tasks,
+        model=args.model,
+        plugins=args.plugin,
+        overrides=args.overrides,
+    )
     for key in ("tasks", "eval_tasks"):
         print(f"{key}: {json.dumps(summary[key])}")
     print(f"pairs: {args.out}/pairs.jsonl, {args.out}/pairs_eval.jsonl")
     return 0
 
 
-COMMANDS = {"run": cmd_run, "validate": cmd_validate, "list": cmd_list, "plot": cmd_plot, "view": cmd_view,
-            "report": cmd_report, "export": cmd_export, "serve": cmd_serve,
-            "rm-check": cmd_rm_check, "rm-pairs": cmd_rm_pairs, "version": cmd_version}
+COMMANDS = {
+    "run": cmd_run,
+    "validate": cmd_validate,
+    "list": cmd_list,
+    "plot": cmd_plot,
+    "view": cmd_view,
+    "report": cmd_report,
+    "export": cmd_export,
+    "serve": cmd_serve,
+    "rm-check": cmd_rm_check,
+    "rm-pairs": cmd_rm_pairs,
+    "version": cmd_version,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

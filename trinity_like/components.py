@@ -174,7 +174,9 @@ def build_params(component: Any, values: Mapping[str, Any] | None, where: str = 
 
             close = difflib.get_close_matches(key, known, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigError(f"{where}.{key}: unknown parameter of {_name(component)}{hint} (known: {', '.join(known)})")
+            raise ConfigError(
+                f"{where}.{key}: unknown parameter of {_name(component)}{hint} (known: {', '.join(known)})"
+            )
     try:
         return pydantic.TypeAdapter(ptype).validate_python(values, strict=False)
     except pydantic.ValidationError as exc:
@@ -205,7 +207,8 @@ def optional_inputs(component: Any) -> set[str]:
     return {
         name
         for name, p in sig.parameters.items()
-        if name not in ("self", "params") and p.default is not p.empty
+        if name not in ("self", "params")
+        and p.default is not p.empty
         and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
     }
 
@@ -216,8 +219,7 @@ def call_component(component: Callable[..., Any], inputs: Mapping[str, Any], par
     missing = needed - set(inputs)
     if missing:
         raise ConfigError(
-            f"{_name(component)} needs {sorted(missing)}, which no component provides "
-            f"(available: {sorted(inputs)})"
+            f"{_name(component)} needs {sorted(missing)}, which no component provides (available: {sorted(inputs)})"
         )
     wanted = needed | (optional_inputs(component) & set(inputs))
     kwargs = {k: inputs[k] for k in wanted}

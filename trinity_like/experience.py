@@ -60,9 +60,7 @@ class Experience:
 
     def __post_init__(self) -> None:
         if not 0 <= self.prompt_length <= len(self.tokens):
-            raise ValueError(
-                f"prompt_length {self.prompt_length} outside 0..{len(self.tokens)} tokens"
-            )
+            raise ValueError(f"prompt_length {self.prompt_length} outside 0..{len(self.tokens)} tokens")
         n = self.response_length
         for name in ("logprobs", "action_mask", "token_level_reward", "advantages", "returns"):
             value = getattr(self, name)

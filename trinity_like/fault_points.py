@@ -55,8 +55,9 @@ def _armed() -> tuple[str, int] | None:
         return None
     point, _, n = raw.partition(":")
     if point not in POINTS + WRITE_POINTS or not n.isdigit() or int(n) < 1:
-        raise ValueError(f"{ENV_VAR}={raw!r}: expected <point>:<n> with a point of "
-                         f"{', '.join(POINTS + WRITE_POINTS)} and n >= 1")
+        raise ValueError(
+            f"{ENV_VAR}={raw!r}: expected <point>:<n> with a point of {', '.join(POINTS + WRITE_POINTS)} and n >= 1"
+        )
     return point, int(n)
 
 

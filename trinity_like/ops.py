@@ -144,8 +144,12 @@ class AggParams:
     ) -> torch.Tensor:
         """:func:`aggregate` with this object's mode and scale factor."""
         return aggregate(
-            loss_BR, mask_BR, self.loss_agg_mode,
-            num_tokens=num_tokens, num_seqs=num_seqs, loss_scale_factor=self.loss_scale_factor,
+            loss_BR,
+            mask_BR,
+            self.loss_agg_mode,
+            num_tokens=num_tokens,
+            num_seqs=num_seqs,
+            loss_scale_factor=self.loss_scale_factor,
         )
 
 

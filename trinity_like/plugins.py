@@ -69,9 +69,7 @@ def _import_path(spec: str) -> ModuleType:
     name = f"trinity_like_plugin_{path.stem}_{digest}"
     if name in sys.modules:
         return sys.modules[name]
-    mod_spec = importlib.util.spec_from_file_location(
-        name, target, submodule_search_locations=search
-    )
+    mod_spec = importlib.util.spec_from_file_location(name, target, submodule_search_locations=search)
     if mod_spec is None or mod_spec.loader is None:
         raise PluginError(f"plugin {spec!r}: cannot be imported")
     module = importlib.util.module_from_spec(mod_spec)

@@ -59,7 +59,9 @@ def first_line(obj: Any) -> str:
     if isinstance(desc, str) and not (inspect.isfunction(obj) or inspect.isclass(obj)):
         doc = desc
     else:
-        doc = (inspect.getdoc(obj) if (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.ismodule(obj)) else None) or ""
+        doc = (
+            inspect.getdoc(obj) if (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.ismodule(obj)) else None
+        ) or ""
     for line in doc.splitlines():
         if line.strip():
             return line.strip()
@@ -87,9 +89,7 @@ class Registry:
         self._origin: dict[str, str] = {}
 
     # -- registration ---------------------------------------------------------------
-    def register_module(
-        self, name: str | None = None, *, force: bool = False, module: Any = None
-    ) -> Any:
+    def register_module(self, name: str | None = None, *, force: bool = False, module: Any = None) -> Any:
         """Register ``module`` under ``name`` (default: its ``__name__``).
 
         Used as a decorator (``@REG.register_module("x")``) or called directly with
@@ -184,7 +184,9 @@ BUFFER_STORAGE = Registry("BUFFER_STORAGE", "buffer storage")
 MONITOR = Registry("MONITOR", "monitor")
 TASK_SOURCE = Registry("TASK_SOURCE", "task source")  # `buffer.<key>.generator` (trinity_like.explorer.tasks)
 ENV = Registry("ENV", "environment")  # env factories: a task -> a group of envs (trinity_like.envs)
-REWARD_TRANSFORM = Registry("REWARD_TRANSFORM", "reward transform")  # a batch's rewards -> new rewards (clip, normalise)
+REWARD_TRANSFORM = Registry(
+    "REWARD_TRANSFORM", "reward transform"
+)  # a batch's rewards -> new rewards (clip, normalise)
 
 REGISTRIES: dict[str, Registry] = {
     r.name: r
@@ -213,6 +215,4 @@ def find_registry(name: str) -> Registry:
         return REGISTRIES[key]
     close = difflib.get_close_matches(key, list(REGISTRIES), n=1, cutoff=0.5)
     hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise UnknownNameError(
-        f"unknown registry {name!r}{hint} (registries: {', '.join(REGISTRIES)})"
-    )
+    raise UnknownNameError(f"unknown registry {name!r}{hint} (registries: {', '.join(REGISTRIES)})")

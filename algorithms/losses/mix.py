@@ -68,12 +68,20 @@ def mix_loss(
     old_logprob = torch.where(expert_B1, logprob.detach(), old_logprob)
     advantages = torch.where(expert_B1, torch.zeros_like(advantages), advantages)
     rl, rl_metrics = ppo_loss(
-        logprob=logprob, old_logprob=old_logprob, advantages=advantages, action_mask=rl_mask, params=params,
-        num_tokens=_part(num_tokens, num_expert_tokens, False), num_seqs=_part(num_seqs, num_expert_seqs, False),
+        logprob=logprob,
+        old_logprob=old_logprob,
+        advantages=advantages,
+        action_mask=rl_mask,
+        params=params,
+        num_tokens=_part(num_tokens, num_expert_tokens, False),
+        num_seqs=_part(num_seqs, num_expert_seqs, False),
     )
     sft, sft_metrics = sft_loss(
-        logprob=logprob, action_mask=sft_mask, params=params,
-        num_tokens=_part(num_tokens, num_expert_tokens, True), num_seqs=_part(num_seqs, num_expert_seqs, True),
+        logprob=logprob,
+        action_mask=sft_mask,
+        params=params,
+        num_tokens=_part(num_tokens, num_expert_tokens, True),
+        num_seqs=_part(num_seqs, num_expert_seqs, True),
     )
     loss = (1 - params.mu) * rl + params.mu * sft
     # rl_loss / sft_loss are shares of whole-batch totals (summed over micro-batches, see

@@ -58,8 +58,15 @@ def ppo_tis_loss(
     """PPO's clipped surrogate, each token's advantage weighted by min(pi_old / mu, C)."""
     log_w = (old_logprob - rollout_logprob).detach().clamp(-20.0, 20.0)  # exp overflows beyond this
     weight = log_w.exp().clamp(max=params.tis_cap)
-    loss, metrics = ppo_loss(logprob=logprob, old_logprob=old_logprob, advantages=advantages * weight,
-                             action_mask=action_mask, params=params, num_tokens=num_tokens, num_seqs=num_seqs)
+    loss, metrics = ppo_loss(
+        logprob=logprob,
+        old_logprob=old_logprob,
+        advantages=advantages * weight,
+        action_mask=action_mask,
+        params=params,
+        num_tokens=num_tokens,
+        num_seqs=num_seqs,
+    )
     metrics["tis_weight_mean"] = masked_mean(weight, action_mask).item()
     metrics["tis_truncated_frac"] = masked_mean((log_w.exp() > params.tis_cap).float(), action_mask).item()
     return loss, metrics

@@ -44,8 +44,10 @@ def parse_args() -> argparse.Namespace:
 
 def importance_sampling(data: list[types.Datum], logprobs: list[torch.Tensor]):
     """-sum exp(lp - lp_sampler) * A, the built-in `importance_sampling`, in a few lines."""
-    loss = sum(-(torch.exp(lp - d.loss_fn_inputs["logprobs"].to_torch()) * d.loss_fn_inputs["advantages"].to_torch())
-               .sum() for d, lp in zip(data, logprobs, strict=True))
+    loss = sum(
+        -(torch.exp(lp - d.loss_fn_inputs["logprobs"].to_torch()) * d.loss_fn_inputs["advantages"].to_torch()).sum()
+        for d, lp in zip(data, logprobs, strict=True)
+    )
     return loss, {}
 
 
@@ -81,8 +83,10 @@ def main() -> None:
     for step in range(args.steps):
         tasks = train[step * args.batch : (step + 1) * args.batch]
         prompts = [renderer.build_generation_prompt(t.messages()) for t in tasks]
-        futures = [sampler.sample(p, args.group, sampling.model_copy(update={"seed": step * 1000 + i}))
-                   for i, p in enumerate(prompts)]
+        futures = [
+            sampler.sample(p, args.group, sampling.model_copy(update={"seed": step * 1000 + i}))
+            for i, p in enumerate(prompts)
+        ]
         data, rewards = [], []
         for task, prompt, future in zip(tasks, prompts, futures, strict=True):
             group = future.result().sequences
@@ -93,11 +97,16 @@ def main() -> None:
                 continue  # equal rewards: every advantage is 0
             ob = prompt.length - 1  # positions that predict prompt tokens carry no loss
             for seq, r in zip(group, rewards_G, strict=True):
-                data.append(types.Datum(
-                    model_input=prompt.append(types.EncodedTextChunk(tokens=seq.tokens[:-1])),
-                    loss_fn_inputs={"target_tokens": [0] * ob + seq.tokens,
-                                    "logprobs": [0.0] * ob + seq.logprobs,
-                                    "advantages": [0.0] * ob + [r - mean] * len(seq.tokens)}))
+                data.append(
+                    types.Datum(
+                        model_input=prompt.append(types.EncodedTextChunk(tokens=seq.tokens[:-1])),
+                        loss_fn_inputs={
+                            "target_tokens": [0] * ob + seq.tokens,
+                            "logprobs": [0.0] * ob + seq.logprobs,
+                            "advantages": [0.0] * ob + [r - mean] * len(seq.tokens),
+                        },
+                    )
+                )
         if data:
             if args.custom:
                 fwd = training.forward_backward_custom(data, importance_sampling)
@@ -106,8 +115,11 @@ def main() -> None:
             opt = training.optim_step(adam)  # queued behind forward_backward
             fwd.result(), opt.result()
         sampler = training.save_weights_and_get_sampling_client()
-        print(f"step {step + 1}/{args.steps}: reward {sum(rewards) / len(rewards):.3f}, "
-              f"trained on {len(data)} sequences, {time.perf_counter() - started:.0f} s", flush=True)
+        print(
+            f"step {step + 1}/{args.steps}: reward {sum(rewards) / len(rewards):.3f}, "
+            f"trained on {len(data)} sequences, {time.perf_counter() - started:.0f} s",
+            flush=True,
+        )
 
     after = accuracy(sampler, renderer, held_out, args.max_tokens)
     minutes = (time.perf_counter() - started) / 60

@@ -50,9 +50,18 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     config = RLTrainConfig(
-        log_path=args.log_path, iterations=args.iterations, batch_size=args.batch, group_size=args.group,
-        num_substeps=args.substeps, learning_rate=args.lr, loss_fn=args.loss, kl_penalty_coef=args.kl,
-        advantage_per_turn=args.per_turn, eval_every=args.eval_every, save_every=args.eval_every, seed=args.seed,
+        log_path=args.log_path,
+        iterations=args.iterations,
+        batch_size=args.batch,
+        group_size=args.group,
+        num_substeps=args.substeps,
+        learning_rate=args.lr,
+        loss_fn=args.loss,
+        kl_penalty_coef=args.kl,
+        advantage_per_turn=args.per_turn,
+        eval_every=args.eval_every,
+        save_every=args.eval_every,
+        seed=args.seed,
     )
     with tinker.ServiceClient(log_dir=Path(args.log_path) / "client") as service:  # checkpoints in the run
         training = service.create_lora_training_client(args.model, rank=0, seed=args.seed)  # full fine-tune
@@ -63,9 +72,11 @@ def main() -> None:
     logged = read_jsonl_metrics(Path(args.log_path) / "metrics.jsonl")  # a resumed run's earlier rows too
     evals = [row for row in logged if "eval/accuracy" in row]
     first, last = evals[0], evals[-1]
-    print(f"held-out greedy accuracy: {first['eval/accuracy']:.1%} -> {last['eval/accuracy']:.1%} "
-          f"(tool use {first['eval/env/used_tool']:.1%} -> {last['eval/env/used_tool']:.1%}) "
-          f"after iteration {last['step']}, {(time.perf_counter() - started) / 60:.1f} min")
+    print(
+        f"held-out greedy accuracy: {first['eval/accuracy']:.1%} -> {last['eval/accuracy']:.1%} "
+        f"(tool use {first['eval/env/used_tool']:.1%} -> {last['eval/env/used_tool']:.1%}) "
+        f"after iteration {last['step']}, {(time.perf_counter() - started) / 60:.1f} min"
+    )
 
 
 if __name__ == "__main__":

@@ -51,8 +51,10 @@ def supervised_datum(renderer: Renderer, messages: list[dict]) -> types.Datum:
     model_input, weights = renderer.build_supervised_example(messages, "last_assistant_message")
     tokens = model_input.to_ints()
     # position i sees tokens[:i + 1] and predicts tokens[i + 1]: drop the last input, the first target
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights[1:]})
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights[1:]},
+    )
 
 
 def ce_per_token(output: types.ForwardBackwardOutput, data: list[types.Datum]) -> float:
@@ -124,8 +126,10 @@ def main() -> None:
     replies = greedy_replies(training.save_weights_and_get_sampling_client(), renderer, held_out, args.max_tokens)
     acc_after = exact(replies, held_out)
     show(replies, held_out, "after")
-    print(f"held-out CE per token: {ce_before:.3f} -> {ce_after:.3f}, exact answers {acc_before:.1%} -> "
-          f"{acc_after:.1%} in {args.steps} steps, {minutes:.1f} min of training")
+    print(
+        f"held-out CE per token: {ce_before:.3f} -> {ce_after:.3f}, exact answers {acc_before:.1%} -> "
+        f"{acc_after:.1%} in {args.steps} steps, {minutes:.1f} min of training"
+    )
     service.close()
 
 

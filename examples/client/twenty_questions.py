@@ -59,8 +59,13 @@ def main() -> None:
     args = parse_args()
     log_path = Path(args.log_path)
     config = RLTrainConfig(
-        log_path=str(log_path), iterations=args.iterations, batch_size=args.batch, group_size=args.group,
-        learning_rate=args.lr, eval_every=args.eval_every, save_every=args.eval_every,
+        log_path=str(log_path),
+        iterations=args.iterations,
+        batch_size=args.batch,
+        group_size=args.group,
+        learning_rate=args.lr,
+        eval_every=args.eval_every,
+        save_every=args.eval_every,
         seed=args.seed,
     )
     lists = TwentyQuestionsTaskParams(candidates=args.candidates)
@@ -83,19 +88,28 @@ def main() -> None:
     evals = [row for row in read_jsonl_metrics(log_path / "metrics.jsonl") if "eval/accuracy" in row]
     first, last = evals[0], evals[-1]
     summary = {
-        "training_words": {"before": before["eval/env/solved"], "after": after["eval/env/solved"],
-                           "games": len(seen_words)},
-        "held_out_words": {"before": first["eval/env/solved"], "after": last["eval/env/solved"],
-                           "games": len(held_out)},
+        "training_words": {
+            "before": before["eval/env/solved"],
+            "after": after["eval/env/solved"],
+            "games": len(seen_words),
+        },
+        "held_out_words": {
+            "before": first["eval/env/solved"],
+            "after": last["eval/env/solved"],
+            "games": len(held_out),
+        },
         "guesses_per_game": {"before": first["eval/env/guesses"], "after": last["eval/env/guesses"]},
         "questions_per_game": {"before": first["eval/env/questions"], "after": last["eval/env/questions"]},
         "repeats_per_game": {"before": first["eval/env/repeats"], "after": last["eval/env/repeats"]},
-        "iterations": last["step"], "minutes": round((time.perf_counter() - started) / 60, 1),
+        "iterations": last["step"],
+        "minutes": round((time.perf_counter() - started) / 60, 1),
     }
     (log_path / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"success, training words ({len(seen_words)} games): {before['eval/env/solved']:.1%} -> "
-          f"{after['eval/env/solved']:.1%}; held-out words ({len(held_out)} games): {first['eval/env/solved']:.1%} -> "
-          f"{last['eval/env/solved']:.1%}; after iteration {last['step']}, {summary['minutes']} min")
+    print(
+        f"success, training words ({len(seen_words)} games): {before['eval/env/solved']:.1%} -> "
+        f"{after['eval/env/solved']:.1%}; held-out words ({len(held_out)} games): {first['eval/env/solved']:.1%} -> "
+        f"{last['eval/env/solved']:.1%}; after iteration {last['step']}, {summary['minutes']} min"
+    )
 
 
 if __name__ == "__main__":

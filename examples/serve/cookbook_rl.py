@@ -92,8 +92,10 @@ class ChatMLRenderer(renderers.Renderer):
         header = ("\n" if ctx.idx > 0 else "") + f"<|im_start|>{message['role']}\n"
         output = renderers.ensure_text(message["content"]) + self.end
         encode = partial(self.tokenizer.encode, add_special_tokens=False)
-        return RenderedMessage(header=tinker.types.EncodedTextChunk(tokens=encode(header)),
-                               output=[tinker.types.EncodedTextChunk(tokens=encode(output))])
+        return RenderedMessage(
+            header=tinker.types.EncodedTextChunk(tokens=encode(header)),
+            output=[tinker.types.EncodedTextChunk(tokens=encode(output))],
+        )
 
     def get_stop_sequences(self) -> list[int]:
         return [self._token(self.end)]
@@ -138,9 +140,15 @@ class ArithmeticDataset(RLDataset):
         self.tasks, self.renderer, self.batch_size, self.group_size = list(tasks), renderer, batch_size, group_size
 
     def get_batch(self, index: int) -> Sequence[EnvGroupBuilder]:
-        tasks = self.tasks[index * self.batch_size: (index + 1) * self.batch_size]
-        return [ProblemGroupBuilder(env_thunk=partial(ArithmeticEnv, task, self.renderer), num_envs=self.group_size,
-                                    dataset_name="arithmetic") for task in tasks]
+        tasks = self.tasks[index * self.batch_size : (index + 1) * self.batch_size]
+        return [
+            ProblemGroupBuilder(
+                env_thunk=partial(ArithmeticEnv, task, self.renderer),
+                num_envs=self.group_size,
+                dataset_name="arithmetic",
+            )
+            for task in tasks
+        ]
 
     def __len__(self) -> int:
         return len(self.tasks) // self.batch_size
@@ -168,8 +176,11 @@ class GreedyAccuracy(SamplingClientEvaluator):
     def __init__(self, model_path: str, count: int, max_tokens: int, seed: int) -> None:
         renderer = renderers.get_renderer(RENDERER, get_tokenizer(model_path))
         held_out = arithmetic_tasks(ArithmeticParams(), "eval", count, seed=seed)
-        self.test_set = RLTestSetEvaluator(ArithmeticDataset(held_out, renderer, batch_size=count, group_size=1),
-                                           max_tokens=max_tokens, num_groups_to_log=0)
+        self.test_set = RLTestSetEvaluator(
+            ArithmeticDataset(held_out, renderer, batch_size=count, group_size=1),
+            max_tokens=max_tokens,
+            num_groups_to_log=0,
+        )
         self.max_tokens = max_tokens
 
     async def __call__(self, sampling_client: tinker.SamplingClient) -> dict[str, float]:
@@ -191,8 +202,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--eval", type=int, default=100, help="held-out problems")
     p.add_argument("--eval-every", type=int, default=5, help="held-out evaluation every N iterations (and at 0)")
-    p.add_argument("--save-every", type=int, default=0, help="a resumable checkpoint every N iterations "
-                   "(0: only the final one; a full SmolLM2 state with Adam's moments is 1.6 GB)")
+    p.add_argument(
+        "--save-every",
+        type=int,
+        default=0,
+        help="a resumable checkpoint every N iterations "
+        "(0: only the final one; a full SmolLM2 state with Adam's moments is 1.6 GB)",
+    )
     p.add_argument("--log-path", default="runs/cookbook_rl")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
@@ -214,12 +230,27 @@ def final_sampler_path(log_path: Path) -> str:
 async def run(args: argparse.Namespace, model_path: str, base_url: str) -> None:
     evaluator = partial(GreedyAccuracy, model_path, args.eval, args.max_tokens, args.seed)
     config = train.Config(
-        learning_rate=args.lr, model_name=model_path, recipe_name="trinity_like_cookbook_rl",
-        dataset_builder=ArithmeticDatasetBuilder(model_path=model_path, batch_size=args.batch, group_size=args.group,
-                                                 num_batches=args.iterations, seed=args.seed),
-        renderer_name=RENDERER, max_tokens=args.max_tokens, log_path=args.log_path, lora_rank=args.lora_rank,
-        loss_fn=args.loss, eval_every=args.eval_every, save_every=args.save_every, evaluator_builders=[evaluator],
-        base_url=base_url, num_groups_to_log=0, max_steps=args.iterations,
+        learning_rate=args.lr,
+        model_name=model_path,
+        recipe_name="trinity_like_cookbook_rl",
+        dataset_builder=ArithmeticDatasetBuilder(
+            model_path=model_path,
+            batch_size=args.batch,
+            group_size=args.group,
+            num_batches=args.iterations,
+            seed=args.seed,
+        ),
+        renderer_name=RENDERER,
+        max_tokens=args.max_tokens,
+        log_path=args.log_path,
+        lora_rank=args.lora_rank,
+        loss_fn=args.loss,
+        eval_every=args.eval_every,
+        save_every=args.save_every,
+        evaluator_builders=[evaluator],
+        base_url=base_url,
+        num_groups_to_log=0,
+        max_steps=args.iterations,
     )
     started = time.perf_counter()
     await train.main(config)
@@ -227,14 +258,16 @@ async def run(args: argparse.Namespace, model_path: str, base_url: str) -> None:
 
     # The loop evaluates before training steps only; the final checkpoint is evaluated here.
     service = tinker.ServiceClient(base_url=base_url)
-    final = await service.create_sampling_client(model_path=final_sampler_path(Path(args.log_path)),
-                                                 base_model=model_path)
+    final = await service.create_sampling_client(
+        model_path=final_sampler_path(Path(args.log_path)), base_model=model_path
+    )
     after = (await evaluator()(final))[ACCURACY]
     rows = [json.loads(line) for line in (Path(args.log_path) / "metrics.jsonl").read_text().splitlines()]
     before = next(r[ACCURACY] for r in rows if ACCURACY in r)  # iteration 0's evaluation (a resumed run's too)
     service.close("success")
-    print(f"held-out greedy accuracy: {before:.1%} -> {after:.1%} after {args.iterations} iterations, "
-          f"{minutes:.1f} min")
+    print(
+        f"held-out greedy accuracy: {before:.1%} -> {after:.1%} after {args.iterations} iterations, {minutes:.1f} min"
+    )
 
 
 def main() -> None:

@@ -122,4 +122,6 @@ class ListExpert:
 
 
 def experience(version: int = 0, length: int = 3, reward: float = 1.0, group: str = "g") -> Experience:
-    return Experience(tokens=[1, 2] + [5] * length, prompt_length=2, reward=reward, group_id=group, model_version=version)
+    return Experience(
+        tokens=[1, 2] + [5] * length, prompt_length=2, reward=reward, group_id=group, model_version=version
+    )

@@ -40,12 +40,14 @@ def naive_group_advantage(rewards, index, kind, eps=1e-6):
         mean = sum(group) / n
         others = (sum(group) - r[i]) / (n - 1)
         std = math.sqrt(sum((x - mean) ** 2 for x in group) / (n - 1))
-        out.append({
-            "grpo": (r[i] - mean) / (std + eps),
-            "dr_grpo": r[i] - mean,
-            "group_centered": r[i] - mean,
-            "rloo": r[i] - others,
-        }[kind])
+        out.append(
+            {
+                "grpo": (r[i] - mean) / (std + eps),
+                "dr_grpo": r[i] - mean,
+                "group_centered": r[i] - mean,
+                "rloo": r[i] - others,
+            }[kind]
+        )
     return torch.tensor(out, dtype=DT)
 
 
@@ -70,13 +72,21 @@ def test_group_advantages_match_a_naive_per_group_loop(name, params, kind, seed)
 
 @pytest.mark.parametrize("name", ["grpo", "group_centered", "rloo"])
 def test_a_group_of_one_has_zero_advantage(name):
-    b = {"rewards": torch.tensor([3.0, -1.0], dtype=DT), "group_index": torch.tensor([0, 1]), "action_mask": torch.ones(2, 3, dtype=DT)}
+    b = {
+        "rewards": torch.tensor([3.0, -1.0], dtype=DT),
+        "group_index": torch.tensor([0, 1]),
+        "action_mask": torch.ones(2, 3, dtype=DT),
+    }
     adv, _ = run(name, b)
     assert (adv == 0).all()
 
 
 def test_equal_rewards_give_zero_grpo_advantage():
-    b = {"rewards": torch.full((4,), 0.7, dtype=DT), "group_index": torch.zeros(4, dtype=torch.long), "action_mask": torch.ones(4, 2, dtype=DT)}
+    b = {
+        "rewards": torch.full((4,), 0.7, dtype=DT),
+        "group_index": torch.zeros(4, dtype=torch.long),
+        "action_mask": torch.ones(4, 2, dtype=DT),
+    }
     assert (run("grpo", b)[0] == 0).all()
 
 
@@ -92,7 +102,9 @@ def naive_discounted_whitened(rewards, mask, gamma):
     vals = [returns[i][t] for i in range(B) for t in range(R) if mask[i][t]]
     mean = sum(vals) / len(vals)
     std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
-    adv = [[(returns[i][t] - mean) / math.sqrt(std**2 + 1e-8) if mask[i][t] else 0.0 for t in range(R)] for i in range(B)]
+    adv = [
+        [(returns[i][t] - mean) / math.sqrt(std**2 + 1e-8) if mask[i][t] else 0.0 for t in range(R)] for i in range(B)
+    ]
     return torch.tensor(adv, dtype=DT), torch.tensor(returns, dtype=DT)
 
 
@@ -127,7 +139,13 @@ def test_gae_matches_a_naive_loop_and_returns_are_advantage_plus_value():
     mask = rand_mask(4, 7, g)
     values = torch.randn(4, 7, generator=g, dtype=DT)
     rewards = ops.token_level_rewards(torch.randn(4, generator=g, dtype=DT), mask)
-    raw, ret = run("gae", {"token_level_rewards": rewards, "values": values, "action_mask": mask}, gamma=0.99, lam=0.9, whiten=False)
+    raw, ret = run(
+        "gae",
+        {"token_level_rewards": rewards, "values": values, "action_mask": mask},
+        gamma=0.99,
+        lam=0.9,
+        whiten=False,
+    )
     expected = torch.tensor(naive_gae(rewards.tolist(), values.tolist(), mask.tolist(), 0.99, 0.9), dtype=DT)
     assert torch.allclose(raw, expected, atol=1e-12)
     assert torch.allclose(ret, (expected + values) * mask, atol=1e-12)
@@ -141,7 +159,9 @@ def test_gae_with_lambda_one_and_no_discount_is_return_minus_value():
     mask = torch.tensor([[1, 1, 1, 0]], dtype=DT)
     values = torch.tensor([[0.5, -0.2, 0.1, 7.0]], dtype=DT)
     rewards = torch.tensor([[0.0, 0.0, 1.0, 0.0]], dtype=DT)
-    adv, ret = run("gae", {"token_level_rewards": rewards, "values": values, "action_mask": mask}, gamma=1.0, lam=1.0, whiten=False)
+    adv, ret = run(
+        "gae", {"token_level_rewards": rewards, "values": values, "action_mask": mask}, gamma=1.0, lam=1.0, whiten=False
+    )
     assert adv[0].tolist() == pytest.approx([1 - 0.5, 1 + 0.2, 1 - 0.1, 0.0])  # A_t = G_t - V_t
     assert ret[0].tolist() == pytest.approx([1.0, 1.0, 1.0, 0.0])
 

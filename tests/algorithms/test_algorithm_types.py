@@ -13,8 +13,31 @@ from trinity_like.components import OFF, SLOTS, WEIGHTED_SLOTS, AlgorithmType, b
 from trinity_like.registry import ALGORITHM_TYPE, REGISTRIES
 
 EXPECTED = {
-    "ALGORITHM_TYPE": {"sft", "dpo", "rm", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_plus_plus", "ppo", "gspo", "cispo", "mix"},
-    "POLICY_LOSS_FN": {"ppo", "importance_sampling", "gspo", "cispo", "sft", "dpo", "bradley_terry", "mix", "value_clip"},
+    "ALGORITHM_TYPE": {
+        "sft",
+        "dpo",
+        "rm",
+        "grpo",
+        "dr_grpo",
+        "dapo",
+        "rloo",
+        "reinforce_plus_plus",
+        "ppo",
+        "gspo",
+        "cispo",
+        "mix",
+    },
+    "POLICY_LOSS_FN": {
+        "ppo",
+        "importance_sampling",
+        "gspo",
+        "cispo",
+        "sft",
+        "dpo",
+        "bradley_terry",
+        "mix",
+        "value_clip",
+    },
     "ADVANTAGE_FN": {"grpo", "group_centered", "rloo", "reinforce_plus_plus", "gae"},
     "KL_FN": {"k1", "k2", "k3", "low_var_kl", "abs"},
     "ENTROPY_LOSS_FN": {"entropy"},
@@ -22,8 +45,20 @@ EXPECTED = {
 }
 # Batch fields a component may ask for (trinity_like.components, trainer/base.py).
 BATCH_FIELDS = {
-    "logprob", "old_logprob", "ref_logprob", "advantages", "action_mask", "entropy", "values", "old_values",
-    "returns", "is_expert", "rewards", "group_index", "token_level_rewards", "scores",
+    "logprob",
+    "old_logprob",
+    "ref_logprob",
+    "advantages",
+    "action_mask",
+    "entropy",
+    "values",
+    "old_values",
+    "returns",
+    "is_expert",
+    "rewards",
+    "group_index",
+    "token_level_rewards",
+    "scores",
 }
 NORMALISERS = {"num_tokens", "num_seqs", "num_expert_tokens", "num_expert_seqs"}
 
@@ -50,7 +85,9 @@ def test_trinity_like_list_shows_the_pack(capsys):
     out = capsys.readouterr().out
     for registry, names in EXPECTED.items():
         for name in names:
-            assert any(ln.split()[:1] == [name] and REGISTRIES[registry].describe(name) in ln for ln in out.splitlines())
+            assert any(
+                ln.split()[:1] == [name] and REGISTRIES[registry].describe(name) in ln for ln in out.splitlines()
+            )
 
 
 def _slot_params(algo: AlgorithmType, slot: str) -> dict:
@@ -92,7 +129,12 @@ def test_the_flags_each_type_is_known_by():
     assert (t["dpo"].use_reference, t["dpo"].schema, t["dpo"].use_rollout) == (True, "pair", False)
     assert (t["rm"].schema, t["rm"].policy_loss, t["rm"].use_rollout) == ("pair", "bradley_terry", False)
     assert (t["sft"].schema, t["sft"].use_rollout) == ("experience", False)
-    assert (t["ppo"].use_critic, t["ppo"].advantage, t["ppo"].kl_penalty, t["ppo"].value_loss) == (True, "gae", "k1", "value_clip")
+    assert (t["ppo"].use_critic, t["ppo"].advantage, t["ppo"].kl_penalty, t["ppo"].value_loss) == (
+        True,
+        "gae",
+        "k1",
+        "value_clip",
+    )
     assert t["dapo"].dynamic_sampling and t["dapo"].params["policy_loss"]["clip_ratio_high"] == 0.28
     assert not any(a.dynamic_sampling for n, a in t.items() if n != "dapo")
     assert t["dr_grpo"].params["advantage"]["norm_by_std"] is False

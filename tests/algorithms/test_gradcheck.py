@@ -45,8 +45,10 @@ def test_token_losses(name, wrt, params, mode):
 
 def test_ppo_gradient_is_exercised_in_both_clip_regions():
     b = rand_batch(B=5, R=4, seed=7)
-    _, metrics = POLICY_LOSS_FN.get("ppo")(**{k: b[k] for k in ("logprob", "old_logprob", "advantages", "action_mask")},
-                                          params=build_params(POLICY_LOSS_FN.get("ppo"), {}))
+    _, metrics = POLICY_LOSS_FN.get("ppo")(
+        **{k: b[k] for k in ("logprob", "old_logprob", "advantages", "action_mask")},
+        params=build_params(POLICY_LOSS_FN.get("ppo"), {}),
+    )
     assert 0 < metrics["clip_frac"] < 1
 
 

@@ -24,9 +24,15 @@ from trinity_like.runner import run_plan
 RECIPE = Path(__file__).resolve().parents[2] / "examples" / "mix.yaml"
 STEPS, PROMPTS, GROUP = 10, 2, 4
 TINY = [
-    "model.path=tiny-random", "trainer.engine=local", f"trainer.total_steps={STEPS}", "monitor.progress=false",
-    f"explorer.batch_size={PROMPTS}", f"explorer.group_size={GROUP}", "trainer.micro_batch_size=3",
-    "buffer.eval_tasks.size=4", "checkpoint.interval=1",  # a commit every step: the buffer records the step
+    "model.path=tiny-random",
+    "trainer.engine=local",
+    f"trainer.total_steps={STEPS}",
+    "monitor.progress=false",
+    f"explorer.batch_size={PROMPTS}",
+    f"explorer.group_size={GROUP}",
+    "trainer.micro_batch_size=3",
+    "buffer.eval_tasks.size=4",
+    "checkpoint.interval=1",  # a commit every step: the buffer records the step
 ]
 
 

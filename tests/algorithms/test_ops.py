@@ -78,7 +78,10 @@ def test_normalizers_count_tokens_rows_and_expert_rows():
     expert = torch.tensor([False, True, True])
     n = ops.normalizers(MASK, expert)
     assert {k: v.item() for k, v in n.items()} == {
-        "num_tokens": 5, "num_seqs": 2, "num_expert_tokens": 3, "num_expert_seqs": 1,
+        "num_tokens": 5,
+        "num_seqs": 2,
+        "num_expert_tokens": 3,
+        "num_expert_seqs": 1,
     }
 
 
@@ -107,7 +110,11 @@ def test_groups_with_signal_matches_a_naive_loop():
     rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 5.0, 2.0, 2.5])
     groups = _naive_groups(rewards, index)
     expected = [len(set(groups[i])) > 1 for i in index.tolist()]
-    assert ops.groups_with_signal(rewards, index).tolist() == expected == [False, False, True, True, True, False, True, True]
+    assert (
+        ops.groups_with_signal(rewards, index).tolist()
+        == expected
+        == [False, False, True, True, True, False, True, True]
+    )
 
 
 def test_last_token_helpers_match_a_naive_loop():

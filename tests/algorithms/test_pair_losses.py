@@ -15,7 +15,7 @@ LN2 = math.log(2.0)
 
 
 def bt(chosen, rejected, **extra):
-    rows = [s for pair in zip(chosen, rejected) for s in pair] + list(rejected[len(chosen):])
+    rows = [s for pair in zip(chosen, rejected) for s in pair] + list(rejected[len(chosen) :])
     scores = torch.tensor(rows, dtype=DT)
     return POLICY_LOSS_FN.get("bradley_terry")(scores=scores, **extra)
 
@@ -108,7 +108,7 @@ def test_dpo_matches_the_formula_by_hand():
     beta, eps = 0.3, 0.1
     m = b["action_mask"]
     seq = ((b["logprob"] - b["ref_logprob"]) * m).sum(-1).tolist()
-    zs = [beta * ((seq[2 * i] - seq[2 * i + 1])) for i in range(3)]  # chosen 2i vs rejected 2i + 1
+    zs = [beta * (seq[2 * i] - seq[2 * i + 1]) for i in range(3)]  # chosen 2i vs rejected 2i + 1
     expected = sum((1 - eps) * softplus(-z) + eps * softplus(z) for z in zs) / 3
     loss, metrics = dpo(b, beta=beta, label_smoothing=eps)
     assert loss.item() == pytest.approx(expected)

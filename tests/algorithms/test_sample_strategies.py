@@ -57,8 +57,9 @@ def test_mix_adds_expert_rows_on_top_of_every_rollout_row():
 def test_mix_expert_share_of_the_final_batch_is_the_ratio(rollouts, ratio):
     src = source([0] * rollouts)
     expert = ListExpert([experience(reward=None, group="expert")])
-    batch = strategy("mix", expert_ratio=ratio).sample(experiences=src, batch_size=rollouts, model_version=0,
-                                                       expert=expert)
+    batch = strategy("mix", expert_ratio=ratio).sample(
+        experiences=src, batch_size=rollouts, model_version=0, expert=expert
+    )
     n_expert = sum(e.is_expert for e in batch)
     assert len(batch) - n_expert == rollouts  # every rollout row
     assert abs(n_expert - ratio * len(batch)) <= 0.5  # r of the final batch, to the nearest row
@@ -76,7 +77,9 @@ def test_mix_after_a_short_claim_keeps_the_ratio():
 def test_only_mix_declares_that_it_uses_expert_data():
     first_party = ("default", "mix", "staleness")  # other tests register strategies of their own
     assert {name: SAMPLE_STRATEGY.get(name).uses_expert_data for name in first_party} == {
-        "default": False, "mix": True, "staleness": False,
+        "default": False,
+        "mix": True,
+        "staleness": False,
     }
 
 

@@ -33,17 +33,24 @@ def run(batch, **params):
 def one_token(ratio: float, weight: float, adv: float):
     """One token with pi / pi_old = ratio and pi_old / mu = weight."""
     old = math.log(0.5)
-    return {"logprob": torch.tensor([[old + math.log(ratio)]], dtype=DT), "old_logprob": torch.tensor([[old]], dtype=DT),
-            "rollout_logprob": torch.tensor([[old - math.log(weight)]], dtype=DT),
-            "advantages": torch.tensor([[adv]], dtype=DT), "action_mask": torch.ones(1, 1, dtype=DT)}
+    return {
+        "logprob": torch.tensor([[old + math.log(ratio)]], dtype=DT),
+        "old_logprob": torch.tensor([[old]], dtype=DT),
+        "rollout_logprob": torch.tensor([[old - math.log(weight)]], dtype=DT),
+        "advantages": torch.tensor([[adv]], dtype=DT),
+        "action_mask": torch.ones(1, 1, dtype=DT),
+    }
 
 
-@pytest.mark.parametrize("ratio, weight, adv, loss, grad", [
-    (1.1, 1.25, 1.0, -1.25 * 1.1, -1.25 * 1.1),  # w under the cap: -w A r, gradient -w A r
-    (1.1, 2.5, 1.0, -2.0 * 1.1, -2.0 * 1.1),  # w = 2.5 truncated at C = 2
-    (1.5, 2.5, 1.0, -2.0 * 1.2, 0.0),  # PPO's clip still acts: ratio beyond 1.2 with A > 0, no gradient
-    (0.9, 0.25, -2.0, 0.25 * 2.0 * 0.9, 0.25 * 2.0 * 0.9),  # a weight below 1 is kept as it is
-])
+@pytest.mark.parametrize(
+    "ratio, weight, adv, loss, grad",
+    [
+        (1.1, 1.25, 1.0, -1.25 * 1.1, -1.25 * 1.1),  # w under the cap: -w A r, gradient -w A r
+        (1.1, 2.5, 1.0, -2.0 * 1.1, -2.0 * 1.1),  # w = 2.5 truncated at C = 2
+        (1.5, 2.5, 1.0, -2.0 * 1.2, 0.0),  # PPO's clip still acts: ratio beyond 1.2 with A > 0, no gradient
+        (0.9, 0.25, -2.0, 0.25 * 2.0 * 0.9, 0.25 * 2.0 * 0.9),  # a weight below 1 is kept as it is
+    ],
+)
 def test_ppo_tis_by_hand(ratio, weight, adv, loss, grad):
     b = one_token(ratio, weight, adv)
     value, metrics = run(b, tis_cap=2.0)
@@ -131,8 +138,10 @@ def test_the_clients_tis_is_the_truncated_importance_sampling_gradient(tmp_path)
     """The client's ``tis``: value -sum A min(pi / mu, C) at the learner's current logprobs; and a
     step on it equals a step on cross-entropy weighted by A * C when every ratio is above C."""
     lp_BT = torch.tensor([[-1.0, -2.0, -0.5]], dtype=DT, requires_grad=True)
-    arrays = {"logprobs": torch.tensor([[-1.5, -1.0, -3.0]], dtype=DT),
-              "advantages": torch.tensor([[1.0, -1.0, 2.0]], dtype=DT)}
+    arrays = {
+        "logprobs": torch.tensor([[-1.5, -1.0, -3.0]], dtype=DT),
+        "advantages": torch.tensor([[1.0, -1.0, 2.0]], dtype=DT),
+    }
     mask = torch.ones(1, 3, dtype=DT)
     spec = loss_spec("tis", {"tis_cap": 2.0})
     loss, _ = call_component(spec.fn, loss_inputs("tis", lp_BT, arrays, mask), spec.params)
@@ -146,17 +155,25 @@ def test_the_clients_tis_is_the_truncated_importance_sampling_gradient(tmp_path)
         b = service.create_lora_training_client("tiny-random", rank=0, seed=0)
         ids = a.get_tokenizer().encode("What is 2 + 3? 5 and more")
         adv = np.linspace(-1.0, 1.0, len(ids) - 1).astype(np.float32)
-        far = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs={  # mu tiny: r >> C
-            "target_tokens": ids[1:], "logprobs": np.full(len(ids) - 1, -60.0, dtype=np.float32), "advantages": adv})
+        far = types.Datum(
+            model_input=types.ModelInput.from_ints(ids[:-1]),
+            loss_fn_inputs={  # mu tiny: r >> C
+                "target_tokens": ids[1:],
+                "logprobs": np.full(len(ids) - 1, -60.0, dtype=np.float32),
+                "advantages": adv,
+            },
+        )
         out = a.forward_backward([far], "tis", {"tis_cap": 0.5}).result()
         assert out.metrics["loss:sum"] == pytest.approx(-0.5 * adv.sum(), abs=1e-5)
-        weighted = types.Datum(model_input=far.model_input, loss_fn_inputs={"target_tokens": ids[1:],
-                                                                            "weights": 0.5 * adv})
+        weighted = types.Datum(
+            model_input=far.model_input, loss_fn_inputs={"target_tokens": ids[1:], "weights": 0.5 * adv}
+        )
         b.forward_backward([weighted], "cross_entropy").result()
         for client in (a, b):
             client.optim_step(types.AdamParams(learning_rate=1e-2)).result()
-        probe = types.Datum(model_input=far.model_input, loss_fn_inputs={"target_tokens": ids[1:],
-                                                                         "weights": np.ones(len(ids) - 1)})
+        probe = types.Datum(
+            model_input=far.model_input, loss_fn_inputs={"target_tokens": ids[1:], "weights": np.ones(len(ids) - 1)}
+        )
         after = [c.forward([probe], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy() for c in (a, b)]
         np.testing.assert_allclose(after[0], after[1], atol=1e-5)
         start = service.create_lora_training_client("tiny-random", rank=0, seed=0)

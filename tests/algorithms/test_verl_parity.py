@@ -28,7 +28,14 @@ def run(registry, name, batch, **params):
 
 
 def actor_config(low=0.2, high=0.28):
-    return ActorConfig(strategy="fsdp", clip_ratio=0.2, clip_ratio_low=low, clip_ratio_high=high, ppo_micro_batch_size_per_gpu=1, rollout_n=1)
+    return ActorConfig(
+        strategy="fsdp",
+        clip_ratio=0.2,
+        clip_ratio_low=low,
+        clip_ratio_high=high,
+        ppo_micro_batch_size_per_gpu=1,
+        rollout_n=1,
+    )
 
 
 def close(a, b, tol=1e-9):
@@ -62,7 +69,9 @@ def groups(seed):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_grpo_matches_verl(norm_by_std, seed):
     rewards, index, mask = groups(seed)
-    ours, _ = run(ADVANTAGE_FN, "grpo", {"rewards": rewards, "group_index": index, "action_mask": mask}, norm_by_std=norm_by_std)
+    ours, _ = run(
+        ADVANTAGE_FN, "grpo", {"rewards": rewards, "group_index": index, "action_mask": mask}, norm_by_std=norm_by_std
+    )
     theirs, _ = core_algos.compute_grpo_outcome_advantage(
         ops.token_level_rewards(rewards, mask), mask, np.array(index.tolist()), norm_adv_by_std_in_grpo=norm_by_std
     )
@@ -73,7 +82,9 @@ def test_grpo_matches_verl(norm_by_std, seed):
 def test_rloo_matches_verl(seed):
     rewards, index, mask = groups(seed)
     ours, _ = run(ADVANTAGE_FN, "rloo", {"rewards": rewards, "group_index": index, "action_mask": mask})
-    theirs, _ = core_algos.compute_rloo_outcome_advantage(ops.token_level_rewards(rewards, mask), mask, np.array(index.tolist()))
+    theirs, _ = core_algos.compute_rloo_outcome_advantage(
+        ops.token_level_rewards(rewards, mask), mask, np.array(index.tolist())
+    )
     assert close(ours, theirs)
 
 
@@ -89,8 +100,12 @@ def holed_mask(seed, B=6, R=8):
 def test_reinforce_plus_plus_matches_verl(seed):
     mask, g = holed_mask(seed)
     rewards = torch.randn(mask.shape, generator=g, dtype=DT) * mask
-    ours, ours_ret = run(ADVANTAGE_FN, "reinforce_plus_plus", {"token_level_rewards": rewards, "action_mask": mask}, gamma=0.95)
-    theirs, theirs_ret = core_algos.compute_reinforce_plus_plus_outcome_advantage(rewards, mask, config=SimpleNamespace(gamma=0.95))
+    ours, ours_ret = run(
+        ADVANTAGE_FN, "reinforce_plus_plus", {"token_level_rewards": rewards, "action_mask": mask}, gamma=0.95
+    )
+    theirs, theirs_ret = core_algos.compute_reinforce_plus_plus_outcome_advantage(
+        rewards, mask, config=SimpleNamespace(gamma=0.95)
+    )
     assert close(ours, theirs, 1e-7) and close(ours_ret, theirs_ret)
 
 
@@ -98,8 +113,17 @@ def test_reinforce_plus_plus_matches_verl(seed):
 def test_gae_matches_verl(gamma, lam):
     mask, g = holed_mask(3)
     values = torch.randn(mask.shape, generator=g, dtype=DT)
-    rewards = ops.token_level_rewards(torch.randn(mask.shape[0], generator=g, dtype=DT), mask) - 0.01 * torch.rand(mask.shape, generator=g, dtype=DT) * mask
-    ours, ours_ret = run(ADVANTAGE_FN, "gae", {"token_level_rewards": rewards, "values": values, "action_mask": mask}, gamma=gamma, lam=lam)
+    rewards = (
+        ops.token_level_rewards(torch.randn(mask.shape[0], generator=g, dtype=DT), mask)
+        - 0.01 * torch.rand(mask.shape, generator=g, dtype=DT) * mask
+    )
+    ours, ours_ret = run(
+        ADVANTAGE_FN,
+        "gae",
+        {"token_level_rewards": rewards, "values": values, "action_mask": mask},
+        gamma=gamma,
+        lam=lam,
+    )
     theirs, theirs_ret = core_algos.compute_gae_advantage_return(rewards, values, mask, gamma, lam)
     on = mask > 0  # verl leaves padding positions unmasked
     assert close(ours[on], theirs[on], 1e-7) and close(ours_ret[on], theirs_ret[on])
@@ -112,7 +136,9 @@ def test_vanilla_ppo_matches_verl(mode, seed):
     b = rand_batch(B=8, R=6, seed=seed)
     b["logprob"] = b["old_logprob"] + 0.6 * torch.randn(8, 6, dtype=DT, generator=torch.Generator().manual_seed(seed))
     b["logprob"][1, 0], b["advantages"][1, 0] = b["old_logprob"][1, 0] + 2.0, -1.0  # ratio 7.4 > c, A < 0
-    ours, m = run(POLICY_LOSS_FN, "ppo", b, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_mode=mode)
+    ours, m = run(
+        POLICY_LOSS_FN, "ppo", b, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_mode=mode
+    )
     theirs, tm = core_algos.compute_policy_loss_vanilla(
         b["old_logprob"], b["logprob"], b["advantages"], b["action_mask"], loss_agg_mode=mode, config=actor_config()
     )
@@ -130,7 +156,11 @@ def test_gspo_matches_verl(seed):
     b["advantages"] = b["advantages"][:, :1].expand(-1, 6).contiguous()
     ours, m = run(POLICY_LOSS_FN, "gspo", b)
     theirs, tm = core_algos.compute_policy_loss_gspo(
-        b["old_logprob"], b["logprob"], b["advantages"], b["action_mask"], loss_agg_mode="seq-mean-token-mean",
+        b["old_logprob"],
+        b["logprob"],
+        b["advantages"],
+        b["action_mask"],
+        loss_agg_mode="seq-mean-token-mean",
         config=actor_config(3e-4, 4e-4),
     )
     assert close(ours, theirs, 1e-7) and m["clip_frac"] == pytest.approx(tm["actor/pg_clipfrac"])
@@ -143,7 +173,9 @@ def test_cispo_matches_verl_and_its_gradient(seed):
     lp = b["logprob"].clone().requires_grad_(True)
     ours, m = run(POLICY_LOSS_FN, "cispo", {**b, "logprob": lp}, clip_ratio_low=0.2, clip_ratio_high=0.28)
     lp2 = b["logprob"].clone().requires_grad_(True)
-    theirs, tm = core_algos.compute_policy_loss_cispo(b["old_logprob"], lp2, b["advantages"], b["action_mask"], config=actor_config())
+    theirs, tm = core_algos.compute_policy_loss_cispo(
+        b["old_logprob"], lp2, b["advantages"], b["action_mask"], config=actor_config()
+    )
     assert close(ours, theirs) and m["clip_frac"] == pytest.approx(tm["actor/pg_clipfrac"])
     (g1,), (g2,) = torch.autograd.grad(ours, lp), torch.autograd.grad(theirs, lp2)
     assert close(g1, g2)
@@ -153,7 +185,9 @@ def test_cispo_matches_verl_and_its_gradient(seed):
 def test_value_clip_matches_verl(mode):
     b = rand_batch(B=7, R=5, seed=4)
     ours, m = run(POLICY_LOSS_FN, "value_clip", b, cliprange_value=0.2, loss_agg_mode=mode)
-    theirs, clipfrac = core_algos.compute_value_loss(b["values"], b["returns"], b["old_values"], b["action_mask"], 0.2, loss_agg_mode=mode)
+    theirs, clipfrac = core_algos.compute_value_loss(
+        b["values"], b["returns"], b["old_values"], b["action_mask"], 0.2, loss_agg_mode=mode
+    )
     assert close(ours, theirs, 1e-7) and m["vf_clipfrac"] == pytest.approx(clipfrac.item())
 
 

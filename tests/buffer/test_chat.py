@@ -70,7 +70,9 @@ def test_multi_turn_mask_matches_the_chatml_oracle_token_by_token(which: str, re
 
 def test_qwen3_renders_turns_by_position_and_the_mask_follows(qwen3_tokenizer: Any) -> None:
     tokens, prompt_length, mask = tokenize_chat(qwen3_tokenizer, CONVERSATION)
-    assert qwen3_tokenizer.decode(tokens[:prompt_length]).endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    assert qwen3_tokenizer.decode(tokens[:prompt_length]).endswith(
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert masked_spans(qwen3_tokenizer, tokens[prompt_length:], mask) == [
         "Hello there<|im_end|>",  # before the last user turn, Qwen3 drops the reasoning
         "4<|im_end|>",

@@ -131,7 +131,9 @@ def test_sigkill_writer_and_reader_loses_nothing_and_trains_nothing_twice(tmp_pa
         procs[who].join()
         if who == "reader":
             _check(db, ckpt, log)
-        target, args = (_writer, (db, log, seed + kill + 1)) if who == "writer" else (_reader, (db, ckpt, seed + kill + 1))
+        target, args = (
+            (_writer, (db, log, seed + kill + 1)) if who == "writer" else (_reader, (db, ckpt, seed + kill + 1))
+        )
         procs[who] = _start(target, *args)
     for proc in procs.values():
         proc.join(timeout=30)

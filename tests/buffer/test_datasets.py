@@ -21,21 +21,29 @@ def write_jsonl(path: Path, rows: list[Any]) -> Path:
 
 
 def tasks_file(tmp_path: Path, n: int = 10) -> Path:
-    return write_jsonl(tmp_path / "tasks.jsonl", [{"question": f"q{i}", "solution": i, "level": i % 3} for i in range(n)])
+    return write_jsonl(
+        tmp_path / "tasks.jsonl", [{"question": f"q{i}", "solution": i, "level": i % 3} for i in range(n)]
+    )
 
 
 # -- tasks and order ------------------------------------------------------------------
 def test_task_fields_are_mapped_and_the_rest_kept_in_info(tmp_path: Path) -> None:
-    opts = DatasetOptions(path=str(tasks_file(tmp_path)), prompt_key="question", answer_key="solution",
-                          shuffle=False, system_prompt="Be brief.")
+    opts = DatasetOptions(
+        path=str(tasks_file(tmp_path)),
+        prompt_key="question",
+        answer_key="solution",
+        shuffle=False,
+        system_prompt="Be brief.",
+    )
     first = TaskSet(opts).next_batch(1)[0]
     assert (first.prompt, first.answer, first.info, first.task_id) == ("q0", "0", {"level": 0}, "tasks.jsonl:1")
     assert first.messages() == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "q0"}]
 
 
 def test_each_epoch_is_a_seeded_permutation_and_epochs_end(tmp_path: Path) -> None:
-    opts = DatasetOptions(path=str(tasks_file(tmp_path)), prompt_key="question", answer_key="solution",
-                          seed=3, epochs=2)
+    opts = DatasetOptions(
+        path=str(tasks_file(tmp_path)), prompt_key="question", answer_key="solution", seed=3, epochs=2
+    )
     seen = [t.prompt for t in TaskSet(opts)]
     assert len(seen) == 20
     assert sorted(seen[:10]) == sorted(seen[10:]) == sorted(f"q{i}" for i in range(10))
@@ -48,8 +56,9 @@ def test_each_epoch_is_a_seeded_permutation_and_epochs_end(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("stop_after", [0, 1, 3, 4])
 def test_a_resumed_set_continues_in_the_same_order(tmp_path: Path, stop_after: int) -> None:
-    opts = DatasetOptions(path=str(tasks_file(tmp_path)), prompt_key="question", answer_key="solution",
-                          seed=7, epochs=2)
+    opts = DatasetOptions(
+        path=str(tasks_file(tmp_path)), prompt_key="question", answer_key="solution", seed=7, epochs=2
+    )
     straight = TaskSet(opts)
     expected = [[t.task_id for t in straight.next_batch(3)] for _ in range(7)]
     before = TaskSet(opts)
@@ -72,13 +81,18 @@ def test_resuming_on_different_data_is_an_error(tmp_path: Path) -> None:
 def test_parquet_and_folders(tmp_path: Path) -> None:
     folder = tmp_path / "data"
     folder.mkdir()
-    pq.write_table(pa.Table.from_pylist([{"prompt": f"p{i}", "answer": str(i)} for i in range(3)]), folder / "a.parquet")
+    pq.write_table(
+        pa.Table.from_pylist([{"prompt": f"p{i}", "answer": str(i)} for i in range(3)]), folder / "a.parquet"
+    )
     pq.write_table(pa.Table.from_pylist([{"prompt": "p3", "answer": None}]), folder / "b.parquet")
     with pytest.raises(DataError, match=r'^b\.parquet:row 0: missing field "answer"$'):
         TaskSet(DatasetOptions(path=str(folder)))
     (folder / "b.parquet").unlink()
     assert [t.task_id for t in TaskSet(DatasetOptions(path=str(folder), shuffle=False))] == [
-        "a.parquet:row 0", "a.parquet:row 1", "a.parquet:row 2"]
+        "a.parquet:row 0",
+        "a.parquet:row 1",
+        "a.parquet:row 2",
+    ]
 
 
 # -- bad data ------------------------------------------------------------------------
@@ -86,19 +100,26 @@ PAIR = {"prompt": "p", "chosen": "c", "rejected": "r"}
 BAD_PAIRS = [
     ([PAIR, "", PAIR, {"prompt": "p", "chosen": "c"}], r'^pairs\.jsonl:4: missing field "rejected"$'),
     ([PAIR, '{"prompt": "p", "chosen": '], r"^pairs\.jsonl:2: invalid JSON"),
-    ([PAIR, {"prompt": "p", "chosen": 3, "rejected": "r"}], r'^pairs\.jsonl:2: field "chosen" must be a string, got a number$'),
+    (
+        [PAIR, {"prompt": "p", "chosen": 3, "rejected": "r"}],
+        r'^pairs\.jsonl:2: field "chosen" must be a string, got a number$',
+    ),
     ([PAIR, {"prompt": "p", "chosen": None, "rejected": "r"}], r'^pairs\.jsonl:2: missing field "chosen"$'),
     (["[1, 2]"], r"^pairs\.jsonl:1: expected a JSON object, got list$"),
     ([PAIR, {**PAIR, "prompt": [{"role": "user"}]}], r'^pairs\.jsonl:2: field "prompt" message 0 must have'),
-    ([PAIR, {**PAIR, "prompt": [{"role": "user", "content": "x"}]}], r'^pairs\.jsonl:2: field "prompt" is a list here but a string at pairs\.jsonl:1$'),
+    (
+        [PAIR, {**PAIR, "prompt": [{"role": "user", "content": "x"}]}],
+        r'^pairs\.jsonl:2: field "prompt" is a list here but a string at pairs\.jsonl:1$',
+    ),
     (["", "  "], r"the data set is empty$"),
     ([], r"the data set is empty$"),
 ]
 
 
 @pytest.mark.parametrize("lines,message", BAD_PAIRS)
-def test_bad_pair_rows_name_file_and_line(tmp_path: Path, tiny_tokenizer: Any, lines: list[Any], message: str,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_pair_rows_name_file_and_line(
+    tmp_path: Path, tiny_tokenizer: Any, lines: list[Any], message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     monkeypatch.chdir(run_dir)
@@ -150,13 +171,22 @@ def test_sft_rows_in_both_forms_supervise_assistant_text_only(tmp_path: Path, qw
     tok = qwen3_tokenizer
     rows = [
         {"q": "2+2?", "a": "4"},
-        {"conv": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
-                  {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Ciao"}]},
+        {
+            "conv": [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello"},
+                {"role": "user", "content": "Bye"},
+                {"role": "assistant", "content": "Ciao"},
+            ]
+        },
     ]
     path = write_jsonl(tmp_path / "sft.jsonl", rows)
     opts = DatasetOptions(path=str(path), prompt_key="q", response_key="a", messages_key="conv", shuffle=False)
     first, second = SftSet(opts, tok).next_batch(2)
-    for row, expected in ((first, ["<think>\n\n</think>\n\n4<|im_end|>"]), (second, ["Hello<|im_end|>", "<think>\n\n</think>\n\nCiao<|im_end|>"])):
+    for row, expected in (
+        (first, ["<think>\n\n</think>\n\n4<|im_end|>"]),
+        (second, ["Hello<|im_end|>", "<think>\n\n</think>\n\nCiao<|im_end|>"]),
+    ):
         assert row.logprobs is None and row.reward is None and not row.is_expert
         spans, run = [], []
         for t, m in zip(row.response_tokens, row.mask()):

@@ -57,7 +57,10 @@ def test_orders_staleness_and_commit() -> None:
     buf.commit(1)
     buf.commit(1)
     assert {s: buf.count(s) for s in ("available", "claimed", "consumed", "dropped")} == {
-        "available": 0, "claimed": 0, "consumed": 4, "dropped": 1,
+        "available": 0,
+        "claimed": 0,
+        "consumed": 4,
+        "dropped": 1,
     }
 
 

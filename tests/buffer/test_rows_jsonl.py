@@ -24,10 +24,18 @@ def experiences(draw: st.DrawFn) -> Experience:
     r = len(tokens) - p
     maybe = lambda elements: draw(st.none() | st.lists(elements, min_size=r, max_size=r))  # noqa: E731
     return Experience(
-        tokens=tokens, prompt_length=p, logprobs=maybe(floats), action_mask=maybe(st.integers(0, 1)),
-        reward=draw(st.none() | floats), token_level_reward=maybe(floats), advantages=maybe(floats),
-        returns=maybe(floats), group_id=draw(st.text(max_size=5)), model_version=draw(st.integers(0, 10**6)),
-        is_expert=draw(st.booleans()), info=draw(st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)),
+        tokens=tokens,
+        prompt_length=p,
+        logprobs=maybe(floats),
+        action_mask=maybe(st.integers(0, 1)),
+        reward=draw(st.none() | floats),
+        token_level_reward=maybe(floats),
+        advantages=maybe(floats),
+        returns=maybe(floats),
+        group_id=draw(st.text(max_size=5)),
+        model_version=draw(st.integers(0, 10**6)),
+        is_expert=draw(st.booleans()),
+        info=draw(st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)),
     )
 
 

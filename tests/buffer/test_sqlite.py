@@ -40,9 +40,20 @@ def test_registered_default_satisfies_the_protocol(tmp_path: Path) -> None:
 
 def test_every_field_round_trips(buf: SqliteStorage) -> None:
     full = Experience(
-        tokens=[5, 6, 7, 8], prompt_length=2, logprobs=[-0.1, -2.5], action_mask=[1, 0], reward=0.75,
-        token_level_reward=[0.0, 0.75], advantages=[0.3, -0.3], returns=[1.0, 0.5], group_id="g",
-        task_id="t:3", model_version=7, finish_reason="stop", is_expert=True, info={"k": [1, "x"]},
+        tokens=[5, 6, 7, 8],
+        prompt_length=2,
+        logprobs=[-0.1, -2.5],
+        action_mask=[1, 0],
+        reward=0.75,
+        token_level_reward=[0.0, 0.75],
+        advantages=[0.3, -0.3],
+        returns=[1.0, 0.5],
+        group_id="g",
+        task_id="t:3",
+        model_version=7,
+        finish_reason="stop",
+        is_expert=True,
+        info={"k": [1, "x"]},
     )
     pair = PairExperience(prompt_tokens=[1], chosen_tokens=[2, 3], rejected_tokens=[4], chosen_mask=[1, 0])
     buf.put([full, pair])
@@ -165,14 +176,20 @@ def test_what_the_trainer_computed_is_kept_for_claimed_and_consumed_rows_only(bu
     """Records of a step that never reached a checkpoint go when its rows return (recover)."""
     buf.put([exp(i) for i in range(4)])
     first = buf.claim(2, timeout=0)
-    buf.record_trained(1, [TrainedRecord(r.eid, {"advantages": [0.5, -0.25], "trainer_logprob": [-1.0, -2.0]})
-                           for r in first] + [TrainedRecord("not-in-buffer", {"advantages": [1.0]})])
+    buf.record_trained(
+        1,
+        [TrainedRecord(r.eid, {"advantages": [0.5, -0.25], "trainer_logprob": [-1.0, -2.0]}) for r in first]
+        + [TrainedRecord("not-in-buffer", {"advantages": [1.0]})],
+    )
     buf.commit(1)
     second = buf.claim(2, timeout=0)
     buf.record_trained(2, [TrainedRecord(r.eid, {"advantages": [1.0, 1.0]}) for r in second])
-    assert buf.trained() == {"e0": (1, {"advantages": [0.5, -0.25], "trainer_logprob": [-1.0, -2.0]}),
-                             "e1": (1, {"advantages": [0.5, -0.25], "trainer_logprob": [-1.0, -2.0]}),
-                             "e2": (2, {"advantages": [1.0, 1.0]}), "e3": (2, {"advantages": [1.0, 1.0]})}
+    assert buf.trained() == {
+        "e0": (1, {"advantages": [0.5, -0.25], "trainer_logprob": [-1.0, -2.0]}),
+        "e1": (1, {"advantages": [0.5, -0.25], "trainer_logprob": [-1.0, -2.0]}),
+        "e2": (2, {"advantages": [1.0, 1.0]}),
+        "e3": (2, {"advantages": [1.0, 1.0]}),
+    }
     buf.recover(1)  # killed before checkpoint 2: e2, e3 are available again, their records gone
     assert set(buf.trained()) == {"e0", "e1"}
     buf.claim(2, timeout=0)

@@ -21,8 +21,14 @@ def first_client_block(path: Path) -> str:
 @pytest.mark.parametrize("doc", ["README.md", "docs/client.md"])
 def test_snippet_runs_as_written(doc, tmp_path):
     code = first_client_block(ROOT / doc)
-    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     assert float(lines[0].split()[0]) > 0  # loss:sum of the example
@@ -32,8 +38,15 @@ def test_the_rl_train_snippet_runs_as_written(tmp_path):
     text = (ROOT / "docs" / "client.md").read_text()
     blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
     code = next(b for b in blocks if "rl_train import" in b)
-    result = subprocess.run([sys.executable, "-c", code], check=False, cwd=tmp_path, capture_output=True, text=True,
-                            timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     records, accuracy = result.stdout.split()
     assert int(records) == 3 and 0 <= float(accuracy) <= 1

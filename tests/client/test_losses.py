@@ -47,7 +47,9 @@ def test_importance_sampling_is_reinforce_when_the_logprobs_agree():
 def test_ppo_gradient_is_exactly_zero_past_the_clip_on_each_side(advantage):
     sampler = torch.zeros(1, 3, dtype=torch.float64)
     # ratios 1.5 (past 1.2), 0.5 (below 0.8), 1.05 (inside)
-    lp = leaf(torch.log(torch.tensor(1.5)).item(), torch.log(torch.tensor(0.5)).item(), torch.log(torch.tensor(1.05)).item())
+    lp = leaf(
+        torch.log(torch.tensor(1.5)).item(), torch.log(torch.tensor(0.5)).item(), torch.log(torch.tensor(1.05)).item()
+    )
     adv = torch.full((1, 3), advantage, dtype=torch.float64)
     loss, metrics = run("ppo", lp, {"logprobs": sampler, "advantages": adv})
     (grad,) = torch.autograd.grad(loss, lp)
@@ -95,7 +97,10 @@ def test_a_registered_loss_is_callable_by_its_own_name():
 def test_bad_names_and_options_are_clear_errors():
     with pytest.raises(ConfigError, match=r"unknown loss_fn 'ppp' \(Tinker's: cross_entropy, importance_sampling, ppo"):
         loss_spec("ppp")
-    with pytest.raises(ConfigError, match=r"loss_fn_config: 'ppo' takes \['clip_high_threshold', 'clip_low_threshold'\], not \['beta'\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"loss_fn_config: 'ppo' takes \['clip_high_threshold', 'clip_low_threshold'\], not \['beta'\]",
+    ):
         loss_spec("ppo", {"beta": 1.0})
     with pytest.raises(ConfigError, match="no options"):
         loss_spec("cross_entropy", {"x": 1})

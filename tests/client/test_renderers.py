@@ -179,7 +179,9 @@ def test_qwen3_disable_thinking_never_trains_the_given_empty_block(qwen3: Any) -
     check_weights_are_binary(ids, weights)
     assert ids + qwen3.encode("\n") == template_ids(qwen3, messages, enable_thinking=False)
     prompt = renderer.build_generation_prompt(MULTI).to_ints()
-    assert ids[: len(prompt)] == prompt and weights[: len(prompt)].sum() == len(qwen3.encode("Hello! How can I help?<|im_end|>"))
+    assert ids[: len(prompt)] == prompt and weights[: len(prompt)].sum() == len(
+        qwen3.encode("Hello! How can I help?<|im_end|>")
+    )
     assert weighted_text(qwen3, ids, weights) == ["Hello! How can I help?<|im_end|>", "4<|im_end|>"]
     with pytest.raises(ValueError, match="no reasoning"):
         renderer.build_supervised_example([*SINGLE, {"role": "assistant", "content": "<think>x</think>4"}])

@@ -118,21 +118,32 @@ def tasks(n, split="train"):
 
 
 def config(tmp_path, **overrides):
-    values = {"log_path": str(tmp_path / "run"), "iterations": 2, "batch_size": 4, "group_size": 2, "eval_every": 0,
-              "save_every": 0, "progress": False, "learning_rate": 1e-2, "skip_zero_advantage_groups": False}
+    values = {
+        "log_path": str(tmp_path / "run"),
+        "iterations": 2,
+        "batch_size": 4,
+        "group_size": 2,
+        "eval_every": 0,
+        "save_every": 0,
+        "progress": False,
+        "learning_rate": 1e-2,
+        "skip_zero_advantage_groups": False,
+    }
     return RLTrainConfig(**{**values, **overrides})
 
 
 def probe(tok):
     ids = tok.encode("What is 2 + 3? 5")
-    return types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
-                       loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)})
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(ids[:-1]),
+        loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)},
+    )
 
 
 def task_of(datum, candidates, tok):
     """The task whose prompt the datum's tokens start with."""
     ids = datum.model_input.to_ints()
-    hits = [t.task_id for t in candidates if ids[:len(p := render_prompt(tok, t.messages()))] == p]
+    hits = [t.task_id for t in candidates if ids[: len(p := render_prompt(tok, t.messages()))] == p]
     assert len(hits) == 1, hits
     return hits[0]
 
@@ -162,9 +173,9 @@ def test_streaming_trains_every_datum_of_an_iteration_exactly_once(service, tmp_
     seen = [id(d) for _, batch in training.batches for d in batch]
     assert len(seen) == len(set(seen)) == 2 * 4 * 2  # none twice
     for it, metrics in enumerate(result.metrics):
-        batches = training.batches[4 * it:4 * it + 4]
+        batches = training.batches[4 * it : 4 * it + 4]
         trained = Counter(task_of(d, train_tasks, tok) for _, batch in batches for d in batch)
-        expected = Counter({t.task_id: 2 for t in train_tasks[4 * it:4 * it + 4]})
+        expected = Counter({t.task_id: 2 for t in train_tasks[4 * it : 4 * it + 4]})
         assert trained == expected  # the iteration's episodes: each task's group, nothing else
         assert sum(len(b) for _, b in batches) == metrics["train/datums"] == metrics["rollout/episodes"] == 8
         assert [steps for steps, _ in batches] == [2 * it, 2 * it, 2 * it + 1, 2 * it + 1]  # substep order
@@ -212,8 +223,9 @@ def test_k0_is_the_synchronous_loop_written_out(service, tmp_path, tok):
     sampler = by_hand.save_weights_and_get_sampling_client()
     rewards = []
     for it in (1, 2, 3):
-        rollout = sample_episodes(sampler, dataset.get_batch((it - 1) % len(dataset)), seed=sample_seed(0, it, 0),
-                                  params=run.rollout())
+        rollout = sample_episodes(
+            sampler, dataset.get_batch((it - 1) % len(dataset)), seed=sample_seed(0, it, 0), params=run.rollout()
+        )
         groups = [group_episodes(g) for g in rollout.groups]
         rows, _ = build_rows(groups, run)
         by_hand.forward_backward([r.datum for r in rows], "ppo").result()
@@ -237,8 +249,9 @@ def sampled_logprobs(sampler, datum):
 
 def test_k1_trains_on_samples_of_the_weights_one_iteration_old(service, tmp_path, tok):
     training = Recording(service.create_lora_training_client("tiny-random", rank=0, seed=0))
-    run = config(tmp_path, iterations=3, batch_size=2, group_size=8, max_steps_off_policy=1, loss_fn="ppo",
-                 learning_rate=5e-2)
+    run = config(
+        tmp_path, iterations=3, batch_size=2, group_size=8, max_steps_off_policy=1, loss_fn="ppo", learning_rate=5e-2
+    )
     result = train(run, training, ParityEnvs(tokenizer=tok), tasks(8))
     assert result.metrics[0]["train/advantage_abs_mean"] > 0  # iteration 1 moved the weights
     assert [m["async/staleness_max"] for m in result.metrics] == [0.0, 1.0, 1.0]
@@ -274,11 +287,11 @@ def test_a_straggler_beyond_k_is_dropped_with_a_warning_and_counted(service, tmp
 
 def test_async_run_resumes_from_its_checkpoint(service, tmp_path, tok):
     run = config(tmp_path, iterations=3, batch_size=2, max_steps_off_policy=1, save_every=2)
-    train(run, service.create_lora_training_client("tiny-random", rank=0, seed=0), ParityEnvs(tokenizer=tok),
-          tasks(8))
+    train(run, service.create_lora_training_client("tiny-random", rank=0, seed=0), ParityEnvs(tokenizer=tok), tasks(8))
     again = config(tmp_path, iterations=4, batch_size=2, max_steps_off_policy=1, save_every=2)
-    result = train(again, service.create_lora_training_client("tiny-random", rank=0, seed=0),
-                   ParityEnvs(tokenizer=tok), tasks(8))
+    result = train(
+        again, service.create_lora_training_client("tiny-random", rank=0, seed=0), ParityEnvs(tokenizer=tok), tasks(8)
+    )
     assert result.start_iteration == 3 and [m["step"] for m in result.metrics] == [4]
     assert result.metrics[0]["async/staleness_max"] == 0  # the samplers start again from the resumed weights
 
@@ -310,8 +323,12 @@ def test_a_factory_that_raises_stops_the_run_with_its_error(service, tmp_path, t
     training = service.create_lora_training_client("tiny-random", rank=0, seed=0)
     bad = tasks(8)[5]  # in iteration 2's batch: the samplers meet it while iteration 1 trains
     with pytest.raises(ValueError, match=f"^no env for {bad.task_id}$"):
-        train(config(tmp_path, iterations=3, max_steps_off_policy=1), training, NoBuilder(tokenizer=tok,
-                                                                                          after=bad.task_id), tasks(8))
+        train(
+            config(tmp_path, iterations=3, max_steps_off_policy=1),
+            training,
+            NoBuilder(tokenizer=tok, after=bad.task_id),
+            tasks(8),
+        )
 
 
 @pytest.mark.parametrize("stream", [{"max_steps_off_policy": 2}, {"num_minibatches": 2}], ids=["k2", "streaming"])
@@ -323,21 +340,27 @@ def test_an_env_that_breaks_its_contract_stops_the_run_with_its_error(service, t
 
 def test_kl_shaping_runs_beside_the_samplers(service, tmp_path, tok):
     run = config(tmp_path, iterations=2, max_steps_off_policy=1, num_minibatches=2, kl_penalty_coef=0.1)
-    result = train(run, service.create_lora_training_client("tiny-random", rank=0, seed=0),
-                   ParityEnvs(tokenizer=tok), tasks(8))
+    result = train(
+        run, service.create_lora_training_client("tiny-random", rank=0, seed=0), ParityEnvs(tokenizer=tok), tasks(8)
+    )
     first, second = result.metrics
     assert abs(first["kl/ref_k1"]) < 1e-4  # sampled by the base weights: the reference itself
     assert second["kl/ref_k1"] == pytest.approx(0.0, abs=1e-4)  # K = 1: iteration 2's samples are version 0's too
     assert second["async/staleness_max"] == 1
 
 
-@pytest.mark.parametrize("override, message", [
-    ({"num_minibatches": -1}, r"^RLTrainConfig.num_minibatches: must be >= 0 \(0: no streaming\), got -1$"),
-    ({"max_steps_off_policy": -2}, r"^RLTrainConfig.max_steps_off_policy: must be >= 0 \(0: on-policy\), got -2$"),
-    ({"num_minibatches": 3, "num_substeps": 2},
-     r"^RLTrainConfig.batch_size: must be >= num_substeps \* num_minibatches = 6 \(a group per minibatch\), got 4$"),
-    ({"loss_fn": "tis", "loss_fn_config": {"tis_cap": 0.0}}, r"^RLTrainConfig.loss_fn_config"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"num_minibatches": -1}, r"^RLTrainConfig.num_minibatches: must be >= 0 \(0: no streaming\), got -1$"),
+        ({"max_steps_off_policy": -2}, r"^RLTrainConfig.max_steps_off_policy: must be >= 0 \(0: on-policy\), got -2$"),
+        (
+            {"num_minibatches": 3, "num_substeps": 2},
+            r"^RLTrainConfig.batch_size: must be >= num_substeps \* num_minibatches = 6 \(a group per minibatch\), got 4$",
+        ),
+        ({"loss_fn": "tis", "loss_fn_config": {"tis_cap": 0.0}}, r"^RLTrainConfig.loss_fn_config"),
+    ],
+)
 def test_bad_stream_config_is_a_one_line_error(tmp_path, override, message):
     with pytest.raises(ConfigError, match=message):
         config(tmp_path, **override)

@@ -25,8 +25,15 @@ def blocks(lang: str) -> list[str]:
 
 
 def run(argv: list[str], cwd: Path) -> str:
-    done = subprocess.run(argv, check=False, cwd=cwd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    done = subprocess.run(
+        argv,
+        check=False,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return done.stdout
 
@@ -53,8 +60,12 @@ def test_the_benchmark_command_runs(tmp_path):
 
 def test_the_recipe_fragment_resolves(tmp_path):
     (fragment,) = [b for b in blocks("yaml") if "ppo_tis" in b]
-    recipe = {**yaml.safe_load(fragment), "name": "tis", "buffer": {"tasks": {"generator": "arithmetic"}},
-              "trainer": {"engine": "local"}}
+    recipe = {
+        **yaml.safe_load(fragment),
+        "name": "tis",
+        "buffer": {"tasks": {"generator": "arithmetic"}},
+        "trainer": {"engine": "local"},
+    }
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
     (stage,) = load_plan(tmp_path / "r.yaml").stages
     assert stage.components["policy_loss"].name == "ppo_tis" and stage.components["policy_loss"].params.tis_cap == 2.0

@@ -24,8 +24,11 @@ def service(tmp_path_factory):
 
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
-        with tinker.ServiceClient(backend="ray", log_dir=tmp_path_factory.mktemp("ray"),
-                                  ray=RayClientConfig.from_dict({"samplers": {"count": 2, "CPU": 1}})) as s:
+        with tinker.ServiceClient(
+            backend="ray",
+            log_dir=tmp_path_factory.mktemp("ray"),
+            ray=RayClientConfig.from_dict({"samplers": {"count": 2, "CPU": 1}}),
+        ) as s:
             yield s
     finally:
         ray.shutdown()
@@ -54,9 +57,20 @@ def test_k1_streaming_on_ray_trains_every_datum_once(service, tmp_path):
     tok = training.get_tokenizer()
     factory = build_env_factory("arithmetic", NO_SPACE, tokenizer=tok)
     tasks = arithmetic_tasks(ArithmeticParams(), "train", 8)
-    config = RLTrainConfig(log_path=str(tmp_path / "run"), iterations=3, batch_size=4, group_size=2, eval_every=0,
-                           save_every=0, progress=False, learning_rate=1e-3, num_minibatches=2,
-                           max_steps_off_policy=1, loss_fn="ppo", skip_zero_advantage_groups=False)
+    config = RLTrainConfig(
+        log_path=str(tmp_path / "run"),
+        iterations=3,
+        batch_size=4,
+        group_size=2,
+        eval_every=0,
+        save_every=0,
+        progress=False,
+        learning_rate=1e-3,
+        num_minibatches=2,
+        max_steps_off_policy=1,
+        loss_fn="ppo",
+        skip_zero_advantage_groups=False,
+    )
     result = train(config, training, factory, tasks)
     # samplers run at most one iteration ahead; whether they do depends on who is faster
     staleness = [m["async/staleness_max"] for m in result.metrics]
@@ -66,7 +80,7 @@ def test_k1_streaming_on_ray_trains_every_datum_once(service, tmp_path):
     everything = Counter()
     for it in range(3):
         data = [d for steps, batch in training.batches if steps == it for d in batch]
-        trained = Counter(next(k for k, p in prompts.items() if d.model_input.to_ints()[:len(p)] == p) for d in data)
+        trained = Counter(next(k for k, p in prompts.items() if d.model_input.to_ints()[: len(p)] == p) for d in data)
         # the learner takes finished chunks in arrival order (rl_async's rule), so with two samplers
         # an iteration may hold a chunk of the next batch: each group is trained whole, 8 datums a step
         assert sum(trained.values()) == 8 and set(trained.values()) == {2}, (it, trained)

@@ -92,8 +92,16 @@ def tasks(split, n):
 
 
 def config(tmp_path, **overrides):
-    values = {"log_path": str(tmp_path / "run"), "iterations": 2, "batch_size": 2, "group_size": 4, "eval_every": 0,
-              "save_every": 0, "progress": False, "learning_rate": 1e-3}
+    values = {
+        "log_path": str(tmp_path / "run"),
+        "iterations": 2,
+        "batch_size": 2,
+        "group_size": 4,
+        "eval_every": 0,
+        "save_every": 0,
+        "progress": False,
+        "learning_rate": 1e-3,
+    }
     return RLTrainConfig(**{**values, **overrides})
 
 
@@ -138,10 +146,12 @@ def test_three_turn_episodes_give_each_turns_tokens_their_advantage(tok, tmp_pat
         oracle = [[to_go[i][t] - sum(to_go[j][t] for j in range(G)) / G for t in range(3)] for i in range(G)]
     else:
         oracle = [[sum(r) - sum(map(sum, rewards)) / G] * 3 for r in rewards]
-    rows, metrics = build_rows([episodes], config(tmp_path, advantage_per_turn=per_turn,
-                                                  skip_zero_advantage_groups=False))
+    rows, metrics = build_rows(
+        [episodes], config(tmp_path, advantage_per_turn=per_turn, skip_zero_advantage_groups=False)
+    )
     assert metrics["train/datums"] == 4 and metrics["train/policy_tokens"] == sum(
-        len(t.action) for traj in trajectories for t in traj.transitions)
+        len(t.action) for traj in trajectories for t in traj.transitions
+    )
     for row, traj, expected in zip(rows, trajectories, oracle):
         adv = datum_advantages(row)
         target = row.datum.loss_fn_inputs["target_tokens"].to_numpy()
@@ -171,8 +181,10 @@ def test_groups_with_equal_rewards_are_skipped_and_counted(tmp_path):
 # -- KL as reward shaping ------------------------------------------------------------------------------
 def test_kl_shaping_uses_the_base_models_logprobs_and_enters_the_rewards_only(tok, tmp_path):
     base, _ = load_model("tiny-random")
-    moved = {k: v + 0.02 * torch.randn(v.shape, generator=torch.Generator().manual_seed(1)) if v.is_floating_point()
-             else v for k, v in base.state_dict().items()}
+    moved = {
+        k: v + 0.02 * torch.randn(v.shape, generator=torch.Generator().manual_seed(1)) if v.is_floating_point() else v
+        for k, v in base.state_dict().items()
+    }
     policy = SamplingClient("tiny-random", weights=moved)
     builder = ThreeTurnEnvs(tokenizer=tok).group_builder(tasks("train", 1)[0], 4)
     episodes = group_episodes(sample_episodes(policy, [builder], seed=2, params=RolloutParams()).groups[0])
@@ -209,8 +221,12 @@ def test_the_loop_logs_kl_to_the_base_and_each_stage(service, tmp_path):
         assert all(m[f"time/{stage}"] > 0 for stage in ("rollout", "reference", "update", "step"))
         assert math.isfinite(m["loss"]) and m["throughput/tokens_per_s"] > 0 and m["entropy"] > 0
     assert plot_run(tmp_path / "run").stat().st_size > 0  # a recipe run's metrics shape: `trinity-like plot` draws it
-    plain = train(config(tmp_path / "plain"), service.create_lora_training_client("tiny-random", rank=0, seed=0),
-                  factory, tasks("train", 8))
+    plain = train(
+        config(tmp_path / "plain"),
+        service.create_lora_training_client("tiny-random", rank=0, seed=0),
+        factory,
+        tasks("train", 8),
+    )
     assert not any(k.startswith("kl/ref") or k == "time/reference" for m in plain.metrics for k in m)
 
 
@@ -237,11 +253,12 @@ class Counting:
 def test_substeps_use_every_datum_of_an_iteration_exactly_once(service, tmp_path, substeps, sizes):
     training = Counting(service.create_lora_training_client("tiny-random", rank=0, seed=0))
     factory = build_env_factory("arithmetic", NO_SPACE, tokenizer=training.get_tokenizer())
-    result = train(config(tmp_path, num_substeps=substeps, skip_zero_advantage_groups=False), training, factory,
-                   tasks("train", 8))
+    result = train(
+        config(tmp_path, num_substeps=substeps, skip_zero_advantage_groups=False), training, factory, tasks("train", 8)
+    )
     assert training.steps == 2 * len(sizes) and len(training.batches) == 2 * len(sizes)
     for it, m in enumerate(result.metrics):
-        batches = training.batches[it * len(sizes):(it + 1) * len(sizes)]
+        batches = training.batches[it * len(sizes) : (it + 1) * len(sizes)]
         assert [len(b) for b in batches] == sizes
         used = [id(d) for b in batches for d in b]
         assert len(set(used)) == len(used) == m["rollout/episodes"] == m["train/datums"] == 8
@@ -251,16 +268,26 @@ def test_substeps_use_every_datum_of_an_iteration_exactly_once(service, tmp_path
 
 
 def test_ppo_clip_fraction_counts_policy_tokens_beyond_their_bound(service, tmp_path):
-    row = rl_core._Row(datum=None, policy_P=np.array([0, 2, 3, 4]), sampler_P=np.log([0.5, 0.5, 0.5, 0.5]),
-                        advantages_P=np.array([1.0, 1.0, -1.0, -1.0]))
+    row = rl_core._Row(
+        datum=None,
+        policy_P=np.array([0, 2, 3, 4]),
+        sampler_P=np.log([0.5, 0.5, 0.5, 0.5]),
+        advantages_P=np.array([1.0, 1.0, -1.0, -1.0]),
+    )
     learner = np.log([0.9, 0.7, 0.55, 0.3, 0.45])  # ratios 1.8, 1.1 | 0.6, 0.9 at the policy positions
     assert rl_core._clipped(row, learner, config(tmp_path, loss_fn="ppo")) == 2  # 1.8 > 1.2 (A>0), 0.6 < 0.8 (A<0)
-    assert rl_core._clipped(row, learner, config(tmp_path, loss_fn="ppo",
-                                                  loss_fn_config={"clip_high_threshold": 2.0})) == 1
+    assert (
+        rl_core._clipped(row, learner, config(tmp_path, loss_fn="ppo", loss_fn_config={"clip_high_threshold": 2.0}))
+        == 1
+    )
     training = service.create_lora_training_client("tiny-random", rank=0, seed=0)
     factory = build_env_factory("arithmetic", NO_SPACE, tokenizer=training.get_tokenizer())
-    result = train(config(tmp_path, loss_fn="ppo", num_substeps=2, learning_rate=5e-2, iterations=1), training,
-                   factory, tasks("train", 8))
+    result = train(
+        config(tmp_path, loss_fn="ppo", num_substeps=2, learning_rate=5e-2, iterations=1),
+        training,
+        factory,
+        tasks("train", 8),
+    )
     assert 0 < result.metrics[0]["train/clip_frac"] <= 1  # the second minibatch ran on moved weights
 
 
@@ -269,8 +296,7 @@ def test_evaluation_is_greedy_accuracy_as_a_direct_decode_finds_it(service, tmp_
     training = service.create_lora_training_client("tiny-random", rank=0, seed=0)
     factory = build_env_factory("arithmetic", NO_SPACE, tokenizer=tok)
     held_out = tasks("eval", 8)
-    metrics = rl_train.evaluate(training.save_weights_and_get_sampling_client(), factory, held_out,
-                                config(tmp_path))
+    metrics = rl_train.evaluate(training.save_weights_and_get_sampling_client(), factory, held_out, config(tmp_path))
     model, _ = load_model("tiny-random")
     prompts = [render_prompt(tok, t.messages()) for t in held_out]
     answers = RolloutEngine(model, tok).generate(prompts, EngineSampling(max_new_tokens=8, greedy=True))
@@ -288,12 +314,13 @@ def logprobs_of(training, datum):
 def test_checkpoints_resume_the_iteration_counter_and_the_same_training(service, tmp_path, tok):
     factory = build_env_factory("arithmetic", NO_SPACE, tokenizer=tok)
     ids = tok.encode("What is 2 + 3? 5")
-    probe = types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
-                        loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)})
+    probe = types.Datum(
+        model_input=types.ModelInput.from_ints(ids[:-1]),
+        loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)},
+    )
     straight = service.create_lora_training_client("tiny-random", rank=0, seed=0)
     every = {"eval_every": 2, "save_every": 2}
-    train(config(tmp_path / "straight", iterations=3, **every), straight, factory, tasks("train", 8),
-          tasks("eval", 4))
+    train(config(tmp_path / "straight", iterations=3, **every), straight, factory, tasks("train", 8), tasks("eval", 4))
 
     first = service.create_lora_training_client("tiny-random", rank=0, seed=0)
     run = config(tmp_path / "split", iterations=3, **every)
@@ -309,24 +336,34 @@ def test_checkpoints_resume_the_iteration_counter_and_the_same_training(service,
     steps = [json.loads(line)["step"] for line in (log_path / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2, 3]  # the dead run's iteration 3 was dropped, then logged again
     np.testing.assert_array_equal(logprobs_of(resumed, probe), logprobs_of(straight, probe))
-    assert not np.array_equal(logprobs_of(resumed, probe), logprobs_of(
-        service.create_lora_training_client("tiny-random", rank=0, seed=0), probe))  # it did train
-    again = train(run, service.create_lora_training_client("tiny-random", rank=0, seed=0), factory,
-                  tasks("train", 8), tasks("eval", 4))
+    assert not np.array_equal(
+        logprobs_of(resumed, probe),
+        logprobs_of(service.create_lora_training_client("tiny-random", rank=0, seed=0), probe),
+    )  # it did train
+    again = train(
+        run,
+        service.create_lora_training_client("tiny-random", rank=0, seed=0),
+        factory,
+        tasks("train", 8),
+        tasks("eval", 4),
+    )
     assert again.start_iteration == 3 and again.metrics == []  # finished: nothing left to do
 
 
 # -- configuration -------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("override, message", [
-    ({"num_substeps": 0}, r"^RLTrainConfig.num_substeps: must be >= 1, got 0$"),
-    ({"loss_fn": "cross_entropy"}, r"^RLTrainConfig.loss_fn: must be one of importance_sampling, ppo, cispo, dro"),
-    ({"loss_fn": "ppo", "loss_fn_config": {"clip_hi": 1.3}}, r"^RLTrainConfig.loss_fn_config: 'ppo' takes"),
-    ({"kl_penalty_coef": -0.1}, r"^RLTrainConfig.kl_penalty_coef: must be >= 0"),
-    ({"batch_size": "8"}, r"^RLTrainConfig.batch_size: expected int, got '8'$"),
-    ({"advantage_per_turn": 1}, r"^RLTrainConfig.advantage_per_turn: expected bool, got 1$"),
-    ({"eval_every": -1}, r"^RLTrainConfig.eval_every: must be >= 0 \(0: never\), got -1$"),
-    ({"log_path": ""}, r"^RLTrainConfig.log_path: must name a folder"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"num_substeps": 0}, r"^RLTrainConfig.num_substeps: must be >= 1, got 0$"),
+        ({"loss_fn": "cross_entropy"}, r"^RLTrainConfig.loss_fn: must be one of importance_sampling, ppo, cispo, dro"),
+        ({"loss_fn": "ppo", "loss_fn_config": {"clip_hi": 1.3}}, r"^RLTrainConfig.loss_fn_config: 'ppo' takes"),
+        ({"kl_penalty_coef": -0.1}, r"^RLTrainConfig.kl_penalty_coef: must be >= 0"),
+        ({"batch_size": "8"}, r"^RLTrainConfig.batch_size: expected int, got '8'$"),
+        ({"advantage_per_turn": 1}, r"^RLTrainConfig.advantage_per_turn: expected bool, got 1$"),
+        ({"eval_every": -1}, r"^RLTrainConfig.eval_every: must be >= 0 \(0: never\), got -1$"),
+        ({"log_path": ""}, r"^RLTrainConfig.log_path: must name a folder"),
+    ],
+)
 def test_bad_config_is_a_one_line_error_naming_the_key(tmp_path, override, message):
     with pytest.raises(ConfigError, match=message):
         config(tmp_path, **override)

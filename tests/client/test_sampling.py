@@ -194,7 +194,11 @@ def test_model_path_folder_samples_its_weights(base, ids, tmp_path):
     weights = perturbed(model, 6)
     in_memory = SamplingClient("tiny-random", weights=weights)
     folder = in_memory.save_weights(tmp_path / "m")
-    assert AutoModelForCausalLM.from_pretrained(folder).state_dict()["model.norm.weight"].equal(weights["model.norm.weight"])
+    assert (
+        AutoModelForCausalLM.from_pretrained(folder)
+        .state_dict()["model.norm.weight"]
+        .equal(weights["model.norm.weight"])
+    )
     from_folder = sample(SamplingClient("tiny-random", model_path=folder), ids, seed=9).sequences[0]
     assert from_folder.tokens == sample(in_memory, ids, seed=9).sequences[0].tokens
     assert sample(SamplingClient(folder, model_path=folder), ids, seed=9).sequences[0].tokens == from_folder.tokens

@@ -25,8 +25,12 @@ def sft_data(tokenizer, texts):
     data = []
     for text in texts:
         ids = tokenizer.encode(text)
-        data.append(types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
-                                loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)}))
+        data.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(ids[:-1]),
+                loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)},
+            )
+        )
     return data
 
 
@@ -49,9 +53,13 @@ def test_sampler_logprobs_equal_the_learners_for_the_same_weights_and_tokens(ser
     prompt = types.ModelInput.from_ints(tok.encode("What is 2 + 3?"))
     seqs = sampler.sample(prompt, 4, types.SamplingParams(max_tokens=8, seed=3, stop=[])).result(timeout=60).sequences
     ob = prompt.length - 1
-    data = [types.Datum(model_input=prompt.append(types.EncodedTextChunk(tokens=s.tokens[:-1])),
-                        loss_fn_inputs={"target_tokens": [0] * ob + s.tokens, "weights": [0.0] * ob + [1.0] * 8})
-            for s in seqs]
+    data = [
+        types.Datum(
+            model_input=prompt.append(types.EncodedTextChunk(tokens=s.tokens[:-1])),
+            loss_fn_inputs={"target_tokens": [0] * ob + s.tokens, "weights": [0.0] * ob + [1.0] * 8},
+        )
+        for s in seqs
+    ]
     learner = training.forward(data, "cross_entropy").result(timeout=60).loss_fn_outputs
     for seq, out in zip(seqs, learner, strict=True):
         torch.testing.assert_close(out["logprobs"].to_torch()[ob:], torch.tensor(seq.logprobs), atol=1e-4, rtol=0)

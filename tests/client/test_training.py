@@ -28,8 +28,7 @@ def tiny_path(tmp_path_factory) -> str:
 @pytest.fixture
 def client(tiny_path, tmp_path):
     engine = LocalEngine(ModelParams(path=tiny_path, micro_batch_size=2), OptimParams())
-    c = TrainingClient(engine, base_model=tiny_path, model_id="t", run_dir=tmp_path / "run", lora=None,
-                       tokenizer=None)
+    c = TrainingClient(engine, base_model=tiny_path, model_id="t", run_dir=tmp_path / "run", lora=None, tokenizer=None)
     yield c
     c.close()
 
@@ -40,13 +39,19 @@ def rl_datum(prompt, sampled, sampler_lp, advantage) -> types.Datum:
     tokens = prompt + sampled[:-1]
     return types.Datum(
         model_input=types.ModelInput.from_ints(tokens),
-        loss_fn_inputs={"target_tokens": [0] * ob + sampled, "logprobs": [0.0] * ob + sampler_lp,
-                        "advantages": [0.0] * ob + [advantage] * len(sampled)})
+        loss_fn_inputs={
+            "target_tokens": [0] * ob + sampled,
+            "logprobs": [0.0] * ob + sampler_lp,
+            "advantages": [0.0] * ob + [advantage] * len(sampled),
+        },
+    )
 
 
 def sft_datum(tokens, weights) -> types.Datum:
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights})
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights},
+    )
 
 
 def oracle_logprobs(model, datum: types.Datum) -> torch.Tensor:
@@ -67,8 +72,11 @@ def grads_of(client) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in client._engine.model.named_parameters() if p.grad is not None}
 
 
-DATA = [sft_datum([3, 17, 40, 8, 99, 12], [0, 0, 1, 1, 1]), sft_datum([5, 6, 7], [1, 0.5]),
-        sft_datum([9, 10, 11, 12, 13, 14, 15, 16], [0, 0, 0, 1, 1, 1, 1])]
+DATA = [
+    sft_datum([3, 17, 40, 8, 99, 12], [0, 0, 1, 1, 1]),
+    sft_datum([5, 6, 7], [1, 0.5]),
+    sft_datum([9, 10, 11, 12, 13, 14, 15, 16], [0, 0, 0, 1, 1, 1, 1]),
+]
 
 
 def test_cross_entropy_loss_logprobs_and_gradient_equal_a_plain_forward(client):
@@ -102,22 +110,29 @@ def test_optim_step_is_torch_adamw_at_the_given_params(client):
     fwd.result(timeout=60)
     assert opt.result(timeout=60).metrics["learning_rate"] == pytest.approx(1e-2)
     torch_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.1)
-    ids = [(d.model_input.to_ints(), d.loss_fn_inputs["target_tokens"].to_torch(),
-            d.loss_fn_inputs["weights"].to_torch()) for d in DATA]
-    loss = sum(-(torch.log_softmax(reference(input_ids=torch.tensor([x])).logits[0], -1)
-                 .gather(-1, t[:, None])[:, 0] * w).sum() for x, t, w in ids)
+    ids = [
+        (d.model_input.to_ints(), d.loss_fn_inputs["target_tokens"].to_torch(), d.loss_fn_inputs["weights"].to_torch())
+        for d in DATA
+    ]
+    loss = sum(
+        -(
+            torch.log_softmax(reference(input_ids=torch.tensor([x])).logits[0], -1).gather(-1, t[:, None])[:, 0] * w
+        ).sum()
+        for x, t, w in ids
+    )
     loss.backward()
     torch_opt.step()
     # Adam's first step is about lr * sign(grad): entries whose grad is rounding noise may
     # step either way, so the weights are compared by norm against the size of the update.
-    diff = torch.cat([(a - b).detach().flatten() for a, b in zip(client._engine.model.parameters(), reference.parameters())])
+    diff = torch.cat(
+        [(a - b).detach().flatten() for a, b in zip(client._engine.model.parameters(), reference.parameters())]
+    )
     update = torch.cat([(b.detach() - a).flatten() for a, b in zip(start, reference.parameters())])
     assert float(update.norm()) > 1e-2 and float(diff.norm()) < 1e-3 * float(update.norm())
 
 
 def test_importance_sampling_on_cookbook_datums_and_a_custom_loss_written_as_it(client):
-    data = [rl_datum([4, 5, 6], [7, 8, 9], [-1.0, -2.0, -0.5], 1.0),
-            rl_datum([4, 5], [10, 2], [-3.0, -0.1], -0.5)]
+    data = [rl_datum([4, 5, 6], [7, 8, 9], [-1.0, -2.0, -0.5], 1.0), rl_datum([4, 5], [10, 2], [-3.0, -0.1], -0.5)]
     oracle = copy.deepcopy(client._engine.model).double()
     out = client.forward_backward(data, "importance_sampling").result(timeout=60)
     expected = 0
@@ -150,19 +165,50 @@ def test_forward_accumulates_no_gradient(client):
     assert out.metrics["loss:sum"] > 0 and not grads_of(client)
 
 
-@pytest.mark.parametrize(("data", "loss", "error", "match"), [
-    ([], "cross_entropy", DataError, "data is empty"),
-    ([sft_datum([1, 2, 3], [1.0])], "cross_entropy", DataError, r"datum 0: loss_fn_inputs\['weights'\] has shape \[1\]"),
-    ([DATA[0], types.Datum(model_input=types.ModelInput.from_ints([1, 2]), loss_fn_inputs={"target_tokens": [2, 3]})],
-     "cross_entropy", DataError, "datum 1: loss_fn_inputs has no 'weights'"),
-    ([types.Datum(model_input=types.ModelInput.from_ints([1, 2]),
-                  loss_fn_inputs={"target_tokens": [2, 3], "weights": [1.0, 1.0], "advantages": [1.0, 1.0]})],
-     "cross_entropy", DataError, "datum 0: loss_fn_inputs key 'advantages' is not an input"),
-    ([types.Datum(model_input=types.ModelInput.from_ints([1, 2]),
-                  loss_fn_inputs={"target_tokens": torch.tensor([2.0, 3.0]), "weights": [1.0, 1.0]})],
-     "cross_entropy", DataError, r"datum 0: loss_fn_inputs\['target_tokens'\] must hold integers"),
-    (DATA, "no_such_loss", ConfigError, "unknown loss_fn 'no_such_loss'.*cross_entropy.*registered"),
-])
+@pytest.mark.parametrize(
+    ("data", "loss", "error", "match"),
+    [
+        ([], "cross_entropy", DataError, "data is empty"),
+        (
+            [sft_datum([1, 2, 3], [1.0])],
+            "cross_entropy",
+            DataError,
+            r"datum 0: loss_fn_inputs\['weights'\] has shape \[1\]",
+        ),
+        (
+            [
+                DATA[0],
+                types.Datum(model_input=types.ModelInput.from_ints([1, 2]), loss_fn_inputs={"target_tokens": [2, 3]}),
+            ],
+            "cross_entropy",
+            DataError,
+            "datum 1: loss_fn_inputs has no 'weights'",
+        ),
+        (
+            [
+                types.Datum(
+                    model_input=types.ModelInput.from_ints([1, 2]),
+                    loss_fn_inputs={"target_tokens": [2, 3], "weights": [1.0, 1.0], "advantages": [1.0, 1.0]},
+                )
+            ],
+            "cross_entropy",
+            DataError,
+            "datum 0: loss_fn_inputs key 'advantages' is not an input",
+        ),
+        (
+            [
+                types.Datum(
+                    model_input=types.ModelInput.from_ints([1, 2]),
+                    loss_fn_inputs={"target_tokens": torch.tensor([2.0, 3.0]), "weights": [1.0, 1.0]},
+                )
+            ],
+            "cross_entropy",
+            DataError,
+            r"datum 0: loss_fn_inputs\['target_tokens'\] must hold integers",
+        ),
+        (DATA, "no_such_loss", ConfigError, "unknown loss_fn 'no_such_loss'.*cross_entropy.*registered"),
+    ],
+)
 def test_bad_input_is_one_clear_error_from_result_and_the_client_stays_usable(client, data, loss, error, match):
     future = client.forward_backward(data, loss)
     with pytest.raises(error, match=match):

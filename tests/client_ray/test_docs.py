@@ -12,10 +12,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_ray_snippet_runs_as_written(tmp_path):
-    blocks = re.findall(r"^```python\n(.*?)^```", (ROOT / "docs" / "client.md").read_text(), flags=re.DOTALL | re.MULTILINE)
+    blocks = re.findall(
+        r"^```python\n(.*?)^```", (ROOT / "docs" / "client.md").read_text(), flags=re.DOTALL | re.MULTILINE
+    )
     code = next(b for b in blocks if 'backend="ray"' in b)
-    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                            check=False, env={**os.environ, "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"})
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     losses, groups = result.stdout.strip().splitlines()[-2:]
     loss, grad_norm = map(float, losses.split())

@@ -35,9 +35,17 @@ def free_port() -> int:
 
 def probe(address: str) -> str:
     """Free CPUs of the cluster, as a new driver sees them (empty while it is not up)."""
-    code = f"import ray; ray.init(address={address!r}, log_to_driver=False); print(ray.available_resources().get('CPU'))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False,
-                         env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    code = (
+        f"import ray; ray.init(address={address!r}, log_to_driver=False); print(ray.available_resources().get('CPU'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )
     return out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else ""
 
 
@@ -50,15 +58,29 @@ def ray_head(tmp_path):
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths live under it (107-byte limit)
     log = open(tmp_path / "ray_head.log", "w")  # noqa: SIM115 -- open while the head runs
     head = subprocess.Popen(
-        ["ray", "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=4",
-         "--include-dashboard=false", f"--temp-dir={temp}", "--disable-usage-stats"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+        [
+            "ray",
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--node-ip-address=127.0.0.1",
+            "--num-cpus=4",
+            "--include-dashboard=false",
+            f"--temp-dir={temp}",
+            "--disable-usage-stats",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )
     address = f"127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
         while probe(address) != "4.0":
-            assert time.monotonic() < deadline and head.poll() is None, \
+            assert time.monotonic() < deadline and head.poll() is None, (
                 f"the Ray head did not come up: {(tmp_path / 'ray_head.log').read_text()[-2000:]}"
+            )
             time.sleep(1)
         yield head, address
     finally:
@@ -83,8 +105,15 @@ def test_the_client_runs_on_an_existing_cluster_and_leaves_it_running(ray_head, 
         assert ray.available_resources().get("CPU", 0) == 1  # 3 of its 4 CPUs are our bundles
         training = service.create_lora_training_client("tiny-random", rank=0, seed=0)
         ids = training.get_tokenizer().encode("one two three")
-        training.forward_backward([types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs={
-            "target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)})], "cross_entropy")
+        training.forward_backward(
+            [
+                types.Datum(
+                    model_input=types.ModelInput.from_ints(ids[:-1]),
+                    loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)},
+                )
+            ],
+            "cross_entropy",
+        )
         assert training.optim_step(types.AdamParams(learning_rate=1e-3)).result(timeout=60).metrics["grad_norm"] > 0
         sampler = training.save_weights_and_get_sampling_client()
         out = sampler.sample(types.ModelInput.from_ints(ids), 2, types.SamplingParams(max_tokens=3, seed=0, stop=[]))
@@ -99,7 +128,10 @@ def test_a_ray_started_here_too_small_for_the_bundles_is_one_line_and_is_shut_do
     from trinity_like.errors import TrinityError
 
     assert not ray.is_initialized()
-    with pytest.raises(TrinityError, match=r"^the client's bundles need \{'CPU': 2\.0\} but the Ray started here "
-                                           r"has \{'CPU': 1\.0\} \(set ray.num_cpus, or fewer bundles\)$"):
+    with pytest.raises(
+        TrinityError,
+        match=r"^the client's bundles need \{'CPU': 2\.0\} but the Ray started here "
+        r"has \{'CPU': 1\.0\} \(set ray.num_cpus, or fewer bundles\)$",
+    ):
         tinker.ServiceClient(backend="ray", ray={"num_cpus": 1}, log_dir=tmp_path)
     assert not ray.is_initialized()  # the Ray it started for nothing is gone again

@@ -34,16 +34,25 @@ def rl_like_loop(service, *, kill_at: int | None = None):
     steps, losses, tokens = [], [], []
     sampler = training.save_weights_and_get_sampling_client()
     for it in range(STEPS):
-        futures = [sampler.sample(p, GROUP, types.SamplingParams(max_tokens=6, seed=100 * it + i, stop=[]))
-                   for i, p in enumerate(prompts)]
+        futures = [
+            sampler.sample(p, GROUP, types.SamplingParams(max_tokens=6, seed=100 * it + i, stop=[]))
+            for i, p in enumerate(prompts)
+        ]
         if it == kill_at:
             time.sleep(0.5)  # the first requests are running on both samplers
             os.kill(service.sampler_pool.pids()[0], signal.SIGKILL)
         groups = wait_all(futures, timeout=120)
-        data = [types.Datum(model_input=p.append(types.EncodedTextChunk(tokens=s.tokens[:-1])),
-                            loss_fn_inputs={"target_tokens": [0] * (p.length - 1) + s.tokens,
-                                            "weights": [0.0] * (p.length - 1) + [1.0] * len(s.tokens)})
-                for p, g in zip(prompts, groups, strict=True) for s in g.sequences]
+        data = [
+            types.Datum(
+                model_input=p.append(types.EncodedTextChunk(tokens=s.tokens[:-1])),
+                loss_fn_inputs={
+                    "target_tokens": [0] * (p.length - 1) + s.tokens,
+                    "weights": [0.0] * (p.length - 1) + [1.0] * len(s.tokens),
+                },
+            )
+            for p, g in zip(prompts, groups, strict=True)
+            for s in g.sequences
+        ]
         fwd = training.forward_backward(data, "cross_entropy")
         training.optim_step(types.AdamParams(learning_rate=1e-2)).result(timeout=60)
         steps.append(getattr(training, "version", it + 1))
@@ -78,8 +87,12 @@ def test_a_killed_learner_is_a_one_line_error_saying_how_to_resume(ray_here, tmp
     with tinker.ServiceClient(backend="ray", ray=config, log_dir=tmp_path) as service:
         training = service.create_lora_training_client("tiny-random", rank=0, seed=0)
         ids = training.get_tokenizer().encode("one two three")
-        data = [types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
-                            loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)})]
+        data = [
+            types.Datum(
+                model_input=types.ModelInput.from_ints(ids[:-1]),
+                loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)},
+            )
+        ]
         adam = types.AdamParams(learning_rate=1e-2)
         training.forward_backward(data, "cross_entropy")
         training.optim_step(adam).result(timeout=60)

@@ -23,8 +23,15 @@ SAMPLE_DELAY, LEARN_DELAY = 0.4, 2.0
 @pytest.fixture(scope="module")
 def slow(ray_here, tmp_path_factory):
     """Two samplers taking at most one request each at a time, both slowed, and a slowed learner."""
-    config = RayClientConfig.from_dict({"learner": {"CPU": 1}, "samplers": {"count": 2, "CPU": 1}, "max_in_flight": 1,
-                                        "sampler_delay_s": SAMPLE_DELAY, "learner_delay_s": LEARN_DELAY})
+    config = RayClientConfig.from_dict(
+        {
+            "learner": {"CPU": 1},
+            "samplers": {"count": 2, "CPU": 1},
+            "max_in_flight": 1,
+            "sampler_delay_s": SAMPLE_DELAY,
+            "learner_delay_s": LEARN_DELAY,
+        }
+    )
     with tinker.ServiceClient(backend="ray", ray=config, log_dir=tmp_path_factory.mktemp("slow")) as service:
         training = service.create_lora_training_client("tiny-random", rank=0, seed=0)
         yield service, training
@@ -41,8 +48,10 @@ def done(future) -> bool:
 
 def datum(training):
     ids = training.get_tokenizer().encode("one two three")
-    return types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
-                       loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)})
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(ids[:-1]),
+        loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)},
+    )
 
 
 def test_the_bundles_are_one_placement_group_as_configured(slow):
@@ -82,8 +91,9 @@ def test_a_slow_learner_never_blocks_the_samplers(slow):
         training.forward_backward([datum(training)], "cross_entropy")
         steps.append(training.optim_step(types.AdamParams(learning_rate=1e-3)))
     prompt = types.ModelInput.from_ints([1, 2, 3])
-    answers = wait_all([sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2, seed=i)) for i in range(4)],
-                       timeout=60)
+    answers = wait_all(
+        [sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2, seed=i)) for i in range(4)], timeout=60
+    )
     assert len(answers) == 4 and not done(steps[-1])  # answered while the learner still trains
     version = training.version
     newer = training.save_weights_and_get_sampling_client()  # queued behind the three steps
@@ -99,29 +109,35 @@ def test_placement_that_cannot_be_met_is_a_one_line_error(ray_here, slow):
     assert {k for k, v in placement_group_table().items() if v["state"] != "REMOVED"} == live  # no group left
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"strategy": "TIGHT"}, r"^ray.strategy 'TIGHT' unknown; expected one of PACK, STRICT_PACK"),
-    ({"sampler": {"CPU": 1}}, r"^ray.sampler: unknown key; expected one of address, learner"),
-    ({"samplers": {"count": 0}}, r"^ray.samplers.count must be an integer >= 1, got 0$"),
-    ({"learner": {"CPUS": 1}}, r"^ray.learner.CPUS: unknown resource; expected CPU or GPU$"),
-    ({"max_in_flight": 0}, r"^ray.max_in_flight must be >= 1, got 0$"),
-    ({"address": "auto", "num_cpus": 2}, r"^ray.num_cpus sizes a Ray started here"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"strategy": "TIGHT"}, r"^ray.strategy 'TIGHT' unknown; expected one of PACK, STRICT_PACK"),
+        ({"sampler": {"CPU": 1}}, r"^ray.sampler: unknown key; expected one of address, learner"),
+        ({"samplers": {"count": 0}}, r"^ray.samplers.count must be an integer >= 1, got 0$"),
+        ({"learner": {"CPUS": 1}}, r"^ray.learner.CPUS: unknown resource; expected CPU or GPU$"),
+        ({"max_in_flight": 0}, r"^ray.max_in_flight must be >= 1, got 0$"),
+        ({"address": "auto", "num_cpus": 2}, r"^ray.num_cpus sizes a Ray started here"),
+    ],
+)
 def test_bad_config_is_a_one_line_error_naming_the_key(values, message):
     with pytest.raises(ConfigError, match=message):
         RayClientConfig.from_dict(values)
 
 
 def test_strict_pack_is_passed_to_ray_and_close_fails_what_is_left(ray_here, tmp_path):
-    config = RayClientConfig.from_dict({"strategy": "STRICT_PACK", "samplers": [{"CPU": 0.5}], "max_in_flight": 1,
-                                        "sampler_delay_s": 1.0})
+    config = RayClientConfig.from_dict(
+        {"strategy": "STRICT_PACK", "samplers": [{"CPU": 0.5}], "max_in_flight": 1, "sampler_delay_s": 1.0}
+    )
     with tinker.ServiceClient(backend="ray", ray=config, log_dir=tmp_path) as service:
         group = service._ray.placement_group
         table = placement_group_table(group)
         assert table["strategy"] == "STRICT_PACK" and list(table["bundles"].values()) == [{"CPU": 1.0}, {"CPU": 0.5}]
         sampler = service.create_sampling_client(base_model="tiny-random")
-        futures = [sampler.sample(types.ModelInput.from_ints([1, 2]), 1, types.SamplingParams(max_tokens=2, seed=i))
-                   for i in range(3)]  # one running (1 s), two waiting when the service closes
+        futures = [
+            sampler.sample(types.ModelInput.from_ints([1, 2]), 1, types.SamplingParams(max_tokens=2, seed=i))
+            for i in range(3)
+        ]  # one running (1 s), two waiting when the service closes
     for future in futures:  # each answered once: with an error, none left hanging
         with pytest.raises(TrinityError, match="closed"):
             future.result(timeout=60)

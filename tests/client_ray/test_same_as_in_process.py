@@ -39,8 +39,11 @@ NO_SPACE = {"reward_fn": "format", "reward_params": {"pattern": r"\S+"}, "max_to
 @pytest.fixture(scope="module")
 def services(ray_here, tmp_path_factory):
     local = tinker.ServiceClient(log_dir=tmp_path_factory.mktemp("local"))
-    on_ray = tinker.ServiceClient(backend="ray", log_dir=tmp_path_factory.mktemp("ray"),
-                                  ray=RayClientConfig.from_dict({"samplers": {"count": 2, "CPU": 1}}))
+    on_ray = tinker.ServiceClient(
+        backend="ray",
+        log_dir=tmp_path_factory.mktemp("ray"),
+        ray=RayClientConfig.from_dict({"samplers": {"count": 2, "CPU": 1}}),
+    )
     yield local, on_ray
     on_ray.close()
     local.close()
@@ -56,8 +59,12 @@ def sft_data(tokenizer, texts):
     out = []
     for text in texts:
         ids = tokenizer.encode(text)
-        out.append(types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
-                               loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)}))
+        out.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(ids[:-1]),
+                loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)},
+            )
+        )
     return out
 
 
@@ -68,6 +75,7 @@ def custom_ce(data, logprobs):
 
 def one_step(training, data, custom=False):
     if custom:
+
         def loss(data, logprobs):  # a closure: cloudpickled by value to the learner
             return custom_ce(data, logprobs)
 
@@ -136,8 +144,12 @@ def test_training_and_sampling_give_the_in_process_results(services, threads_one
         assert [s.tokens for s in x.sequences] == [s.tokens for s in y.sequences]
         for u, v in zip(x.sequences, y.sequences, strict=True):
             np.testing.assert_allclose(u.logprobs, v.logprobs, atol=1e-4, rtol=0)
-    np.testing.assert_allclose(np.array(sb.compute_logprobs(prompt).result(timeout=60)[1:]),
-                               np.array(sa.compute_logprobs(prompt).result(timeout=60)[1:]), atol=1e-4, rtol=0)
+    np.testing.assert_allclose(
+        np.array(sb.compute_logprobs(prompt).result(timeout=60)[1:]),
+        np.array(sa.compute_logprobs(prompt).result(timeout=60)[1:]),
+        atol=1e-4,
+        rtol=0,
+    )
     assert asyncio.run(_awaited(sb.sample(prompt, 1, params[0]))).sequences[0].tokens == ra[0].sequences[0].tokens
     a.close(), b.close()
 
@@ -155,12 +167,32 @@ def test_the_rl_loop_gives_the_same_run_in_process_and_on_ray(services, one_samp
     for name, service in (("local", local), ("ray", on_ray)):
         training = service.create_lora_training_client("tiny-random", rank=0, seed=0)
         factory = build_env_factory("arithmetic", NO_SPACE, tokenizer=training.get_tokenizer())
-        config = RLTrainConfig(log_path=str(tmp_path / name), iterations=3, batch_size=2, group_size=4, eval_every=3,
-                               save_every=3, progress=False, learning_rate=1e-3, seed=5)
-        result = train(config, training, factory, arithmetic_tasks(ArithmeticParams(), "train", 8),
-                       arithmetic_tasks(ArithmeticParams(), "eval", 4))
-        logs[name] = [{k: v for k, v in m.items() if not k.startswith(("time/", "throughput/")) and
-                       not k.endswith("tokens_per_s")} for m in result.metrics]
+        config = RLTrainConfig(
+            log_path=str(tmp_path / name),
+            iterations=3,
+            batch_size=2,
+            group_size=4,
+            eval_every=3,
+            save_every=3,
+            progress=False,
+            learning_rate=1e-3,
+            seed=5,
+        )
+        result = train(
+            config,
+            training,
+            factory,
+            arithmetic_tasks(ArithmeticParams(), "train", 8),
+            arithmetic_tasks(ArithmeticParams(), "eval", 4),
+        )
+        logs[name] = [
+            {
+                k: v
+                for k, v in m.items()
+                if not k.startswith(("time/", "throughput/")) and not k.endswith("tokens_per_s")
+            }
+            for m in result.metrics
+        ]
         saved = json.loads((tmp_path / name / "checkpoints.jsonl").read_text().splitlines()[-1])["path"]
         logs[name + "-weights"] = load_file(f"{saved}/model.safetensors")
         training.close()

@@ -65,8 +65,12 @@ ADVANTAGE_FN.register_module("cfgtest_adv", module=_cfgtest_adv, force=True)
 ALGORITHM_TYPE.register_module(
     "cfgtest_online",
     module=AlgorithmType(
-        description="Test online algorithm.", policy_loss="cfgtest_loss", advantage="cfgtest_adv", sample_strategy="cfgtest_sample",
-        params={"policy_loss": {"clip": 0.28}}, defaults={"explorer.group_size": 4},
+        description="Test online algorithm.",
+        policy_loss="cfgtest_loss",
+        advantage="cfgtest_adv",
+        sample_strategy="cfgtest_sample",
+        params={"policy_loss": {"clip": 0.28}},
+        defaults={"explorer.group_size": 4},
         requires={"synchronizer.offset": 0},
     ),
     force=True,
@@ -74,21 +78,33 @@ ALGORITHM_TYPE.register_module(
 ALGORITHM_TYPE.register_module(
     "cfgtest_pinned",
     module=AlgorithmType(
-        description="Test algorithm that cannot work without its loss.", policy_loss="cfgtest_loss",
-        advantage="cfgtest_adv", sample_strategy="cfgtest_sample", requires={"algorithm.policy_loss.name": "cfgtest_loss"},
+        description="Test algorithm that cannot work without its loss.",
+        policy_loss="cfgtest_loss",
+        advantage="cfgtest_adv",
+        sample_strategy="cfgtest_sample",
+        requires={"algorithm.policy_loss.name": "cfgtest_loss"},
     ),
     force=True,
 )
 ALGORITHM_TYPE.register_module(
     "cfgtest_offline",
-    module=AlgorithmType(description="Test offline algorithm.", policy_loss="cfgtest_nll", use_rollout=False, sample_strategy="cfgtest_sample",
-                         requires={"mode": "train"}),
+    module=AlgorithmType(
+        description="Test offline algorithm.",
+        policy_loss="cfgtest_nll",
+        use_rollout=False,
+        sample_strategy="cfgtest_sample",
+        requires={"mode": "train"},
+    ),
     force=True,
 )
 ALGORITHM_TYPE.register_module(
     "cfgtest_bad_inputs",
-    module=AlgorithmType(description="Loss needs values but no critic.", policy_loss="cfgtest_needs_values",
-                         advantage="cfgtest_adv", sample_strategy="cfgtest_sample"),
+    module=AlgorithmType(
+        description="Loss needs values but no critic.",
+        policy_loss="cfgtest_needs_values",
+        advantage="cfgtest_adv",
+        sample_strategy="cfgtest_sample",
+    ),
     force=True,
 )
 
@@ -183,9 +199,14 @@ def test_overrides_apply_and_their_errors_name_the_override(tmp_path):
 
 
 def test_preset_fills_only_unset_values_and_user_params_win(tmp_path):
-    p = write(tmp_path, BASE.replace("algorithm:\n  type: cfgtest_online\n",
-                                     "algorithm:\n  type: cfgtest_online\n  policy_loss:\n    clip: 0.1\n")
-              + "explorer:\n  group_size: 16\n")
+    p = write(
+        tmp_path,
+        BASE.replace(
+            "algorithm:\n  type: cfgtest_online\n",
+            "algorithm:\n  type: cfgtest_online\n  policy_loss:\n    clip: 0.1\n",
+        )
+        + "explorer:\n  group_size: 16\n",
+    )
     stage = load_plan(p).stages[0]
     assert stage.config.explorer.group_size == 16
     assert stage.components["policy_loss"].params.clip == 0.1
@@ -195,10 +216,15 @@ def test_preset_conflicts_are_errors_not_rewrites(tmp_path):
     p = write(tmp_path, BASE + "synchronizer:\n  offset: 2\n")
     msg = error_of(p)
     assert msg.startswith(f"{p}:13: synchronizer.offset: 2 conflicts with algorithm type 'cfgtest_online'")
-    p = write(tmp_path, BASE.replace("  type: cfgtest_online\n", "  type: cfgtest_pinned\n  policy_loss:\n    name: cfgtest_other\n"))
+    p = write(
+        tmp_path,
+        BASE.replace("  type: cfgtest_online\n", "  type: cfgtest_pinned\n  policy_loss:\n    name: cfgtest_other\n"),
+    )
     msg = error_of(p)  # a slot the algorithm pins in `requires` cannot be swapped
-    assert msg.startswith(f"{p}:5: algorithm.policy_loss.name: 'cfgtest_other' conflicts with algorithm type "
-                          "'cfgtest_pinned', which requires 'cfgtest_loss'")
+    assert msg.startswith(
+        f"{p}:5: algorithm.policy_loss.name: 'cfgtest_other' conflicts with algorithm type "
+        "'cfgtest_pinned', which requires 'cfgtest_loss'"
+    )
     offline = "algorithm:\n  type: cfgtest_offline\nmode: both\nbuffer:\n  train_data:\n    generator: arithmetic\n"
     msg = error_of(write(tmp_path, offline))
     assert ":3: mode: 'both' conflicts with algorithm type 'cfgtest_offline', which requires 'train'" in msg
@@ -206,8 +232,11 @@ def test_preset_conflicts_are_errors_not_rewrites(tmp_path):
 
 def test_a_slot_swapped_from_the_recipe_or_command_line_is_accepted_and_printed(tmp_path):
     """The researcher's path (plugins/README.md): a new loss on an existing algorithm type."""
-    in_file = write(tmp_path, BASE.replace("  type: cfgtest_online\n",
-                                           "  type: cfgtest_online\n  policy_loss:\n    name: cfgtest_other\n"), "a.yaml")
+    in_file = write(
+        tmp_path,
+        BASE.replace("  type: cfgtest_online\n", "  type: cfgtest_online\n  policy_loss:\n    name: cfgtest_other\n"),
+        "a.yaml",
+    )
     on_cli = load_plan(write(tmp_path, BASE), ["algorithm.policy_loss.name=cfgtest_other"])
     for plan in (load_plan(in_file), on_cli):
         (stage,) = plan.stages
@@ -216,31 +245,49 @@ def test_a_slot_swapped_from_the_recipe_or_command_line_is_accepted_and_printed(
         assert (comp.name, comp.params, comp.fn) == ("cfgtest_other", _OtherParams(), _cfgtest_other)
         assert stage.swapped == {"policy_loss": "cfgtest_loss"}
         text = describe_plan(plan)
-        assert "    policy_loss: cfgtest_other (swapped; algorithm cfgtest_online uses cfgtest_loss) (scale=1.0)" in text
+        assert (
+            "    policy_loss: cfgtest_other (swapped; algorithm cfgtest_online uses cfgtest_loss) (scale=1.0)" in text
+        )
     # a swapped-in component's params are its own, validated against its dataclass
-    plan = load_plan(write(tmp_path, BASE), ["algorithm.policy_loss.name=cfgtest_other", "algorithm.policy_loss.scale=2"])
+    plan = load_plan(
+        write(tmp_path, BASE), ["algorithm.policy_loss.name=cfgtest_other", "algorithm.policy_loss.scale=2"]
+    )
     assert plan.stages[0].components["policy_loss"].params == _OtherParams(scale=2.0)
-    msg = error_of(write(tmp_path, BASE), ["algorithm.policy_loss.name=cfgtest_other", "algorithm.policy_loss.clip=0.1"])
+    msg = error_of(
+        write(tmp_path, BASE), ["algorithm.policy_loss.name=cfgtest_other", "algorithm.policy_loss.clip=0.1"]
+    )
     assert "algorithm.policy_loss.clip: unknown parameter of _cfgtest_other" in msg
 
 
 def test_a_swap_needing_an_input_the_algorithm_lacks_is_rejected_with_file_and_line(tmp_path):
-    p = write(tmp_path, BASE.replace("  type: cfgtest_online\n",
-                                     "  type: cfgtest_online\n  policy_loss:\n    name: cfgtest_needs_values\n"))
+    p = write(
+        tmp_path,
+        BASE.replace(
+            "  type: cfgtest_online\n", "  type: cfgtest_online\n  policy_loss:\n    name: cfgtest_needs_values\n"
+        ),
+    )
     msg = error_of(p)
-    assert msg.startswith(f"{p}:5: algorithm.policy_loss.name: 'cfgtest_needs_values' needs ['values'], which "
-                          "algorithm 'cfgtest_online' does not provide (swapped in for 'cfgtest_loss'): values comes "
-                          "from a critic")
+    assert msg.startswith(
+        f"{p}:5: algorithm.policy_loss.name: 'cfgtest_needs_values' needs ['values'], which "
+        "algorithm 'cfgtest_online' does not provide (swapped in for 'cfgtest_loss'): values comes "
+        "from a critic"
+    )
     msg = error_of(write(tmp_path, BASE), ["algorithm.policy_loss.name=cfgtest_needs_values"])
-    assert msg.startswith(f"{tmp_path / 'r.yaml'}: override 'algorithm.policy_loss.name=cfgtest_needs_values': "
-                          "algorithm.policy_loss.name: 'cfgtest_needs_values' needs ['values']")
+    assert msg.startswith(
+        f"{tmp_path / 'r.yaml'}: override 'algorithm.policy_loss.name=cfgtest_needs_values': "
+        "algorithm.policy_loss.name: 'cfgtest_needs_values' needs ['values']"
+    )
 
 
 def test_component_params_are_validated(tmp_path):
-    p = write(tmp_path, BASE.replace("  type: cfgtest_online\n", "  type: cfgtest_online\n  policy_loss:\n    clipp: 0.1\n"))
+    p = write(
+        tmp_path, BASE.replace("  type: cfgtest_online\n", "  type: cfgtest_online\n  policy_loss:\n    clipp: 0.1\n")
+    )
     msg = error_of(p)
     assert msg.startswith(f"{p}:5:") and "algorithm.policy_loss.clipp: unknown parameter" in msg and "'clip'" in msg
-    p = write(tmp_path, BASE.replace("  type: cfgtest_online\n", "  type: cfgtest_online\n  policy_loss:\n    clip: wide\n"))
+    p = write(
+        tmp_path, BASE.replace("  type: cfgtest_online\n", "  type: cfgtest_online\n  policy_loss:\n    clip: wide\n")
+    )
     assert "algorithm.policy_loss.clip" in error_of(p)
 
 

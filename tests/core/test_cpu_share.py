@@ -47,8 +47,12 @@ with cores.computing(int(sys.argv[2])):
 def test_another_process_sees_the_flag_and_fit_sets_torch_threads(board):
     """Another process maps the same board: its explorer computing narrows this trainer."""
     before = torch.get_num_threads()
-    child = subprocess.Popen([sys.executable, "-c", HOLD, board.path, str(EXPLORER)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLD, board.path, str(EXPLORER)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout.readline().strip() == "computing"
         assert board.fit(TRAINER) == 3 and torch.get_num_threads() == 3
@@ -61,7 +65,9 @@ def test_another_process_sees_the_flag_and_fit_sets_torch_threads(board):
 
 
 def test_a_board_left_by_a_killed_driver_is_removed_by_the_next_and_close_removes_its_own():
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     orphan = shm_dir() / f"{PREFIX}{int(gone.stdout)}-deadbeef0000"
     orphan.write_bytes(b"\0\0")
     cores = CoreShare.create((1, 1), (2, 2))
@@ -85,12 +91,18 @@ def test_the_explorer_flags_its_rollouts_and_takes_its_width_at_every_decode_ste
     """An explorer with a board: flagged while it runs; every forward of a rollout runs at its
     share while the trainer computes, and at every core once the trainer stops mid-rollout."""
     from trinity_like.config import load_plan
+    from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks
     from trinity_like.explorer.worker import ExplorerWorker, sampling_params
     from trinity_like.models.resolve import resolve_model_path
-    from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks
 
-    cfg = load_plan(Path(__file__).resolve().parents[2] / "examples" / "grpo_arith.yaml",
-                    ["model.path=tiny-random", "explorer.batch_size=2", "explorer.group_size=2"]).stages[0].config
+    cfg = (
+        load_plan(
+            Path(__file__).resolve().parents[2] / "examples" / "grpo_arith.yaml",
+            ["model.path=tiny-random", "explorer.batch_size=2", "explorer.group_size=2"],
+        )
+        .stages[0]
+        .config
+    )
     before = torch.get_num_threads()
     try:
         worker = ExplorerWorker(cfg, str(resolve_model_path("tiny-random")), num_threads=4, cores=board)

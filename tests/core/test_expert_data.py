@@ -21,8 +21,12 @@ def test_a_strategy_that_mixes_expert_rows_needs_expert_data():
 
 
 def test_expert_data_no_strategy_reads_is_an_error_not_silently_ignored():
-    with pytest.raises(ConfigError, match=r"mix.yaml:\d+: buffer.expert_data: the sample strategy 'default' uses no expert data"):
-        load_plan(EXAMPLES / "mix.yaml", ["algorithm.type=grpo", "algorithm.policy_loss={}", "algorithm.sample_strategy={}"])
+    with pytest.raises(
+        ConfigError, match=r"mix.yaml:\d+: buffer.expert_data: the sample strategy 'default' uses no expert data"
+    ):
+        load_plan(
+            EXAMPLES / "mix.yaml", ["algorithm.type=grpo", "algorithm.policy_loss={}", "algorithm.sample_strategy={}"]
+        )
 
 
 def test_the_loss_must_tell_expert_rows_from_sampled_ones():
@@ -32,7 +36,8 @@ def test_the_loss_must_tell_expert_rows_from_sampled_ones():
 
 def test_a_plugin_strategy_that_declares_expert_data_gets_it_without_core_changes(tmp_path):
     plugin = tmp_path / "half_expert.py"
-    plugin.write_text(textwrap.dedent('''
+    plugin.write_text(
+        textwrap.dedent('''
         from dataclasses import dataclass
 
         from trinity_like.registry import SAMPLE_STRATEGY
@@ -58,11 +63,23 @@ def test_a_plugin_strategy_that_declares_expert_data_gets_it_without_core_change
 
             def load_state_dict(self, state):
                 pass
-    '''))
-    plan = load_plan(EXAMPLES / "mix.yaml", [
-        "algorithm.sample_strategy={name: half_expert}", f"run_root={tmp_path}", "model.path=tiny-random",
-        "trainer.engine=local", "trainer.total_steps=1", "monitor.progress=false", "buffer.eval_tasks=null",
-        "explorer.batch_size=2", "explorer.group_size=4"], plugins=[str(plugin)])
+    ''')
+    )
+    plan = load_plan(
+        EXAMPLES / "mix.yaml",
+        [
+            "algorithm.sample_strategy={name: half_expert}",
+            f"run_root={tmp_path}",
+            "model.path=tiny-random",
+            "trainer.engine=local",
+            "trainer.total_steps=1",
+            "monitor.progress=false",
+            "buffer.eval_tasks=null",
+            "explorer.batch_size=2",
+            "explorer.group_size=4",
+        ],
+        plugins=[str(plugin)],
+    )
     assert plan.stages[0].components["sample_strategy"].name == "half_expert"
     assert run_plan(plan) == 0
     rows = [json.loads(line) for line in (tmp_path / "mix" / "metrics.jsonl").read_text().splitlines()]

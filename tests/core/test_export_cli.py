@@ -22,8 +22,14 @@ TRAINING_FILES = {"optimizer.safetensors", "rng_state.safetensors", "trainer_sta
 
 def export(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    return subprocess.run([sys.executable, "-m", "trinity_like.cli", "export", *args], capture_output=True,
-                          text=True, env=env, timeout=300, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "trinity_like.cli", "export", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +41,12 @@ def tiny_path(tmp_path_factory) -> str:
 def batch() -> dict[str, torch.Tensor]:
     """Unpadded rows of random tokens: P prompt then R response tokens."""
     ids = torch.randint(3, 400, (B, P + R), generator=torch.Generator().manual_seed(2))
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.arange(P + R).expand(B, -1),
-            "response_mask": torch.ones(B, R)}
+    return {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "position_ids": torch.arange(P + R).expand(B, -1),
+        "response_mask": torch.ones(B, R),
+    }
 
 
 def nll(outputs, batch):
@@ -79,8 +89,9 @@ def test_lora_checkpoint_exports_a_merged_folder_with_the_engines_logprobs(tiny_
     torch.testing.assert_close(logprobs(model, batch), expected, rtol=1e-5, atol=1e-5)
     base = AutoModelForCausalLM.from_pretrained(tiny_path)
     assert not torch.allclose(logprobs(base, batch), expected, atol=1e-3)  # training moved them
-    assert AutoTokenizer.from_pretrained(tmp_path / "plain").encode("What is 2 + 3?") == \
-        AutoTokenizer.from_pretrained(tiny_path).encode("What is 2 + 3?")
+    assert AutoTokenizer.from_pretrained(tmp_path / "plain").encode("What is 2 + 3?") == AutoTokenizer.from_pretrained(
+        tiny_path
+    ).encode("What is 2 + 3?")
 
 
 def test_full_checkpoint_is_copied_without_its_training_state(tiny_path, batch, tmp_path):

@@ -16,8 +16,10 @@ CORE = Path(__file__).resolve().parents[2] / "trinity_like"
 def module_graph(root: Path) -> dict[str, set[str]]:
     """Module name -> the modules of the same package tree it imports (``from x import y``
     counts ``x.y`` when that is a module, else ``x``)."""
-    files = {".".join(f.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): f
-             for f in root.rglob("*.py")}
+    files = {
+        ".".join(f.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__"): f
+        for f in root.rglob("*.py")
+    }
     edges: dict[str, set[str]] = {m: set() for m in files}
     for mod, path in files.items():
         package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]

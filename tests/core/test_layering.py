@@ -19,9 +19,13 @@ def _imports(path: Path) -> list[tuple[int, str]]:
             out += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             out.append((node.lineno, node.module))
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
-            "import_module", "__import__"
-        ) and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("import_module", "__import__")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
             out.append((node.lineno, node.args[0].value))
     return out
 
@@ -38,8 +42,7 @@ def test_no_core_module_imports_the_algorithm_pack_or_plugins():
 
 def test_importing_every_core_module_loads_no_plugin():
     modules = sorted(
-        ".".join(p.relative_to(CORE.parent).with_suffix("").parts).removesuffix(".__init__")
-        for p in CORE.rglob("*.py")
+        ".".join(p.relative_to(CORE.parent).with_suffix("").parts).removesuffix(".__init__") for p in CORE.rglob("*.py")
     )
     code = (
         "import importlib, sys\n"

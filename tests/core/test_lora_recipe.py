@@ -29,11 +29,17 @@ def tiny_path(tmp_path_factory) -> str:
 
 
 def test_recipe_keys_validate_and_typos_are_errors():
-    plan = load_plan(EXAMPLES / "grpo_arith.yaml", ["model.lora_rank=8", "model.lora_alpha=16",
-                                                     "model.lora_train_unembed=false"])
+    plan = load_plan(
+        EXAMPLES / "grpo_arith.yaml", ["model.lora_rank=8", "model.lora_alpha=16", "model.lora_train_unembed=false"]
+    )
     m = plan.stages[0].config.model
     assert (m.lora_rank, m.lora_alpha, m.lora_train_attn, m.lora_train_mlp, m.lora_train_unembed) == (
-        8, 16.0, True, True, False)
+        8,
+        16.0,
+        True,
+        True,
+        False,
+    )
     with pytest.raises(ConfigError, match="did you mean 'lora_rank'"):
         load_plan(EXAMPLES / "grpo_arith.yaml", ["model.lora_rnak=8"])
     with pytest.raises(ConfigError, match="model.lora_rank"):
@@ -41,8 +47,9 @@ def test_recipe_keys_validate_and_typos_are_errors():
 
 
 def test_build_engine_trains_an_adapter_on_the_policy_only(tiny_path):
-    cfg = Config.model_validate({"seed": 5, "trainer": {"engine": "local"},
-                                 "model": {"lora_rank": 4, "lora_train_unembed": False}})
+    cfg = Config.model_validate(
+        {"seed": 5, "trainer": {"engine": "local"}, "model": {"lora_rank": 4, "lora_train_unembed": False}}
+    )
     actor = build_engine(cfg, tiny_path)
     assert isinstance(actor, LocalEngine)
     assert actor.params.lora == LoraParams(rank=4, train_unembed=False, seed=5)
@@ -56,13 +63,31 @@ def test_a_grpo_recipe_trains_an_adapter_on_a_tied_output_layer_end_to_end(tmp_p
     """tiny-random ties its output layer; with lora_train_unembed (the default) the merged
     weights carry a trained lm_head and the explorer unties its model to hold them: the run
     finishes and its samples come from the trained weights (rollout logprobs match the trainer's)."""
-    cmd = [sys.executable, "-m", "trinity_like.cli", "run", "--config", str(EXAMPLES / "grpo_arith.yaml"),
-           f"run_root={tmp_path}", "model.path=tiny-random", "trainer.engine=local", "trainer.total_steps=2",
-           "trainer.micro_batch_size=8", "explorer.batch_size=2", "explorer.group_size=4", "monitor.progress=false",
-           "buffer.eval_tasks.size=4", "model.lora_rank=4", "trainer.optimizer.lr=0.05",
-           # rewards that differ within a group on a random model: responses with an even length
-           "explorer.reward_fn=format", "explorer.reward_args.pattern=(..)*"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "trinity_like.cli",
+        "run",
+        "--config",
+        str(EXAMPLES / "grpo_arith.yaml"),
+        f"run_root={tmp_path}",
+        "model.path=tiny-random",
+        "trainer.engine=local",
+        "trainer.total_steps=2",
+        "trainer.micro_batch_size=8",
+        "explorer.batch_size=2",
+        "explorer.group_size=4",
+        "monitor.progress=false",
+        "buffer.eval_tasks.size=4",
+        "model.lora_rank=4",
+        "trainer.optimizer.lr=0.05",
+        # rewards that differ within a group on a random model: responses with an even length
+        "explorer.reward_fn=format",
+        "explorer.reward_args.pattern=(..)*",
+    ]
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "RAY_AUTH_MODE": "disabled"}
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "grpo_arith" / "metrics.jsonl").read_text().splitlines()]
     diffs = [r["rollout_logprob_diff"] for r in rows if "rollout_logprob_diff" in r]

@@ -25,8 +25,15 @@ RECIPE = textwrap.dedent(
         generator: arithmetic
     """
 )
-TINY = ["model.path=tiny-random", "trainer.engine=local", "trainer.total_steps=2", "trainer.micro_batch_size=3",
-        "explorer.batch_size=2", "explorer.group_size=4", "monitor.progress=false"]
+TINY = [
+    "model.path=tiny-random",
+    "trainer.engine=local",
+    "trainer.total_steps=2",
+    "trainer.micro_batch_size=3",
+    "explorer.batch_size=2",
+    "explorer.group_size=4",
+    "monitor.progress=false",
+]
 
 
 def code_blocks(text: str, lang: str) -> list[str]:
@@ -41,8 +48,12 @@ def guide_loss_file() -> str:
 
 def guide_command() -> list[str]:
     """The guide's `trinity-like run ... --plugin my_loss.py ...` line, split like a shell would."""
-    lines = [ln for b in code_blocks(GUIDE.read_text(), "bash") for ln in b.splitlines()
-             if ln.startswith("trinity-like run ") and "--plugin my_loss.py" in ln]
+    lines = [
+        ln
+        for b in code_blocks(GUIDE.read_text(), "bash")
+        for ln in b.splitlines()
+        if ln.startswith("trinity-like run ") and "--plugin my_loss.py" in ln
+    ]
     (line,) = lines
     return shlex.split(line)
 
@@ -51,14 +62,27 @@ def cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     assert args[0] == "trinity-like"  # the console script, run with this interpreter
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     env.pop("TRINITY_LIKE_PLUGINS", None)
-    return subprocess.run([sys.executable, "-m", "trinity_like.cli", *args[1:]], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "trinity_like.cli", *args[1:]],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=600,
+    )
 
 
 def test_the_guide_shows_the_command_the_test_runs():
-    assert guide_command() == ["trinity-like", "run", "--config", "recipe.yaml", "--plugin", "my_loss.py",
-                               "algorithm.policy_loss.name=my_loss"]
-    assert "@POLICY_LOSS_FN.register_module(\"my_loss\")" in guide_loss_file()
+    assert guide_command() == [
+        "trinity-like",
+        "run",
+        "--config",
+        "recipe.yaml",
+        "--plugin",
+        "my_loss.py",
+        "algorithm.policy_loss.name=my_loss",
+    ]
+    assert '@POLICY_LOSS_FN.register_module("my_loss")' in guide_loss_file()
 
 
 def test_the_guides_dry_run_line_is_what_dry_run_prints(tmp_path):

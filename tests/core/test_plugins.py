@@ -31,14 +31,26 @@ LOSS_SRC = textwrap.dedent(
 
 def run_py(code: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env=full_env, cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=300,
+    )
 
 
 def cli(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "trinity_like.cli", *args], capture_output=True, text=True,
-                          env=full_env, cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "trinity_like.cli", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=300,
+    )
 
 
 def test_first_party_pack_is_loaded_through_its_entry_point():
@@ -68,7 +80,7 @@ def test_module_file_and_folder_plugins_resolve_and_reach_child_processes(tmp_pa
         sys.path.insert(0, {str(tmp_path)!r})
         from trinity_like.plugins import load_plugins
         from trinity_like.registry import POLICY_LOSS_FN
-        load_plugins(["mod_plugin", {str(tmp_path / 'file_plugin.py')!r}, {str(pkg)!r}])
+        load_plugins(["mod_plugin", {str(tmp_path / "file_plugin.py")!r}, {str(pkg)!r}])
         load_plugins(["mod_plugin"])  # loading twice is a no-op, not a duplicate error
         for n in ("from_module", "from_file", "from_folder"):
             assert POLICY_LOSS_FN.describe(n) == f"Test loss {{n}}.", n
@@ -122,9 +134,22 @@ def test_plugin_import_error_inside_plugin_is_not_reported_as_missing(tmp_path):
 def test_example_plugin_installs_and_resolves_like_first_party(tmp_path):
     target = tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "--target", str(target), str(EXAMPLE)],
-        check=True, capture_output=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "--target",
+            str(target),
+            str(EXAMPLE),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     env = {"PYTHONPATH": str(target)}
     out = cli("list", "POLICY_LOSS_FN", env=env)
@@ -161,7 +186,7 @@ def test_ray_workers_load_the_same_plugins(tmp_path):
         f"""
         import ray
         from trinity_like.plugins import load_plugins, ray_runtime_env
-        load_plugins([{str(tmp_path / 'ray_plugin.py')!r}])
+        load_plugins([{str(tmp_path / "ray_plugin.py")!r}])
         ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, runtime_env=ray_runtime_env())
         try:
             @ray.remote

@@ -10,8 +10,19 @@ from trinity_like.registry import REGISTRIES, Registry, RegistryError, UnknownNa
 
 def test_the_registries_exist():
     assert set(REGISTRIES) == {
-        "ALGORITHM_TYPE", "POLICY_LOSS_FN", "ADVANTAGE_FN", "KL_FN", "ENTROPY_LOSS_FN",
-        "SAMPLE_STRATEGY", "WORKFLOW", "REWARD_FN", "BUFFER_STORAGE", "MONITOR", "TASK_SOURCE", "ENV", "REWARD_TRANSFORM",
+        "ALGORITHM_TYPE",
+        "POLICY_LOSS_FN",
+        "ADVANTAGE_FN",
+        "KL_FN",
+        "ENTROPY_LOSS_FN",
+        "SAMPLE_STRATEGY",
+        "WORKFLOW",
+        "REWARD_FN",
+        "BUFFER_STORAGE",
+        "MONITOR",
+        "TASK_SOURCE",
+        "ENV",
+        "REWARD_TRANSFORM",
     }
 
 

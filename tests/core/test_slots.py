@@ -48,17 +48,23 @@ def test_every_weighted_slot_takes_coef_as_a_slot_key(recipe):
     # a swapped KL estimator keeps the slot's weight: coef weighs the term, not the estimator
     (stage,) = load_plan(recipe, ["algorithm.kl_loss.name=k2"]).stages
     assert stage.components["kl_loss"] == ComponentSpec("KL_FN", "k2", None, 0.001)
-    assert "kl_loss: k2 coef=0.001 (swapped; algorithm grpo uses k3)" in describe_plan(load_plan(recipe, ["algorithm.kl_loss.name=k2"]))
+    assert "kl_loss: k2 coef=0.001 (swapped; algorithm grpo uses k3)" in describe_plan(
+        load_plan(recipe, ["algorithm.kl_loss.name=k2"])
+    )
 
 
 def test_a_weight_is_required_and_checked_with_file_and_line(recipe):
     msg = error_of(recipe, ["algorithm.entropy_loss.name=entropy"])
-    assert msg.startswith(f"{recipe}: override 'algorithm.entropy_loss.name=entropy': algorithm.entropy_loss.coef: "
-                          "set the weight of the 'entropy' entropy_loss")
+    assert msg.startswith(
+        f"{recipe}: override 'algorithm.entropy_loss.name=entropy': algorithm.entropy_loss.coef: "
+        "set the weight of the 'entropy' entropy_loss"
+    )
     msg = error_of(recipe, ["algorithm.kl_loss.coef=-1"])
     assert "algorithm.kl_loss.coef: must be a number >= 0 (got -1)" in msg
     # coef is no param of a component: on an unweighted slot it is an unknown parameter
-    assert "algorithm.policy_loss.coef: unknown parameter of ppo_loss" in error_of(recipe, ["algorithm.policy_loss.coef=1"])
+    assert "algorithm.policy_loss.coef: unknown parameter of ppo_loss" in error_of(
+        recipe, ["algorithm.policy_loss.coef=1"]
+    )
 
 
 def test_none_switches_a_slot_off_and_dry_run_says_so(recipe):
@@ -75,21 +81,31 @@ def test_slots_a_stage_cannot_train_without_cannot_be_off(recipe):
     msg = error_of(recipe, ["algorithm.policy_loss.name=none"])
     assert "algorithm.policy_loss.name: cannot be 'none': algorithm 'grpo' needs a policy_loss" in msg
     assert "cannot be 'none'" in error_of(recipe, ["algorithm.sample_strategy.name=none"])
-    assert "algorithm.value_loss.name: algorithm 'grpo' trains no critic" in error_of(recipe, ["algorithm.value_loss.name=value_clip"])
+    assert "algorithm.value_loss.name: algorithm 'grpo' trains no critic" in error_of(
+        recipe, ["algorithm.value_loss.name=value_clip"]
+    )
 
 
 def test_the_objective_weights_the_entropy_term_by_the_slot_coef(recipe):
-    (stage,) = load_plan(recipe, ["algorithm.entropy_loss.name=entropy", "algorithm.entropy_loss.coef=0.1",
-                                  "algorithm.kl_loss.name=none"]).stages
+    (stage,) = load_plan(
+        recipe,
+        ["algorithm.entropy_loss.name=entropy", "algorithm.entropy_loss.coef=0.1", "algorithm.kl_loss.name=none"],
+    ).stages
     obj = objective.objective_from_stage(stage, one_update=True)
     g = torch.Generator().manual_seed(0)
     logprob = -torch.rand(3, 4, generator=g, dtype=torch.float64)
     entropy = torch.rand(3, 4, generator=g, dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]], dtype=torch.float64)
-    batch = {"response_mask": mask, "advantages": torch.randn(3, 4, generator=g, dtype=torch.float64),
-             "num_tokens": mask.sum(), "num_seqs": torch.tensor(3)}
+    batch = {
+        "response_mask": mask,
+        "advantages": torch.randn(3, 4, generator=g, dtype=torch.float64),
+        "num_tokens": mask.sum(),
+        "num_seqs": torch.tensor(3),
+    }
     with_entropy, metrics = obj({"logprob": logprob, "entropy": entropy}, batch)
-    without, _ = objective.Objective(policy_loss=stage.components["policy_loss"], one_update=True)({"logprob": logprob}, batch)
+    without, _ = objective.Objective(policy_loss=stage.components["policy_loss"], one_update=True)(
+        {"logprob": logprob}, batch
+    )
     # oracle: -coef * mean over the 7 response tokens of the entropy, summed by hand
     by_hand = sum(float(entropy[i, j]) for i in range(3) for j in range(4) if mask[i, j]) / 7
     assert float(with_entropy - without) == pytest.approx(-0.1 * by_hand)

@@ -26,8 +26,15 @@ class _CountParams:
 
 def _count_tasks(*, split: str, size: int | None, seed: int, system_prompt: str | None, params: _CountParams):
     """'What comes after n?' for n < upto (a test source)."""
-    tasks = [Task(prompt=f"What comes after {n}?", answer=str(n + 1), task_id=f"{split}-{seed}-{n}",
-                  system_prompt=system_prompt) for n in range(params.upto)]
+    tasks = [
+        Task(
+            prompt=f"What comes after {n}?",
+            answer=str(n + 1),
+            task_id=f"{split}-{seed}-{n}",
+            system_prompt=system_prompt,
+        )
+        for n in range(params.upto)
+    ]
     return iter(tasks[:size])  # any iterable of tasks will do
 
 
@@ -36,7 +43,9 @@ TASK_SOURCE.register_module("tstest_count", module=_count_tasks, force=True)
 
 def recipe(tmp_path, tasks: str) -> str:
     path = tmp_path / "r.yaml"
-    path.write_text("name: t\nalgorithm:\n  type: grpo\nbuffer:\n  tasks:\n" + textwrap.indent(textwrap.dedent(tasks), "    "))
+    path.write_text(
+        "name: t\nalgorithm:\n  type: grpo\nbuffer:\n  tasks:\n" + textwrap.indent(textwrap.dedent(tasks), "    ")
+    )
     return path
 
 
@@ -61,8 +70,12 @@ def test_a_generated_dataset_is_what_the_source_returns(tmp_path):
     # the dataset's seed orders the problems; no system prompt set: the calculator's
     assert tasks == arithmetic_tasks(ArithmeticParams(), "train", 5, seed=3)
     assert tasks[0].system_prompt == CALCULATOR_PROMPT
-    (stage,) = load_plan(recipe(tmp_path, "generator: arithmetic\nsize: 2\nsystem_prompt: ''\n"
-                                          "generator_args:\n  ranges: [[1, 3]]\n  ops: ['*']\n")).stages
+    (stage,) = load_plan(
+        recipe(
+            tmp_path,
+            "generator: arithmetic\nsize: 2\nsystem_prompt: ''\ngenerator_args:\n  ranges: [[1, 3]]\n  ops: ['*']\n",
+        )
+    ).stages
     tasks = generated_tasks(stage.config.buffer.tasks, "buffer.tasks")
     assert [t.system_prompt for t in tasks] == [None, None]
     assert all(" * " in t.info["expression"] for t in tasks)
@@ -70,8 +83,10 @@ def test_a_generated_dataset_is_what_the_source_returns(tmp_path):
 
 def test_unknown_sources_and_args_fail_at_resolve_time_with_file_and_line(tmp_path):
     msg = error_of(recipe(tmp_path, "generator: arithmetc\n"))
-    assert msg.startswith(f"{tmp_path / 'r.yaml'}:6: buffer.tasks.generator: unknown task source 'arithmetc'; "
-                          "did you mean 'arithmetic'? (registered: arithmetic, reasoning_gym")
+    assert msg.startswith(
+        f"{tmp_path / 'r.yaml'}:6: buffer.tasks.generator: unknown task source 'arithmetc'; "
+        "did you mean 'arithmetic'? (registered: arithmetic, reasoning_gym"
+    )
     msg = error_of(recipe(tmp_path, "generator: arithmetic\ngenerator_args:\n  num_term: 3\n"))
     assert msg.startswith(f"{tmp_path / 'r.yaml'}:8: buffer.tasks.generator_args.num_term: unknown parameter")
     assert "did you mean 'num_terms'" in msg
@@ -93,11 +108,15 @@ def test_a_colon_names_the_dataset_of_a_source_that_has_one(tmp_path):
 
 
 def test_a_registered_source_is_used_from_a_recipe(tmp_path):
-    (stage,) = load_plan(recipe(tmp_path, "generator: tstest_count\nsize: 3\nsystem_prompt: Count.\n"
-                                          "generator_args:\n  upto: 5\n")).stages
+    (stage,) = load_plan(
+        recipe(tmp_path, "generator: tstest_count\nsize: 3\nsystem_prompt: Count.\ngenerator_args:\n  upto: 5\n")
+    ).stages
     tasks = generated_tasks(stage.config.buffer.tasks, "buffer.tasks")
     assert [(t.prompt, t.answer, t.system_prompt) for t in tasks] == [
-        ("What comes after 0?", "1", "Count."), ("What comes after 1?", "2", "Count."), ("What comes after 2?", "3", "Count.")]
+        ("What comes after 0?", "1", "Count."),
+        ("What comes after 1?", "2", "Count."),
+        ("What comes after 2?", "3", "Count."),
+    ]
     msg = error_of(recipe(tmp_path, "generator: tstest_count\ngenerator_args:\n  upot: 5\n"))
     assert "buffer.tasks.generator_args.upot: unknown parameter of _count_tasks; did you mean 'upto'?" in msg
 
@@ -124,20 +143,39 @@ def echo_tasks(*, split, size, seed, system_prompt, params: EchoParams):
 
 def test_a_plugin_registers_a_source_that_list_and_validate_see(tmp_path):
     (tmp_path / "echo_tasks.py").write_text(PLUGIN)
-    (tmp_path / "r.yaml").write_text("plugins: [./echo_tasks.py]\nbuffer:\n  tasks:\n    generator: echo\n"
-                                     "    generator_args: {word: hello}\n")
+    (tmp_path / "r.yaml").write_text(
+        "plugins: [./echo_tasks.py]\nbuffer:\n  tasks:\n    generator: echo\n    generator_args: {word: hello}\n"
+    )
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     env.pop("TRINITY_LIKE_PLUGINS", None)
-    out = subprocess.run([sys.executable, "-m", "trinity_like.cli", "list", "task_source", "--plugin",
-                          str(tmp_path / "echo_tasks.py")], capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "trinity_like.cli", "list", "task_source", "--plugin", str(tmp_path / "echo_tasks.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0 and "  echo " in out.stdout and "a plugin's task source" in out.stdout, out.stderr
-    out = subprocess.run([sys.executable, "-m", "trinity_like.cli", "validate", str(tmp_path / "r.yaml")],
-                         capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "trinity_like.cli", "validate", str(tmp_path / "r.yaml")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     (tmp_path / "r.yaml").write_text((tmp_path / "r.yaml").read_text().replace("word:", "wrd:"))
-    out = subprocess.run([sys.executable, "-m", "trinity_like.cli", "validate", str(tmp_path / "r.yaml")],
-                         capture_output=True, text=True, env=env, timeout=300)
-    assert out.returncode == 2 and f"{tmp_path / 'r.yaml'}:5: buffer.tasks.generator_args.wrd: unknown parameter" in out.stderr
+    out = subprocess.run(
+        [sys.executable, "-m", "trinity_like.cli", "validate", str(tmp_path / "r.yaml")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert (
+        out.returncode == 2
+        and f"{tmp_path / 'r.yaml'}:5: buffer.tasks.generator_args.wrd: unknown parameter" in out.stderr
+    )
 
 
 def test_list_models_shows_each_built_in_model_on_one_line(capsys):
@@ -157,6 +195,11 @@ def test_list_models_shows_each_built_in_model_on_one_line(capsys):
 def test_list_into_a_pipe_that_closes_early_is_quiet():
     # `true` exits without reading: every write of `list` meets a closed pipe
     cmd = f"set -o pipefail; {sys.executable} -m trinity_like.cli list | true"
-    out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True,
-                         env={**os.environ, "RAY_AUTH_MODE": "disabled"}, timeout=300)
+    out = subprocess.run(
+        ["bash", "-c", cmd],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+        timeout=300,
+    )
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr

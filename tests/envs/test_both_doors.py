@@ -33,12 +33,22 @@ def test_the_client_loop_trains_the_env(tmp_path):
         training = service.create_lora_training_client("tiny-random", rank=0, seed=0)
         tok = training.get_tokenizer()
         ids = tok.encode("What is 2 + 3? 5")
-        probe = tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints(ids[:-1]),
-                                   loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)})
+        probe = tinker.types.Datum(
+            model_input=tinker.types.ModelInput.from_ints(ids[:-1]),
+            loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)},
+        )
         before = training.forward([probe], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
         factory = build_env_factory("arithmetic", ENV_ARGS, tokenizer=tok)
-        config = RLTrainConfig(log_path=str(tmp_path / "run"), iterations=2, batch_size=BATCH, group_size=GROUP,
-                               learning_rate=1e-5, eval_every=0, save_every=0, progress=False)
+        config = RLTrainConfig(
+            log_path=str(tmp_path / "run"),
+            iterations=2,
+            batch_size=BATCH,
+            group_size=GROUP,
+            learning_rate=1e-5,
+            eval_every=0,
+            save_every=0,
+            progress=False,
+        )
         tasks = arithmetic_tasks(ArithmeticParams(), "train", 2 * BATCH)
         result = train(config, training, factory, tasks)
         after = training.forward([probe], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
@@ -55,10 +65,19 @@ def test_the_client_loop_trains_the_env(tmp_path):
 
 def test_a_recipe_trains_the_same_env(tmp_path):
     env = json.dumps({"env": "arithmetic", "env_args": ENV_ARGS})
-    overrides = [f"run_root={tmp_path}", "model.path=tiny-random", "trainer.engine=local", "trainer.total_steps=2",
-                 f"explorer.batch_size={BATCH}", f"explorer.group_size={GROUP}", f"explorer.workflow_args={env}",
-                 "algorithm.dynamic_sampling=false", "buffer.eval_tasks.size=4", "monitor.progress=false",
-                 "checkpoint.interval=2"]
+    overrides = [
+        f"run_root={tmp_path}",
+        "model.path=tiny-random",
+        "trainer.engine=local",
+        "trainer.total_steps=2",
+        f"explorer.batch_size={BATCH}",
+        f"explorer.group_size={GROUP}",
+        f"explorer.workflow_args={env}",
+        "algorithm.dynamic_sampling=false",
+        "buffer.eval_tasks.size=4",
+        "monitor.progress=false",
+        "checkpoint.interval=2",
+    ]
     plan = load_plan(REPO / "examples" / "multiturn_tool.yaml", overrides)
     assert run_plan(plan) == 0
     run_dir = Path(plan.stages[0].config.run_dir())

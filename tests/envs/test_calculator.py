@@ -29,30 +29,58 @@ from trinity_like.models.tiny import build_tiny_model
 TASK = Task("What is 626 + 562?", "1188", "t0", system_prompt=CALCULATOR_PROMPT)
 
 
-@pytest.mark.parametrize("expression, value", [
-    ("123+456", 579), (" 123 + 456 = ", 579), ("2*(3+4)-10/4", Fraction(23, 2)), ("-3+5", 2), ("--3", 3),
-    ("((7))", 7), ("10-2-3", 5), ("2+3*4", 14), ("100/8/5", Fraction(5, 2)), ("+4*-2", -8), ("0/5", 0),
-])
+@pytest.mark.parametrize(
+    "expression, value",
+    [
+        ("123+456", 579),
+        (" 123 + 456 = ", 579),
+        ("2*(3+4)-10/4", Fraction(23, 2)),
+        ("-3+5", 2),
+        ("--3", 3),
+        ("((7))", 7),
+        ("10-2-3", 5),
+        ("2+3*4", 14),
+        ("100/8/5", Fraction(5, 2)),
+        ("+4*-2", -8),
+        ("0/5", 0),
+    ],
+)
 def test_calculator_evaluates_integer_arithmetic(expression, value):
     assert evaluate(expression) == value
 
 
-@pytest.mark.parametrize("expression, error", [
-    ("", "empty expression"), ("=", "empty expression"), ("1+", "incomplete expression"),
-    ("1 2", "unexpected '2'"), ("abc", "unexpected character 'a'"), ("2**3", "unexpected '*'"),
-    ("(1+2", "incomplete expression"), ("(1+2]", "unexpected character ']'"), ("1)", "unexpected ')'"),
-    ("__import__('os')", "unexpected character '_'"), ("1.5+1", "unexpected character '.'"),
-    ("1/0", "division by zero"), ("1/(2-2)", "division by zero"),
-    ("1+" * 60 + "1", f"longer than {MAX_EXPRESSION_CHARS} characters"), ("9" * (MAX_DIGITS + 1), "digits"),
-])
+@pytest.mark.parametrize(
+    "expression, error",
+    [
+        ("", "empty expression"),
+        ("=", "empty expression"),
+        ("1+", "incomplete expression"),
+        ("1 2", "unexpected '2'"),
+        ("abc", "unexpected character 'a'"),
+        ("2**3", "unexpected '*'"),
+        ("(1+2", "incomplete expression"),
+        ("(1+2]", "unexpected character ']'"),
+        ("1)", "unexpected ')'"),
+        ("__import__('os')", "unexpected character '_'"),
+        ("1.5+1", "unexpected character '.'"),
+        ("1/0", "division by zero"),
+        ("1/(2-2)", "division by zero"),
+        ("1+" * 60 + "1", f"longer than {MAX_EXPRESSION_CHARS} characters"),
+        ("9" * (MAX_DIGITS + 1), "digits"),
+    ],
+)
 def test_bad_expressions_are_calc_errors(expression, error):
     with pytest.raises(CalcError, match=error.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")):
         evaluate(expression)
 
 
 def test_values_are_formatted_for_the_model():
-    assert [format_value(Fraction(x)) for x in (579, -3, Fraction(5, 2), Fraction(1, 3))] == ["579", "-3", "2.5",
-                                                                                            "0.333333"]
+    assert [format_value(Fraction(x)) for x in (579, -3, Fraction(5, 2), Fraction(1, 3))] == [
+        "579",
+        "-3",
+        "2.5",
+        "0.333333",
+    ]
 
 
 def env_of(tok, task=TASK, **params):
@@ -72,12 +100,15 @@ def test_the_prompt_has_the_tool_instructions_instead_of_the_task_system_prompt(
     assert env_of(tok, system_prompt="", example=False).initial_observation()[0] == render_prompt(tok, TASK.messages())
 
 
-@pytest.mark.parametrize("action, reply", [
-    ("<calc>626+562</calc>", "626+562 = 1188"),
-    ("Let me compute. <calc>626 + 562</calc><|im_end|>", "626 + 562 = 1188"),  # ended at the end-of-turn token
-    ("<calc>1/0</calc>", "1/0: error: division by zero"),
-    ("<calc>626 plus 562</calc>", "626 plus 562: error: unexpected character 'p'"),
-])
+@pytest.mark.parametrize(
+    "action, reply",
+    [
+        ("<calc>626+562</calc>", "626+562 = 1188"),
+        ("Let me compute. <calc>626 + 562</calc><|im_end|>", "626 + 562 = 1188"),  # ended at the end-of-turn token
+        ("<calc>1/0</calc>", "1/0: error: division by zero"),
+        ("<calc>626 plus 562</calc>", "626 plus 562: error: unexpected character 'p'"),
+    ],
+)
 def test_a_call_is_answered_in_a_message_appended_to_the_tokens(tok, action, reply):
     env = env_of(tok)
     prompt, _ = env.initial_observation()
@@ -85,7 +116,7 @@ def test_a_call_is_answered_in_a_message_appended_to_the_tokens(tok, action, rep
     result = env.step(action_ids)
     assert not result.episode_done and result.reward == 0.0
     assert result.next_observation[: len(prompt) + len(action_ids)] == prompt + action_ids  # token in, token out
-    appended = tok.decode(result.next_observation[len(prompt) + len(action_ids):])
+    appended = tok.decode(result.next_observation[len(prompt) + len(action_ids) :])
     closing = "" if action.endswith("<|im_end|>") else "<|im_end|>"
     assert appended == f"{closing}\n<|im_start|>user\n{reply}<|im_end|>\n<|im_start|>assistant\n"
     assert result.metrics == {"tool_calls": 1.0, "tool_errors": float("error" in reply)}
@@ -132,8 +163,8 @@ def test_a_model_that_learnt_to_call_the_calculator_reads_its_result(tok):
     history = env.step(call).next_observation
     sequence = history + answer
     weights = torch.zeros(len(sequence))
-    weights[len(prompt): len(prompt) + len(call)] = 1
-    weights[len(history):] = 1
+    weights[len(prompt) : len(prompt) + len(call)] = 1
+    weights[len(history) :] = 1
     tokens = torch.tensor([sequence])
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     for _ in range(300):
@@ -144,14 +175,18 @@ def test_a_model_that_learnt_to_call_the_calculator_reads_its_result(tok):
         optimizer.step()
         if loss.item() < 1e-3:
             break
-    result = rollout_groups([factory.group_builder(TASK, 2)], engine=RolloutEngine(model.eval(), tok), seed=0,
-                            params=RolloutParams(greedy=True))
+    result = rollout_groups(
+        [factory.group_builder(TASK, 2)],
+        engine=RolloutEngine(model.eval(), tok),
+        seed=0,
+        params=RolloutParams(greedy=True),
+    )
     for row in group_experiences(result):
         assert row.tokens == sequence and row.reward == 1.0 and row.info["turns"] == 2
         expected = [0] * len(sequence)
-        expected[len(prompt): len(prompt) + len(call)] = [1] * len(call)
-        expected[len(history):] = [1] * len(answer)
-        assert row.action_mask == expected[len(prompt):]
+        expected[len(prompt) : len(prompt) + len(call)] = [1] * len(call)
+        expected[len(history) :] = [1] * len(answer)
+        assert row.action_mask == expected[len(prompt) :]
         assert all(lp == 0.0 for lp, m in zip(row.logprobs, row.action_mask) if m == 0)
     assert result.metrics["env/correct"] == 1.0 and result.metrics["env/used_tool"] == 1.0
     assert result.metrics["env/tool_calls"] == 1.0 and result.metrics["rollout/turns/mean"] == 2.0

@@ -46,7 +46,8 @@ def test_the_closing_token_is_not_written_twice(tok):
     open_ = tok.encode("4", add_special_tokens=False)
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     assert message_tokens(tok, USER, TOOL, action_tokens=open_) == [im_end] + message_tokens(
-        tok, USER, TOOL, action_tokens=closed)
+        tok, USER, TOOL, action_tokens=closed
+    )
 
 
 def test_templates_it_cannot_use_are_errors(tok):

@@ -20,12 +20,24 @@ def test_the_example_env_is_short_and_runs(tmp_path):
     assert len(env_code.splitlines()) < 40
     (tmp_path / "guess.py").write_text(env_code)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(tmp_path)}
-    result = subprocess.run([sys.executable, "-c", "import guess\n" + run_code], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=300, env=env)
+    result = subprocess.run(
+        [sys.executable, "-c", "import guess\n" + run_code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     episodes, turns, reward = result.stdout.split()
     assert int(episodes) == 20 and 1 <= float(turns) <= 4 and 0 <= float(reward) <= 1
-    listed = subprocess.run([sys.executable, "-m", "trinity_like.cli", "list", "env", "--plugin", "guess.py"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    listed = subprocess.run(
+        [sys.executable, "-m", "trinity_like.cli", "list", "env", "--plugin", "guess.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert listed.returncode == 0, listed.stderr[-3000:]
     assert re.search(r"\n  guess_number +Guess the task's answer", listed.stdout), listed.stdout

@@ -20,7 +20,7 @@ RECIPE = REPO / "examples" / "multiturn_tool.yaml"
 # A two-turn chat env: the model speaks, the env answers "more", the model speaks again and
 # is scored on the parity of that last action's first token (so groups differ and train).
 PLUGIN = textwrap.dedent(
-    '''
+    """
     from trinity_like.envs.chat import message_tokens
     from trinity_like.envs.dataset import TaskGroupBuilder
     from trinity_like.envs.types import Env, EnvFactory, StepResult, StopCondition
@@ -53,12 +53,21 @@ PLUGIN = textwrap.dedent(
 
         def group_builder(self, task, group_size):
             return TaskGroupBuilder(task, group_size, lambda: TwoTurns(self.tok, task))
-    '''
+    """
 )
 
-TINY = ["model.path=tiny-random", "trainer.engine=local", "trainer.total_steps=2", "buffer.eval_tasks.size=4",
-        "explorer.batch_size=2", "explorer.group_size=4", "monitor.progress=false", "checkpoint.interval=2",
-        "explorer.workflow_args={env: two_turns}", "algorithm.dynamic_sampling=false"]
+TINY = [
+    "model.path=tiny-random",
+    "trainer.engine=local",
+    "trainer.total_steps=2",
+    "buffer.eval_tasks.size=4",
+    "explorer.batch_size=2",
+    "explorer.group_size=4",
+    "monitor.progress=false",
+    "checkpoint.interval=2",
+    "explorer.workflow_args={env: two_turns}",
+    "algorithm.dynamic_sampling=false",
+]
 
 
 def test_a_recipe_trains_on_two_turn_episodes_with_only_the_policy_tokens_in_the_loss(tmp_path):
@@ -92,12 +101,20 @@ def test_the_explorer_keeps_finished_turns_for_env_workflows_only(tmp_path):
     assert ExplorerWorker(math, path).engine.params.prefix_cache_tokens == 0
 
 
-@pytest.mark.parametrize("override, message", [
-    ("explorer.workflow_args={env: calculater}", r"multiturn_tool.yaml: override .*explorer.workflow_args.env: unknown environment 'calculater'; did you mean 'calculator'"),
-    ("explorer.workflow_args={env: calculator, env_args: {max_turn: 2}}", r"explorer.workflow_args.env_args.max_turn: unknown parameter .*did you mean 'max_turns'"),
-    ("explorer.workflow_args={max_turns: 0}", r"max_turns must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "explorer.workflow_args={env: calculater}",
+            r"multiturn_tool.yaml: override .*explorer.workflow_args.env: unknown environment 'calculater'; did you mean 'calculator'",
+        ),
+        (
+            "explorer.workflow_args={env: calculator, env_args: {max_turn: 2}}",
+            r"explorer.workflow_args.env_args.max_turn: unknown parameter .*did you mean 'max_turns'",
+        ),
+        ("explorer.workflow_args={max_turns: 0}", r"max_turns must be >= 1"),
+    ],
+)
 def test_bad_workflow_args_are_one_line_errors_when_the_recipe_is_read(override, message):
     with pytest.raises(TrinityError, match=message):
         load_plan(RECIPE, [override])
-

@@ -28,9 +28,13 @@ class Recorder:
 
     def seen(self, seed):
         """(prompt, sampled tokens, logprobs) of the sample drawn with ``seed``."""
-        found = [(list(req.prompt_ids), s.token_ids, s.logprobs)
-                 for requests, _, out in self.calls for req, group in zip(requests, out)
-                 for want, s in zip(req.seeds, group) if want == seed]
+        found = [
+            (list(req.prompt_ids), s.token_ids, s.logprobs)
+            for requests, _, out in self.calls
+            for req, group in zip(requests, out)
+            for want, s in zip(req.seeds, group)
+            if want == seed
+        ]
         assert len(found) == 1
         return found[0]
 
@@ -90,10 +94,10 @@ def test_three_turn_training_tokens_are_the_sampled_tokens_byte_for_byte(engine,
             if turn:
                 before, before_action, _ = seen[turn - 1]
                 assert prompt[: len(before) + len(before_action)] == before + before_action
-            expected_mask[len(prompt): len(prompt) + len(action)] = [1] * len(action)
-            expected_logprobs[len(prompt): len(prompt) + len(action)] = logprobs
-        assert row.action_mask == expected_mask[row.prompt_length:]
-        assert row.logprobs == expected_logprobs[row.prompt_length:]
+            expected_mask[len(prompt) : len(prompt) + len(action)] = [1] * len(action)
+            expected_logprobs[len(prompt) : len(prompt) + len(action)] = logprobs
+        assert row.action_mask == expected_mask[row.prompt_length :]
+        assert row.logprobs == expected_logprobs[row.prompt_length :]
         assert sum(row.action_mask) == sum(len(a) for _, a, _ in seen)
         # The observation tokens are the chat template's framing of 'more', unmasked nowhere.
         text = tok.decode([t for t, m in zip(row.response_tokens, row.action_mask) if m == 0])
@@ -107,13 +111,15 @@ def test_three_turn_training_tokens_are_the_sampled_tokens_byte_for_byte(engine,
 
 def test_seeds_are_per_episode_and_turn(engine, tok):
     """An episode samples the same actions whatever else runs beside it."""
+
     def actions(result, group):
         return [[t.action for t in traj.transitions] for traj in result.groups[group].trajectories]
 
     alone = rollout_groups([Group(lambda: ChatTurns(tok))], engine=engine, seed=3)
     again = rollout_groups([Group(lambda: ChatTurns(tok))], engine=engine, seed=3)
-    crowded = rollout_groups([Group(lambda: ChatTurns(tok)), Group(lambda: ChatTurns(tok, turns=1), size=5)],
-                             engine=engine, seed=3)
+    crowded = rollout_groups(
+        [Group(lambda: ChatTurns(tok)), Group(lambda: ChatTurns(tok, turns=1), size=5)], engine=engine, seed=3
+    )
     other = rollout_groups([Group(lambda: ChatTurns(tok))], engine=engine, seed=4)
     assert actions(alone, 0) == actions(again, 0) == actions(crowded, 0)
     assert actions(alone, 0) != actions(other, 0)
@@ -133,8 +139,9 @@ def test_group_rewards_are_added_and_tags_reported(engine, tok):
 
 
 def test_max_turns_ends_the_episode_cleanly(engine, tok):
-    result = rollout_groups([Group(lambda: ChatTurns(tok, turns=100))], engine=engine, seed=0,
-                            params=RolloutParams(max_turns=2))
+    result = rollout_groups(
+        [Group(lambda: ChatTurns(tok, turns=100))], engine=engine, seed=0, params=RolloutParams(max_turns=2)
+    )
     for traj in result.groups[0].trajectories:
         assert len(traj.transitions) == 2 and traj.end_reason == "max_turns"
         assert not traj.transitions[-1].episode_done
@@ -144,13 +151,21 @@ def test_max_turns_ends_the_episode_cleanly(engine, tok):
 def test_max_total_tokens_cuts_the_last_action_and_ends_the_episode(engine, tok):
     start = len(ChatTurns(tok).history)
     limit = start + 6 + 3  # room for one 6-token action, its observation overflows; or cut
-    result = rollout_groups([Group(lambda: ChatTurns(tok, turns=100, stop_token_ids=()))], engine=engine, seed=0,
-                            params=RolloutParams(max_total_tokens=limit))
+    result = rollout_groups(
+        [Group(lambda: ChatTurns(tok, turns=100, stop_token_ids=()))],
+        engine=engine,
+        seed=0,
+        params=RolloutParams(max_total_tokens=limit),
+    )
     for row, traj in zip(group_experiences(result), result.groups[0].trajectories):
         assert traj.end_reason == "context" and len(row.tokens) <= limit
     # An action longer than the room left is cut to it, and finishes with "length".
-    result = rollout_groups([Group(lambda: ChatTurns(tok, turns=100, stop_token_ids=()))], engine=engine, seed=0,
-                            params=RolloutParams(max_total_tokens=start + 4))
+    result = rollout_groups(
+        [Group(lambda: ChatTurns(tok, turns=100, stop_token_ids=()))],
+        engine=engine,
+        seed=0,
+        params=RolloutParams(max_total_tokens=start + 4),
+    )
     for traj in result.groups[0].trajectories:
         assert [len(t.action) for t in traj.transitions] == [4] and traj.transitions[0].finish_reason == "length"
         assert traj.end_reason == "context"
@@ -159,8 +174,9 @@ def test_max_total_tokens_cuts_the_last_action_and_ends_the_episode(engine, tok)
     first_action = [g.trajectories[0].transitions[0].action for g in (result.groups[0], full.groups[0])]
     assert first_action[0] == first_action[1][:4] and len(first_action[1]) == 6
     # An initial observation with no room left drops the group, counted.
-    result = rollout_groups([Group(lambda: ChatTurns(tok))], engine=engine, seed=0,
-                            params=RolloutParams(max_total_tokens=start))
+    result = rollout_groups(
+        [Group(lambda: ChatTurns(tok))], engine=engine, seed=0, params=RolloutParams(max_total_tokens=start)
+    )
     assert not result.groups and "no room under max_total_tokens" in result.dropped[0].reason
 
 
@@ -185,15 +201,19 @@ class Slow(ChatTurns):
 
 
 def test_a_crashing_step_is_retried(engine, tok):
-    result = rollout_groups([Group(lambda: Flaky(tok, failures=1))], engine=engine, seed=0,
-                            params=RolloutParams(step_retries=1))
+    result = rollout_groups(
+        [Group(lambda: Flaky(tok, failures=1))], engine=engine, seed=0, params=RolloutParams(step_retries=1)
+    )
     assert not result.dropped and len(result.groups[0].trajectories[0].transitions) == 2
     assert result.metrics["rollout/env_errors"] == 2 and result.metrics["rollout/env_retries"] == 2
 
 
 def test_a_step_that_keeps_crashing_drops_its_group_and_is_counted(engine, tok):
-    builders = [Group(lambda: ChatTurns(tok)), Group(lambda: Flaky(tok, failures=10), size=3),
-                Group(lambda: ChatTurns(tok))]
+    builders = [
+        Group(lambda: ChatTurns(tok)),
+        Group(lambda: Flaky(tok, failures=10), size=3),
+        Group(lambda: ChatTurns(tok)),
+    ]
     result = rollout_groups(builders, engine=engine, seed=0, params=RolloutParams(step_retries=2))
     assert [g.index for g in result.groups] == [0, 2]
     (dropped,) = result.dropped
@@ -206,8 +226,12 @@ def test_a_step_that_keeps_crashing_drops_its_group_and_is_counted(engine, tok):
 
 def test_a_step_past_its_time_limit_drops_its_group(engine, tok):
     t0 = time.perf_counter()
-    result = rollout_groups([Group(lambda: Slow(tok), size=1), Group(lambda: ChatTurns(tok))], engine=engine, seed=0,
-                            params=RolloutParams(step_timeout_s=0.2))
+    result = rollout_groups(
+        [Group(lambda: Slow(tok), size=1), Group(lambda: ChatTurns(tok))],
+        engine=engine,
+        seed=0,
+        params=RolloutParams(step_timeout_s=0.2),
+    )
     assert time.perf_counter() - t0 < 15  # the rollout did not wait for the step
     assert [g.index for g in result.groups] == [1]
     assert result.dropped[0].reason == "Slow (group 0, env 0) step at turn 0: timeout after 0.2 s"
@@ -231,14 +255,29 @@ class Broken(ChatTurns):
         return self.result(self, action)
 
 
-@pytest.mark.parametrize("env, message", [
-    (lambda tok: Rerendering(tok), r"^Rerendering \(group 0, env 0\): the observation after turn 0 does not extend"),
-    (lambda tok: Broken(tok, lambda e, a: {"reward": 1}), r"step\(\) must return a StepResult, got dict"),
-    (lambda tok: Broken(tok, lambda e, a: StepResult(float("nan"), True)), r"the reward at turn 0 must be a finite"),
-    (lambda tok: Broken(tok, lambda e, a: StepResult(1.0, True, metrics={"m": "x"})), r"metric 'm' must be a finite"),
-    (lambda tok: Broken(tok, lambda e, a: StepResult(1.0, False, e.history + a, None)), "must be a StopCondition"),
-    (lambda tok: Broken(tok, lambda e, a: (_ for _ in ()).throw(TrinityError("bad tool config"))), "bad tool config"),
-])
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        (
+            lambda tok: Rerendering(tok),
+            r"^Rerendering \(group 0, env 0\): the observation after turn 0 does not extend",
+        ),
+        (lambda tok: Broken(tok, lambda e, a: {"reward": 1}), r"step\(\) must return a StepResult, got dict"),
+        (
+            lambda tok: Broken(tok, lambda e, a: StepResult(float("nan"), True)),
+            r"the reward at turn 0 must be a finite",
+        ),
+        (
+            lambda tok: Broken(tok, lambda e, a: StepResult(1.0, True, metrics={"m": "x"})),
+            r"metric 'm' must be a finite",
+        ),
+        (lambda tok: Broken(tok, lambda e, a: StepResult(1.0, False, e.history + a, None)), "must be a StopCondition"),
+        (
+            lambda tok: Broken(tok, lambda e, a: (_ for _ in ()).throw(TrinityError("bad tool config"))),
+            "bad tool config",
+        ),
+    ],
+)
 def test_a_broken_contract_stops_with_a_one_line_error(engine, tok, env, message):
     with pytest.raises(TrinityError, match=message) as info:
         rollout_groups([Group(lambda: env(tok), size=1)], engine=engine, seed=0)
@@ -262,8 +301,9 @@ class RaisesTimeout(ChatTurns):
 
 
 def test_a_timeout_the_env_raises_itself_is_a_crash_and_retried(engine, tok):
-    result = rollout_groups([Group(lambda: RaisesTimeout(tok), size=1)], engine=engine, seed=0,
-                            params=RolloutParams(step_retries=2))
+    result = rollout_groups(
+        [Group(lambda: RaisesTimeout(tok), size=1)], engine=engine, seed=0, params=RolloutParams(step_retries=2)
+    )
     assert result.dropped[0].reason.endswith("TimeoutError: the tool server did not answer")
     assert result.metrics["rollout/env_errors"] == 3 and result.metrics["rollout/step_timeouts"] == 0
 
@@ -297,9 +337,14 @@ def test_envs_that_declare_concurrent_steps_step_together_and_results_keep_episo
     assert [len(t.transitions) for g in result.groups for t in g.trajectories] == [2] * 6
     sequential = rollout_groups([Group(lambda: ChatTurns(tok, turns=2), size=3)] * 2, engine=engine, seed=0)
     assert [[t.transitions[-1].action for t in g.trajectories] for g in result.groups] == [
-        [t.transitions[-1].action for t in g.trajectories] for g in sequential.groups]  # same episodes, same order
+        [t.transitions[-1].action for t in g.trajectories] for g in sequential.groups
+    ]  # same episodes, same order
     # the oracle: stepped one at a time, the same envs never fill the barrier, and their groups are dropped
     barrier = threading.Barrier(6)
-    alone = rollout_groups([Group(lambda: OneAtATime(tok, barrier, wait_s=0.1), size=3)] * 2, engine=engine, seed=0,
-                           params=RolloutParams(step_retries=0))
+    alone = rollout_groups(
+        [Group(lambda: OneAtATime(tok, barrier, wait_s=0.1), size=3)] * 2,
+        engine=engine,
+        seed=0,
+        params=RolloutParams(step_retries=0),
+    )
     assert not alone.groups and "BrokenBarrierError" in alone.dropped[0].reason

@@ -20,8 +20,9 @@ from trinity_like.experience import Task
 from trinity_like.models.resolve import render_prompt
 
 CANDIDATES = ["cat", "bread", "lamp", "cup"]
-TASK = Task("I am thinking of one of these words: cat, bread, lamp, cup.", "lamp", "g0",
-            info={"candidates": CANDIDATES})
+TASK = Task(
+    "I am thinking of one of these words: cat, bread, lamp, cup.", "lamp", "g0", info={"candidates": CANDIDATES}
+)
 ANSWERER = {"answerer_model": "tiny-random", "answerer_max_tokens": 4}
 
 
@@ -36,8 +37,11 @@ def play(tok, env, text):
 def test_the_prompt_shows_the_rules_an_example_game_and_the_list(tok):
     env = factory_of(tok, max_turns=3).group_builder(TASK, 1).make_envs()[0]
     prompt, stop = env.initial_observation()
-    messages = [{"role": "system", "content": PLAYER_SYSTEM_PROMPT}, *example_conversation(3),
-                {"role": "user", "content": opening(CANDIDATES, 3)}]
+    messages = [
+        {"role": "system", "content": PLAYER_SYSTEM_PROMPT},
+        *example_conversation(3),
+        {"role": "user", "content": opening(CANDIDATES, 3)},
+    ]
     assert prompt == render_prompt(tok, messages)
     assert "cat, bread, lamp, cup. You have 3 turns." in tok.decode(prompt) and stop.max_tokens == 24
 
@@ -136,7 +140,8 @@ def test_games_run_on_the_rollout_engine(tok, engine):
         for traj in group.trajectories:
             for before, after in zip(traj.transitions, traj.transitions[1:]):  # every turn extends the last
                 assert after.observation[: len(before.observation) + len(before.action)] == (
-                    before.observation + before.action)
+                    before.observation + before.action
+                )
 
 
 def test_questions_asked_together_are_answered_in_one_engine_call(tok):
@@ -150,8 +155,9 @@ def test_questions_asked_together_are_answered_in_one_engine_call(tok):
         together = list(pool.map(lambda q: answerer.answer("lamp", q), questions))
     assert answerer.calls == calls + 12 and answerer.batches <= batches + 2  # one batch, two if a thread was late
     alone = [answerer.engine.generate([answerer.prompt("lamp", q)], greedy(answerer))[0][0] for q in questions]
-    assert together == [answerer.reply(answerer.tokenizer.decode(s.token_ids, skip_special_tokens=True))
-                        for s in alone]  # batched greedy answers equal one-by-one ones
+    assert together == [
+        answerer.reply(answerer.tokenizer.decode(s.token_ids, skip_special_tokens=True)) for s in alone
+    ]  # batched greedy answers equal one-by-one ones
 
 
 def greedy(answerer):

@@ -17,8 +17,9 @@ from trinity_like.experience import Task
 from trinity_like.registry import ENV, REGISTRIES, UnknownNameError
 
 
-@pytest.mark.parametrize("module", [trinity_like.envs.types, trinity_like.envs.calculator,
-                                    trinity_like.envs.twenty_questions])
+@pytest.mark.parametrize(
+    "module", [trinity_like.envs.types, trinity_like.envs.calculator, trinity_like.envs.twenty_questions]
+)
 def test_docstring_examples_run(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

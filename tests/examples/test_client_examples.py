@@ -13,12 +13,35 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT = ROOT / "examples" / "client"
-RL_TINY = ["--model", "tiny-random", "--steps", "2", "--batch", "2", "--group", "4", "--max-tokens", "4",
-           "--eval", "4"]
-ENV_TINY = ["--model", "tiny-random", "--iterations", "2", "--batch", "2", "--group", "4", "--eval", "4",
-            "--eval-every", "1"]
-SL_TINY = ["--model", "tiny-random", "--steps", "3", "--batch", "4", "--eval", "4", "--eval-every", "2",
-           "--max-tokens", "4"]
+RL_TINY = ["--model", "tiny-random", "--steps", "2", "--batch", "2", "--group", "4", "--max-tokens", "4", "--eval", "4"]
+ENV_TINY = [
+    "--model",
+    "tiny-random",
+    "--iterations",
+    "2",
+    "--batch",
+    "2",
+    "--group",
+    "4",
+    "--eval",
+    "4",
+    "--eval-every",
+    "1",
+]
+SL_TINY = [
+    "--model",
+    "tiny-random",
+    "--steps",
+    "3",
+    "--batch",
+    "4",
+    "--eval",
+    "4",
+    "--eval-every",
+    "2",
+    "--max-tokens",
+    "4",
+]
 
 # The tiny model's answers are noise, so every reward is 0 and rl_basic would skip every group
 # (equal rewards teach nothing) without calling the loss. This runs the script with a reward
@@ -42,8 +65,12 @@ def run(args: list[str]) -> str:
 
 
 def test_every_client_example_has_a_smoke_test():
-    assert sorted(p.name for p in CLIENT.glob("*.py")) == ["rl_basic.py", "rl_env.py", "sl_basic.py",
-                                                                  "twenty_questions.py"]
+    assert sorted(p.name for p in CLIENT.glob("*.py")) == [
+        "rl_basic.py",
+        "rl_env.py",
+        "sl_basic.py",
+        "twenty_questions.py",
+    ]
 
 
 @pytest.mark.parametrize("variant", [[], ["--custom"], ["--loss", "ppo"]], ids=["is", "custom", "ppo"])
@@ -59,8 +86,11 @@ def test_rl_basic_runs_as_written():
     assert re.search(r"held-out greedy accuracy: [\d.]+% -> [\d.]+% in 2 steps", out), out
 
 
-@pytest.mark.parametrize("variant", [[], ["--kl", "0.01", "--per-turn", "--substeps", "2", "--loss", "ppo"]],
-                         ids=["as_written", "kl_per_turn_ppo"])
+@pytest.mark.parametrize(
+    "variant",
+    [[], ["--kl", "0.01", "--per-turn", "--substeps", "2", "--loss", "ppo"]],
+    ids=["as_written", "kl_per_turn_ppo"],
+)
 def test_rl_env_trains_evaluates_and_resumes(tmp_path, variant):
     args = [str(CLIENT / "rl_env.py"), *ENV_TINY, "--log-path", str(tmp_path / "run"), *variant]
     result = r"held-out greedy accuracy: [\d.]+% -> [\d.]+% \(tool use [\d.]+% -> [\d.]+%\) after iteration 2"
@@ -75,12 +105,31 @@ def test_rl_env_trains_evaluates_and_resumes(tmp_path, variant):
 
 
 def test_twenty_questions_trains_two_models_game_and_reports_both_word_lists(tmp_path):
-    args = [str(CLIENT / "twenty_questions.py"), "--model", "tiny-random", "--answerer", "tiny-random",
-            "--iterations", "2", "--batch", "2", "--group", "4", "--eval-games", "1", "--eval-every", "1",
-            "--log-path", str(tmp_path / "run")]
+    args = [
+        str(CLIENT / "twenty_questions.py"),
+        "--model",
+        "tiny-random",
+        "--answerer",
+        "tiny-random",
+        "--iterations",
+        "2",
+        "--batch",
+        "2",
+        "--group",
+        "4",
+        "--eval-games",
+        "1",
+        "--eval-every",
+        "1",
+        "--log-path",
+        str(tmp_path / "run"),
+    ]
     out = run(args)
-    assert re.search(r"success, training words \(24 games\): [\d.]+% -> [\d.]+%; held-out words \(16 games\): "
-                     r"[\d.]+% -> [\d.]+%; after iteration 2", out), out
+    assert re.search(
+        r"success, training words \(24 games\): [\d.]+% -> [\d.]+%; held-out words \(16 games\): "
+        r"[\d.]+% -> [\d.]+%; after iteration 2",
+        out,
+    ), out
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["iterations"] == 2 and set(summary) >= {"training_words", "held_out_words", "questions_per_game"}
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

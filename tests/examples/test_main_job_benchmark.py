@@ -8,14 +8,29 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SMALL = ["model.path=tiny-random", "trainer.engine=local", "trainer.total_steps=2", "buffer.eval_tasks.size=4",
-         "explorer.batch_size=2", "explorer.group_size=2", "checkpoint.interval=2"]
+SMALL = [
+    "model.path=tiny-random",
+    "trainer.engine=local",
+    "trainer.total_steps=2",
+    "buffer.eval_tasks.size=4",
+    "explorer.batch_size=2",
+    "explorer.group_size=2",
+    "checkpoint.interval=2",
+]
 
 
 def test_main_job_benchmark_reports_memory_and_phases_per_variant(tmp_path):
     out = tmp_path / "main_job"
-    argv = [sys.executable, str(ROOT / "benchmarks" / "main_job.py"), "--out", str(out),
-            "--variant", "default:", "--variant", "checkpointing:trainer.gradient_checkpointing=true"]
+    argv = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "main_job.py"),
+        "--out",
+        str(out),
+        "--variant",
+        "default:",
+        "--variant",
+        "checkpointing:trainer.gradient_checkpointing=true",
+    ]
     argv += [a for s in SMALL for a in ("--set", s)]
     subprocess.run(argv, check=True, cwd=ROOT, capture_output=True, text=True, timeout=600)
     results = json.loads(out.with_suffix(".json").read_text())["results"]

@@ -15,8 +15,13 @@ from trinity_like.runner import run_plan
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 RECIPES = sorted(p.name for p in EXAMPLES.iterdir() if p.suffix in (".yaml", ".toml"))
-TINY = ["model.path=tiny-random", "trainer.engine=local", "trainer.total_steps=2", "monitor.progress=false",
-        "checkpoint.interval=1"]
+TINY = [
+    "model.path=tiny-random",
+    "trainer.engine=local",
+    "trainer.total_steps=2",
+    "monitor.progress=false",
+    "checkpoint.interval=1",
+]
 
 
 def tiny_overrides(recipe: str, plan_cfg) -> list[str]:
@@ -45,8 +50,11 @@ def run_recipe(recipe: str, tmp_path: Path, extra: list[str] = ()) -> list[Path]
     overrides = [f"run_root={tmp_path}", *tiny_overrides(recipe, base), *extra]
     if recipe.startswith("sft_then"):
         overrides = [o for o in overrides if not o.startswith(("trainer.total_steps", "buffer.train_batch_size"))]
-        overrides += ["stages.0.trainer.total_steps=2", "stages.1.trainer.total_steps=2",
-                      "stages.0.buffer.train_batch_size=4"]
+        overrides += [
+            "stages.0.trainer.total_steps=2",
+            "stages.1.trainer.total_steps=2",
+            "stages.0.buffer.train_batch_size=4",
+        ]
     plan = load_plan(EXAMPLES / recipe, overrides)
     assert run_plan(plan) == 0
     return [Path(s.config.run_dir()) for s in plan.stages]
@@ -108,16 +116,40 @@ def test_grpo_tis_runs_with_the_example_plugin_installed(tmp_path):
     """The recipe of a third-party algorithm: the example plugin pip-installed, run through the CLI."""
     target = tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "--target", str(target), str(EXAMPLES.parent / "plugins" / "example_plugin")],
-        check=True, capture_output=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "--target",
+            str(target),
+            str(EXAMPLES.parent / "plugins" / "example_plugin"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     env = {**os.environ, "PYTHONPATH": str(target), "RAY_AUTH_MODE": "disabled"}
     env.pop("TRINITY_LIKE_PLUGINS", None)  # found through its entry point only
-    overrides = [f"run_root={tmp_path / 'runs'}", *TINY, "trainer.micro_batch_size=3", "explorer.batch_size=2",
-                 "explorer.group_size=4", "buffer.eval_tasks.size=4"]
-    out = subprocess.run([sys.executable, "-m", "trinity_like.cli", "run", "--config", str(EXAMPLES / "grpo_tis.yaml"),
-                          *overrides], capture_output=True, text=True, env=env, timeout=600)
+    overrides = [
+        f"run_root={tmp_path / 'runs'}",
+        *TINY,
+        "trainer.micro_batch_size=3",
+        "explorer.batch_size=2",
+        "explorer.group_size=4",
+        "buffer.eval_tasks.size=4",
+    ]
+    out = subprocess.run(
+        [sys.executable, "-m", "trinity_like.cli", "run", "--config", str(EXAMPLES / "grpo_tis.yaml"), *overrides],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     steps = [r for r in metrics_of(tmp_path / "runs" / "grpo_tis") if "time/step" in r]
     assert [r["step"] for r in steps] == [1, 2]

@@ -76,8 +76,12 @@ def test_greedy_matches_transformers_generate(tiny, prompts):
     for prompt, (sample,) in zip(prompts, groups):
         ids = torch.tensor([prompt])
         out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12,
-            eos_token_id=stop, pad_token_id=tok.pad_token_id,
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=12,
+            eos_token_id=stop,
+            pad_token_id=tok.pad_token_id,
         )
         assert sample.token_ids == out[0, len(prompt) :].tolist()
 
@@ -120,7 +124,7 @@ def test_group_sampling_equals_each_sample_alone(tiny, prompts):
     for group, prompt in ((together[0], prompts[0]), (together[1], prompts[2])):
         for sample in group:
             seed = (seeds if prompt is prompts[0] else (5, 6))[sample.sample_index]
-            (alone,), = engine.run([Request(tuple(prompt), (seed,))], sp)
+            ((alone,),) = engine.run([Request(tuple(prompt), (seed,))], sp)
             assert alone.token_ids == sample.token_ids
             torch.testing.assert_close(alone.logprobs, sample.logprobs, atol=1e-4, rtol=0)
 
@@ -135,7 +139,10 @@ def test_continuous_batching_does_not_change_results(tiny, prompts):
     for gw, gn in zip(wide, narrow):
         for a, b in zip(gw, gn):
             assert (a.prompt_index, a.sample_index, a.token_ids, a.finish_reason) == (
-                b.prompt_index, b.sample_index, b.token_ids, b.finish_reason,
+                b.prompt_index,
+                b.sample_index,
+                b.token_ids,
+                b.finish_reason,
             )
             torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-4, rtol=0)
 

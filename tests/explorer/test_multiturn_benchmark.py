@@ -12,9 +12,27 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_multiturn_benchmark_smoke(tmp_path):
     out = tmp_path / "multiturn"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "multiturn.py"), "--model", "tiny-random",
-                    "--episodes", "4", "--turns", "3", "--rounds", "1", "--out", str(out)],
-                   check=True, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "multiturn.py"),
+            "--model",
+            "tiny-random",
+            "--episodes",
+            "4",
+            "--turns",
+            "3",
+            "--rounds",
+            "1",
+            "--out",
+            str(out),
+        ],
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     table = out.with_suffix(".md").read_text()
     assert "| reuse |" in table and "| reprefill |" in table
     summary = json.loads(out.with_suffix(".json").read_text())["result"]["summary"]

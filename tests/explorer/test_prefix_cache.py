@@ -39,8 +39,9 @@ def tiny():
 
 def observation(tok, episode: int, turn: int) -> list[int]:
     """A tool result rendered as a user turn that reopens the assistant's."""
-    return tok.encode(f"<|im_end|>\n<|im_start|>user\nresult: {17 * episode + turn} plus {turn}"
-                      f"<|im_end|>\n<|im_start|>assistant\n")
+    return tok.encode(
+        f"<|im_end|>\n<|im_start|>user\nresult: {17 * episode + turn} plus {turn}<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def play(engine, tok, sampling, turns=3, openings=OPENINGS):
@@ -91,9 +92,15 @@ def test_greedy_three_turns_equal_full_reprefill_generate_and_full_forward(tiny)
     for turn in warm:
         for prompt, (sample,) in turn:
             ids = torch.tensor([prompt])
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=8,
-                                 eos_token_id=None, pad_token_id=tok.pad_token_id)
-            assert sample.token_ids == out[0, len(prompt):].tolist()
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=8,
+                eos_token_id=None,
+                pad_token_id=tok.pad_token_id,
+            )
+            assert sample.token_ids == out[0, len(prompt) :].tolist()
             with torch.no_grad():
                 logits = model(torch.tensor([prompt + sample.token_ids])).logits[0, len(prompt) - 1 : -1].double()
             want = torch.log_softmax(logits, -1).gather(1, torch.tensor(sample.token_ids)[:, None])[:, 0]
@@ -124,7 +131,7 @@ def test_a_group_whose_prompt_extends_a_kept_sequence(tiny):
     for budget in (0, 4096):
         engine = RolloutEngine(model, tok, EngineParams(prefix_cache_tokens=budget, max_batch_size=3))
         prompt = tok.encode(OPENINGS[0])
-        (turn1,), = engine.generate([prompt], first)
+        ((turn1,),) = engine.generate([prompt], first)
         history = prompt + turn1.token_ids + observation(tok, 0, 0)
         results.append(engine.generate([history], group))
         if budget:
@@ -143,19 +150,19 @@ def test_partial_matches_reuse_only_the_shared_prefix(tiny):
     engine = RolloutEngine(model, tok)
     cold = RolloutEngine(model, tok, EngineParams(prefix_cache_tokens=0))
     base = tok.encode(OPENINGS[1])
-    (kept,), = engine.generate([base], sp)
+    ((kept,),) = engine.generate([base], sp)
     shared = BLOCK + 5  # not on a block boundary: the match extends past the last hashed block
     assert shared < len(base)
     cases = [
         base[:shared] + tok.encode(" seven eight nine ten"),  # diverges inside the prompt
         base + kept.token_ids[:2] + tok.encode(" twenty"),  # diverges inside the kept response
-        base[:BLOCK - 1] + tok.encode(" one two three four five six"),  # shares less than a block
+        base[: BLOCK - 1] + tok.encode(" one two three four five six"),  # shares less than a block
     ]
     for prompt, want in zip(cases, (shared, len(base) + 2, 0)):
         before = engine.prefix_cache.stats["reused_tokens"]
-        (got,), = engine.generate([prompt], sp)
+        ((got,),) = engine.generate([prompt], sp)
         assert engine.prefix_cache.stats["reused_tokens"] - before == want
-        (ref,), = cold.generate([prompt], sp)
+        ((ref,),) = cold.generate([prompt], sp)
         assert got.token_ids == ref.token_ids
         np.testing.assert_allclose(got.logprobs, ref.logprobs, atol=1e-5, rtol=0)
 
@@ -178,13 +185,13 @@ def test_update_weights_clears_the_kept_keys(tiny):
     sp = SamplingParams(greedy=True, max_new_tokens=8, stop_token_ids=())
     engine = RolloutEngine(mine, tok)
     prompt = tok.encode(OPENINGS[2])
-    (turn1,), = engine.generate([prompt], sp)
+    ((turn1,),) = engine.generate([prompt], sp)
     assert engine.prefix_cache.tokens > 0
     engine.update_weights(other.state_dict())
     assert engine.prefix_cache.tokens == 0 and not engine.prefix_cache.index
     history = prompt + turn1.token_ids + observation(tok, 0, 0)
-    (turn2,), = engine.generate([history], sp)
-    (want,), = RolloutEngine(other, tok, EngineParams(prefix_cache_tokens=0)).generate([history], sp)
+    ((turn2,),) = engine.generate([history], sp)
+    ((want,),) = RolloutEngine(other, tok, EngineParams(prefix_cache_tokens=0)).generate([history], sp)
     assert turn2.token_ids == want.token_ids
     np.testing.assert_allclose(turn2.logprobs, want.logprobs, atol=1e-5, rtol=0)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -39,8 +40,15 @@ def test_parse_final_answer(text, want):
 
 @pytest.mark.parametrize(
     "response,answer,want",
-    [("57", "57", 1.0), ("The answer is 57.", "57", 1.0), ("57.0", "57", 1.0), ("56", "57", 0.0),
-     ("57 or 58", "57", 0.0), ("\\boxed{57}", "57", 1.0), ("", "57", 0.0)],
+    [
+        ("57", "57", 1.0),
+        ("The answer is 57.", "57", 1.0),
+        ("57.0", "57", 1.0),
+        ("56", "57", 0.0),
+        ("57 or 58", "57", 0.0),
+        ("\\boxed{57}", "57", 1.0),
+        ("", "57", 0.0),
+    ],
 )
 def test_exact_match(response, answer, want):
     assert build_reward_fn("exact_match")({"response": response, "answer": answer}) == want
@@ -48,8 +56,13 @@ def test_exact_match(response, answer, want):
 
 @pytest.mark.parametrize(
     "response,answer,want",
-    [("\\boxed{\\frac{1}{2}}", "0.5", 1.0), ("The answer is $\\frac{84}{2}$", "42", 1.0),
-     ("\\boxed{41}", "42", 0.0), ("x = \\boxed{2\\sqrt{2}}", "\\sqrt{8}", 1.0), ("nothing", "3", 0.0)],
+    [
+        ("\\boxed{\\frac{1}{2}}", "0.5", 1.0),
+        ("The answer is $\\frac{84}{2}$", "42", 1.0),
+        ("\\boxed{41}", "42", 0.0),
+        ("x = \\boxed{2\\sqrt{2}}", "\\sqrt{8}", 1.0),
+        ("nothing", "3", 0.0),
+    ],
 )
 def test_math_verify(response, answer, want):
     assert build_reward_fn("math_verify")({"response": response, "answer": answer}) == want
@@ -134,5 +147,5 @@ def test_reward_model_without_head_is_a_clear_error(tmp_path):
 
 def test_params_type_is_a_frozen_dataclass():
     params = build_params(REWARD_FN.get("format"), {"reward": 2})
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         params.reward = 3  # frozen

@@ -28,20 +28,37 @@ REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "examples" / "grpo_arith.yaml"
 BATCH, GROUP = 2, 4  # prompts x samples: 8 rows per step
 TINY = [
-    "model.path=tiny-random", "trainer.engine=local", "buffer.eval_tasks.size=4",
-    f"explorer.batch_size={BATCH}", f"explorer.group_size={GROUP}", "monitor.progress=false",
-    "monitor.eval_at_start=false", "checkpoint.interval=1", "checkpoint.keep_last=10",
+    "model.path=tiny-random",
+    "trainer.engine=local",
+    "buffer.eval_tasks.size=4",
+    f"explorer.batch_size={BATCH}",
+    f"explorer.group_size={GROUP}",
+    "monitor.progress=false",
+    "monitor.eval_at_start=false",
+    "checkpoint.interval=1",
+    "checkpoint.keep_last=10",
     "algorithm.dynamic_sampling=false",  # every explored row is trained: rows per step are exact
     # the random tiny model never answers right: reward "contains a digit", so rewards vary
-    "explorer.reward_fn=format", "explorer.reward_args={pattern: '.*[0-9].*'}", "explorer.eval_reward_fn=exact_match",
+    "explorer.reward_fn=format",
+    "explorer.reward_args={pattern: '.*[0-9].*'}",
+    "explorer.eval_reward_fn=exact_match",
 ]
 STEPS = 3  # steps of the runs that are broken and resumed (tests/faults/conftest.py: the uninterrupted one)
 FAULT_ENV = "TRINITY_LIKE_FAULT"  # trinity_like.pipeline.checkpoint.FAULT_ENV (a point name: SIGKILL there)
 
 
 def command(run_root: Path, *overrides: str) -> list[str]:
-    return [sys.executable, "-m", "trinity_like.cli", "run", "--config", str(RECIPE), f"run_root={run_root}",
-            *TINY, *overrides]
+    return [
+        sys.executable,
+        "-m",
+        "trinity_like.cli",
+        "run",
+        "--config",
+        str(RECIPE),
+        f"run_root={run_root}",
+        *TINY,
+        *overrides,
+    ]
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -103,7 +120,9 @@ def consumed_batches(run_dir: Path) -> dict[int, list[tuple[str, int, float]]]:
     db = sqlite3.connect(f"file:{run_dir / 'buffer.sqlite'}?mode=ro", uri=True)
     try:
         out: dict[int, list[tuple[str, int, float]]] = {}
-        for status, step, header in db.execute("SELECT s.status, s.step, r.header FROM state s JOIN rows r USING (seq)"):
+        for status, step, header in db.execute(
+            "SELECT s.status, s.step, r.header FROM state s JOIN rows r USING (seq)"
+        ):
             if STATUSES[status] == "consumed":
                 row = json.loads(header)
                 out.setdefault(step, []).append((row["task_id"], row["model_version"], row["reward"]))
@@ -123,8 +142,11 @@ def step_metrics(run_dir: Path, key: str) -> dict[int, float]:
 
 
 def trained_steps(run_dir: Path) -> list[int]:
-    return [int(json.loads(line)["step"]) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-            if "time/rollout" in json.loads(line)]
+    return [
+        int(json.loads(line)["step"])
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if "time/rollout" in json.loads(line)
+    ]
 
 
 def record(record_property: Callable[[str, Any], None], fault: str, outcome: str, resumed: str, rows: str) -> None:

@@ -49,8 +49,15 @@ def rows_from_junit(xml_text: str) -> list[list[str]]:
         else:
             rows.append([props["fault"], props["outcome"], props["resumed"], props["rows"]])
     if bad_total:
-        rows.insert(0, [f"bad input: {bad_total} recipes, overrides, plugins and data files",
-                        f"clean one-line error, exit 2, no run directory: {bad_ok}/{bad_total}", "-", "-"])
+        rows.insert(
+            0,
+            [
+                f"bad input: {bad_total} recipes, overrides, plugins and data files",
+                f"clean one-line error, exit 2, no run directory: {bad_ok}/{bad_total}",
+                "-",
+                "-",
+            ],
+        )
     return rows
 
 
@@ -71,8 +78,18 @@ def write_table(table: str, doc: Path = DOC) -> None:
 
 
 def run_suite(junit: Path) -> int:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "junit_family=legacy", f"--junitxml={junit}",
-           str(REPO / "tests" / "faults")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "junit_family=legacy",
+        f"--junitxml={junit}",
+        str(REPO / "tests" / "faults"),
+    ]
     return subprocess.run(cmd, cwd=REPO).returncode
 
 

@@ -57,9 +57,13 @@ def test_sigkill_inside_a_checkpoint_write_with_the_explorer_running_ahead(tmp_p
     resumed = run(cmd)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     check_resumed(run_dir, straight_async[STEPS])
-    record(record_property, "SIGKILL inside a checkpoint write, explorer running ahead (offset 1)",
-           "killed; previous checkpoint verifies", f"yes ({time.monotonic() - t0:.0f} s), same per-step rewards",
-           "0 lost, 0 twice")
+    record(
+        record_property,
+        "SIGKILL inside a checkpoint write, explorer running ahead (offset 1)",
+        "killed; previous checkpoint verifies",
+        f"yes ({time.monotonic() - t0:.0f} s), same per-step rewards",
+        "0 lost, 0 twice",
+    )
 
 
 def _logged_steps(run_dir) -> set[int]:
@@ -87,5 +91,10 @@ def test_sigkill_while_the_explorer_thread_explores(tmp_path, straight_async, re
     check_resumed(run_dir, straight_async[MORE], MORE)
     assert rows_by_step(run_dir).get("available", 0) == 0
     assert trained_steps(run_dir)[-1] == MORE
-    record(record_property, "SIGKILL mid-run while the explorer explores ahead (offset 1)",
-           "killed", f"yes ({time.monotonic() - t0:.0f} s), same per-step rewards", "0 lost, 0 twice")
+    record(
+        record_property,
+        "SIGKILL mid-run while the explorer explores ahead (offset 1)",
+        "killed",
+        f"yes ({time.monotonic() - t0:.0f} s), same per-step rewards",
+        "0 lost, 0 twice",
+    )

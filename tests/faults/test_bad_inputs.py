@@ -107,127 +107,308 @@ ALGORITHM_TYPE.register_module("grpo", module=AlgorithmType(description="mine", 
 
 CASES = [
     # -- recipes: YAML ------------------------------------------------------------------
-    Case("yaml_syntax", r"r\.yaml:4: bad YAML: expected ',' or ']', but got '<stream end>'", recipe="name: bad\nmodel:\n  path: [tiny\n"),
-    Case("yaml_duplicate_section", r"r\.yaml:17: trainer: duplicate key",
-         recipe=GRPO + "trainer:\n  total_steps: 2\n"),
-    Case("yaml_unknown_key", r"r\.yaml:13: trainer\.totl_steps: unknown key; did you mean 'total_steps'\?",
-         recipe=GRPO.replace("total_steps: 1", "totl_steps: 1")),
-    Case("yaml_wrong_type", r"r\.yaml:13: trainer\.total_steps: Input should be a valid integer \(got 'one'\)",
-         recipe=GRPO.replace("total_steps: 1", "total_steps: one")),
-    Case("yaml_out_of_range", r"r\.yaml:13: trainer\.total_steps: Input should be greater than 0 \(got 0\)",
-         recipe=GRPO.replace("total_steps: 1", "total_steps: 0")),
+    Case(
+        "yaml_syntax",
+        r"r\.yaml:4: bad YAML: expected ',' or ']', but got '<stream end>'",
+        recipe="name: bad\nmodel:\n  path: [tiny\n",
+    ),
+    Case("yaml_duplicate_section", r"r\.yaml:17: trainer: duplicate key", recipe=GRPO + "trainer:\n  total_steps: 2\n"),
+    Case(
+        "yaml_unknown_key",
+        r"r\.yaml:13: trainer\.totl_steps: unknown key; did you mean 'total_steps'\?",
+        recipe=GRPO.replace("total_steps: 1", "totl_steps: 1"),
+    ),
+    Case(
+        "yaml_wrong_type",
+        r"r\.yaml:13: trainer\.total_steps: Input should be a valid integer \(got 'one'\)",
+        recipe=GRPO.replace("total_steps: 1", "total_steps: one"),
+    ),
+    Case(
+        "yaml_out_of_range",
+        r"r\.yaml:13: trainer\.total_steps: Input should be greater than 0 \(got 0\)",
+        recipe=GRPO.replace("total_steps: 1", "total_steps: 0"),
+    ),
     Case("yaml_not_a_mapping", r"r\.yaml:1: a recipe must be a mapping of sections, got list", recipe="- a\n- b\n"),
-    Case("yaml_unknown_algorithm", r"r\.yaml:5: algorithm\.type: unknown algorithm type 'grpoo'; did you mean 'grpo'\? \(registered: .*\)",
-         recipe=GRPO.replace("type: grpo", "type: grpoo")),
-    Case("yaml_unknown_reward_fn", r"r\.yaml:18: explorer\.reward_fn: unknown reward function 'exact_matsh'; did you mean 'exact_match'\? \(registered: .*\)",
-         recipe=GRPO + "explorer:\n  reward_fn: exact_matsh\n"),
+    Case(
+        "yaml_unknown_algorithm",
+        r"r\.yaml:5: algorithm\.type: unknown algorithm type 'grpoo'; did you mean 'grpo'\? \(registered: .*\)",
+        recipe=GRPO.replace("type: grpo", "type: grpoo"),
+    ),
+    Case(
+        "yaml_unknown_reward_fn",
+        r"r\.yaml:18: explorer\.reward_fn: unknown reward function 'exact_matsh'; did you mean 'exact_match'\? \(registered: .*\)",
+        recipe=GRPO + "explorer:\n  reward_fn: exact_matsh\n",
+    ),
     # cluster keys mean what they say: no `nnodes` (a node count is the Ray cluster's, not the
     # recipe's), and GPU workers on a machine without GPUs stop at once instead of Ray waiting for them
-    Case("yaml_cluster_nnodes", r"r\.yaml:18: cluster\.nnodes: unknown key \(known: ray_address, num_cpus, num_gpus, .*\)",
-         recipe=GRPO + "cluster:\n  nnodes: 2\n"),
-    Case("override_cluster_num_gpus_without_gpus", r"cluster\.num_gpus: 64 GPUs asked for the verl workers, but this "
-         r"machine has \d+ usable by torch; set cluster\.num_gpus: 0 to train on CPU",
-         args=("trainer.engine=verl", "cluster.trainer_workers=64", "cluster.num_gpus=64")),
-    Case("yaml_path_and_generator", r"r\.yaml:9: buffer\.tasks: .*set exactly one of `path` and `generator` .*",
-         recipe=GRPO.replace("    path: data.jsonl", "    path: data.jsonl\n    generator: arithmetic")),
-    Case("yaml_missing_data_file", r"r\.yaml:10: buffer\.tasks\.path: no_such_file\.jsonl: no such data file or folder "
-         r"\(looked in the recipe's folder {dir} and the working directory {dir}\)",
-         recipe=GRPO.replace("path: data.jsonl", "path: no_such_file.jsonl")),
-    Case("yaml_data_folder_without_data", r"r\.yaml:10: buffer\.tasks\.path: .*empty_dir: expected \.jsonl or \.parquet data files",
-         recipe=GRPO.replace("path: data.jsonl", "path: empty_dir"), files={"empty_dir/notes.txt": b"x"}),
-    Case("yaml_data_file_not_jsonl", r"r\.yaml:10: buffer\.tasks\.path: .*data\.csv: expected \.jsonl or \.parquet data files",
-         recipe=GRPO.replace("path: data.jsonl", "path: data.csv"), files={"data.csv": b"prompt,answer\n"}),
-    Case("yaml_unknown_model", r"r\.yaml:3: model\.path: model 'no_such_model' not found: .* does not exist, and it is not a built-in id \(.*\); nothing is downloaded",
-         recipe=GRPO.replace("path: tiny-random", "path: no_such_model")),
-    Case("yaml_duplicate_stage_names", r"r\.yaml:\d+: stages\.1\.name: duplicate stage name 'a'",
-         recipe=GRPO + "stages:\n  - name: a\n  - name: a\n"),
-    Case("yaml_not_utf8", r"r\.yaml: cannot be read: 'utf-8' codec can't decode byte 0xe9.*",
-         recipe="name: caf\xe9\n".encode("latin-1")),
+    Case(
+        "yaml_cluster_nnodes",
+        r"r\.yaml:18: cluster\.nnodes: unknown key \(known: ray_address, num_cpus, num_gpus, .*\)",
+        recipe=GRPO + "cluster:\n  nnodes: 2\n",
+    ),
+    Case(
+        "override_cluster_num_gpus_without_gpus",
+        r"cluster\.num_gpus: 64 GPUs asked for the verl workers, but this "
+        r"machine has \d+ usable by torch; set cluster\.num_gpus: 0 to train on CPU",
+        args=("trainer.engine=verl", "cluster.trainer_workers=64", "cluster.num_gpus=64"),
+    ),
+    Case(
+        "yaml_path_and_generator",
+        r"r\.yaml:9: buffer\.tasks: .*set exactly one of `path` and `generator` .*",
+        recipe=GRPO.replace("    path: data.jsonl", "    path: data.jsonl\n    generator: arithmetic"),
+    ),
+    Case(
+        "yaml_missing_data_file",
+        r"r\.yaml:10: buffer\.tasks\.path: no_such_file\.jsonl: no such data file or folder "
+        r"\(looked in the recipe's folder {dir} and the working directory {dir}\)",
+        recipe=GRPO.replace("path: data.jsonl", "path: no_such_file.jsonl"),
+    ),
+    Case(
+        "yaml_data_folder_without_data",
+        r"r\.yaml:10: buffer\.tasks\.path: .*empty_dir: expected \.jsonl or \.parquet data files",
+        recipe=GRPO.replace("path: data.jsonl", "path: empty_dir"),
+        files={"empty_dir/notes.txt": b"x"},
+    ),
+    Case(
+        "yaml_data_file_not_jsonl",
+        r"r\.yaml:10: buffer\.tasks\.path: .*data\.csv: expected \.jsonl or \.parquet data files",
+        recipe=GRPO.replace("path: data.jsonl", "path: data.csv"),
+        files={"data.csv": b"prompt,answer\n"},
+    ),
+    Case(
+        "yaml_unknown_model",
+        r"r\.yaml:3: model\.path: model 'no_such_model' not found: .* does not exist, and it is not a built-in id \(.*\); nothing is downloaded",
+        recipe=GRPO.replace("path: tiny-random", "path: no_such_model"),
+    ),
+    Case(
+        "yaml_duplicate_stage_names",
+        r"r\.yaml:\d+: stages\.1\.name: duplicate stage name 'a'",
+        recipe=GRPO + "stages:\n  - name: a\n  - name: a\n",
+    ),
+    Case(
+        "yaml_not_utf8",
+        r"r\.yaml: cannot be read: 'utf-8' codec can't decode byte 0xe9.*",
+        recipe="name: caf\xe9\n".encode("latin-1"),
+    ),
     Case("recipe_missing", r"no_such\.yaml: no such recipe file", args=("--config", "no_such.yaml")),
-    Case("recipe_wrong_suffix", r"r\.txt: unknown recipe format '\.txt' \(use \.yaml, \.yml or \.toml\)",
-         recipe_name="r.txt"),
+    Case(
+        "recipe_wrong_suffix",
+        r"r\.txt: unknown recipe format '\.txt' \(use \.yaml, \.yml or \.toml\)",
+        recipe_name="r.txt",
+    ),
     # -- recipes: TOML ------------------------------------------------------------------
-    Case("toml_syntax", r"r\.toml: bad TOML: .*\(at line 3, column \d+\)", recipe='name = "bad"\n[model]\npath = \n',
-         recipe_name="r.toml"),
-    Case("toml_unknown_key", r"r\.toml:14: trainer\.totl_steps: unknown key; did you mean 'total_steps'\?",
-         recipe=GRPO_TOML.replace("total_steps = 1", "totl_steps = 1"), recipe_name="r.toml"),
-    Case("toml_wrong_type", r"r\.toml:14: trainer\.total_steps: Input should be a valid integer \(got '1'\)",
-         recipe=GRPO_TOML.replace("total_steps = 1", 'total_steps = "1"'), recipe_name="r.toml"),
-    Case("toml_missing_data_file", r"r\.toml:10: buffer\.tasks\.path: gone\.jsonl: no such data file or folder .*",
-         recipe=GRPO_TOML.replace('path = "data.jsonl"', 'path = "gone.jsonl"'), recipe_name="r.toml"),
-    Case("toml_duplicate_key", r"r\.toml: bad TOML: .*\(at line 15, column \d+\)",
-         recipe=GRPO_TOML + "total_steps = 2\n", recipe_name="r.toml"),
+    Case(
+        "toml_syntax",
+        r"r\.toml: bad TOML: .*\(at line 3, column \d+\)",
+        recipe='name = "bad"\n[model]\npath = \n',
+        recipe_name="r.toml",
+    ),
+    Case(
+        "toml_unknown_key",
+        r"r\.toml:14: trainer\.totl_steps: unknown key; did you mean 'total_steps'\?",
+        recipe=GRPO_TOML.replace("total_steps = 1", "totl_steps = 1"),
+        recipe_name="r.toml",
+    ),
+    Case(
+        "toml_wrong_type",
+        r"r\.toml:14: trainer\.total_steps: Input should be a valid integer \(got '1'\)",
+        recipe=GRPO_TOML.replace("total_steps = 1", 'total_steps = "1"'),
+        recipe_name="r.toml",
+    ),
+    Case(
+        "toml_missing_data_file",
+        r"r\.toml:10: buffer\.tasks\.path: gone\.jsonl: no such data file or folder .*",
+        recipe=GRPO_TOML.replace('path = "data.jsonl"', 'path = "gone.jsonl"'),
+        recipe_name="r.toml",
+    ),
+    Case(
+        "toml_duplicate_key",
+        r"r\.toml: bad TOML: .*\(at line 15, column \d+\)",
+        recipe=GRPO_TOML + "total_steps = 2\n",
+        recipe_name="r.toml",
+    ),
     # -- overrides ----------------------------------------------------------------------
-    Case("override_without_equals", r"override 'trainer\.total_steps': expected key\.path=value",
-         args=("trainer.total_steps",)),
-    Case("override_unknown_key", r"r\.yaml: override 'trainer\.totl_steps=3': trainer\.totl_steps: unknown key; did you mean 'total_steps'\?",
-         args=("trainer.totl_steps=3",)),
-    Case("override_wrong_type", r"r\.yaml: override 'trainer\.total_steps=many': trainer\.total_steps: Input should be a valid integer \(got 'many'\)",
-         args=("trainer.total_steps=many",)),
-    Case("override_into_a_value", r"override 'trainer\.total_steps\.x=1': trainer\.total_steps is not a section",
-         args=("trainer.total_steps.x=1",)),
-    Case("override_missing_data_file", r"r\.yaml: override 'buffer\.tasks\.path=nope\.jsonl': buffer\.tasks\.path: nope\.jsonl: no such data file or folder .*",
-         args=("buffer.tasks.path=nope.jsonl",)),
+    Case(
+        "override_without_equals",
+        r"override 'trainer\.total_steps': expected key\.path=value",
+        args=("trainer.total_steps",),
+    ),
+    Case(
+        "override_unknown_key",
+        r"r\.yaml: override 'trainer\.totl_steps=3': trainer\.totl_steps: unknown key; did you mean 'total_steps'\?",
+        args=("trainer.totl_steps=3",),
+    ),
+    Case(
+        "override_wrong_type",
+        r"r\.yaml: override 'trainer\.total_steps=many': trainer\.total_steps: Input should be a valid integer \(got 'many'\)",
+        args=("trainer.total_steps=many",),
+    ),
+    Case(
+        "override_into_a_value",
+        r"override 'trainer\.total_steps\.x=1': trainer\.total_steps is not a section",
+        args=("trainer.total_steps.x=1",),
+    ),
+    Case(
+        "override_missing_data_file",
+        r"r\.yaml: override 'buffer\.tasks\.path=nope\.jsonl': buffer\.tasks\.path: nope\.jsonl: no such data file or folder .*",
+        args=("buffer.tasks.path=nope.jsonl",),
+    ),
     # -- plugins ------------------------------------------------------------------------
-    Case("plugin_module_missing", r"r\.yaml:\d+: plugin 'no_such_plugin_mod' not found: no module 'no_such_plugin_mod' on sys\.path .*",
-         recipe=GRPO + "plugins:\n  - no_such_plugin_mod\n"),
-    Case("plugin_file_missing", r"r\.yaml:\d+: plugin '{dir}/gone\.py': no such module, \.py file or package folder",
-         recipe=GRPO + "plugins:\n  - ./gone.py\n"),
-    Case("plugin_raises", r"r\.yaml:\d+: plugin '{dir}/broken_raises\.py' failed to import: ZeroDivisionError: division by zero at {dir}/broken_raises\.py:2",
-         recipe=GRPO + "plugins:\n  - ./broken_raises.py\n", files={"broken_raises.py": b"x = 1\ny = 1 / 0\n"}),
-    Case("plugin_syntax_error", r"r\.yaml:\d+: plugin '{dir}/broken_syntax\.py' failed to import: SyntaxError: .*",
-         recipe=GRPO + "plugins:\n  - ./broken_syntax.py\n", files={"broken_syntax.py": b"def f(:\n"}),
-    Case("plugin_duplicate_name", r"r\.yaml:\d+: plugin '{dir}/dup_plugin\.py' failed to import: .*'grpo'.*force=True.*",
-         recipe=GRPO + "plugins:\n  - ./dup_plugin.py\n", files={"dup_plugin.py": PLUGIN_DUP}),
-    Case("plugin_flag_missing", r"--plugin: plugin 'no_such_flag_plugin' not found: .*", args=("--plugin", "no_such_flag_plugin")),
+    Case(
+        "plugin_module_missing",
+        r"r\.yaml:\d+: plugin 'no_such_plugin_mod' not found: no module 'no_such_plugin_mod' on sys\.path .*",
+        recipe=GRPO + "plugins:\n  - no_such_plugin_mod\n",
+    ),
+    Case(
+        "plugin_file_missing",
+        r"r\.yaml:\d+: plugin '{dir}/gone\.py': no such module, \.py file or package folder",
+        recipe=GRPO + "plugins:\n  - ./gone.py\n",
+    ),
+    Case(
+        "plugin_raises",
+        r"r\.yaml:\d+: plugin '{dir}/broken_raises\.py' failed to import: ZeroDivisionError: division by zero at {dir}/broken_raises\.py:2",
+        recipe=GRPO + "plugins:\n  - ./broken_raises.py\n",
+        files={"broken_raises.py": b"x = 1\ny = 1 / 0\n"},
+    ),
+    Case(
+        "plugin_syntax_error",
+        r"r\.yaml:\d+: plugin '{dir}/broken_syntax\.py' failed to import: SyntaxError: .*",
+        recipe=GRPO + "plugins:\n  - ./broken_syntax.py\n",
+        files={"broken_syntax.py": b"def f(:\n"},
+    ),
+    Case(
+        "plugin_duplicate_name",
+        r"r\.yaml:\d+: plugin '{dir}/dup_plugin\.py' failed to import: .*'grpo'.*force=True.*",
+        recipe=GRPO + "plugins:\n  - ./dup_plugin.py\n",
+        files={"dup_plugin.py": PLUGIN_DUP},
+    ),
+    Case(
+        "plugin_flag_missing",
+        r"--plugin: plugin 'no_such_flag_plugin' not found: .*",
+        args=("--plugin", "no_such_flag_plugin"),
+    ),
     # -- task files -----------------------------------------------------------------------
     Case("tasks_empty_prompt", r'data\.jsonl:2: field "prompt" is empty', data=jsonl(TASK, {**TASK, "prompt": ""})),
     Case("tasks_blank_prompt", r'data\.jsonl:1: field "prompt" is empty', data=jsonl({**TASK, "prompt": " \n\t"})),
     Case("tasks_empty_answer", r'data\.jsonl:2: field "answer" is empty', data=jsonl(TASK, {**TASK, "answer": ""})),
-    Case("tasks_blank_chat_prompt", r'data\.jsonl:1: field "prompt" is empty \(every message is blank\)',
-         data=jsonl({**TASK, "prompt": [{"role": "user", "content": "  "}]})),
+    Case(
+        "tasks_blank_chat_prompt",
+        r'data\.jsonl:1: field "prompt" is empty \(every message is blank\)',
+        data=jsonl({**TASK, "prompt": [{"role": "user", "content": "  "}]}),
+    ),
     Case("tasks_missing_answer", r'data\.jsonl:2: missing field "answer"', data=jsonl(TASK, {"prompt": "x"})),
     Case("tasks_null_prompt", r'data\.jsonl:1: missing field "prompt"', data=jsonl({**TASK, "prompt": None})),
-    Case("tasks_latin1", r"data\.jsonl:2: not UTF-8 text \(invalid continuation byte\)",
-         data=jsonl(TASK) + '{"prompt": "caf\xe9 2 + 2", "answer": "4"}\n'.encode("latin-1")),
-    Case("tasks_binary", r"data\.jsonl:1: not UTF-8 text \(invalid start byte\)", data=b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe"),
-    Case("tasks_truncated_last_line", r"data\.jsonl:3: invalid JSON \(Unterminated string starting at at column \d+\)",
-         data=jsonl(TASK, TASK) + b'{"prompt": "What is'),
-    Case("tasks_nan_answer", r"data\.jsonl:2: invalid JSON \(NaN is not a JSON number\)", data=jsonl(TASK, '{"prompt": "p", "answer": NaN}')),
-    Case("tasks_infinity_in_extra_field", r"data\.jsonl:1: invalid JSON \(-Infinity is not a JSON number\)",
-         data=jsonl('{"prompt": "p", "answer": "1", "weight": -Infinity}')),
-    Case("tasks_nested_prompt", r'data\.jsonl:1: field "prompt" must be a string or a list, got a dict',
-         data=jsonl({**TASK, "prompt": {"text": "What is 2 + 2?"}})),
-    Case("tasks_duplicate_key", r'data\.jsonl:2: duplicate key "answer" in one JSON object',
-         data=jsonl(TASK, '{"prompt": "p", "answer": "1", "answer": "2"}')),
-    Case("tasks_duplicate_nested_key", r'data\.jsonl:1: duplicate key "role" in one JSON object',
-         data=jsonl('{"prompt": [{"role": "user", "role": "system", "content": "x"}], "answer": "1"}')),
+    Case(
+        "tasks_latin1",
+        r"data\.jsonl:2: not UTF-8 text \(invalid continuation byte\)",
+        data=jsonl(TASK) + '{"prompt": "caf\xe9 2 + 2", "answer": "4"}\n'.encode("latin-1"),
+    ),
+    Case(
+        "tasks_binary",
+        r"data\.jsonl:1: not UTF-8 text \(invalid start byte\)",
+        data=b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe",
+    ),
+    Case(
+        "tasks_truncated_last_line",
+        r"data\.jsonl:3: invalid JSON \(Unterminated string starting at at column \d+\)",
+        data=jsonl(TASK, TASK) + b'{"prompt": "What is',
+    ),
+    Case(
+        "tasks_nan_answer",
+        r"data\.jsonl:2: invalid JSON \(NaN is not a JSON number\)",
+        data=jsonl(TASK, '{"prompt": "p", "answer": NaN}'),
+    ),
+    Case(
+        "tasks_infinity_in_extra_field",
+        r"data\.jsonl:1: invalid JSON \(-Infinity is not a JSON number\)",
+        data=jsonl('{"prompt": "p", "answer": "1", "weight": -Infinity}'),
+    ),
+    Case(
+        "tasks_nested_prompt",
+        r'data\.jsonl:1: field "prompt" must be a string or a list, got a dict',
+        data=jsonl({**TASK, "prompt": {"text": "What is 2 + 2?"}}),
+    ),
+    Case(
+        "tasks_duplicate_key",
+        r'data\.jsonl:2: duplicate key "answer" in one JSON object',
+        data=jsonl(TASK, '{"prompt": "p", "answer": "1", "answer": "2"}'),
+    ),
+    Case(
+        "tasks_duplicate_nested_key",
+        r'data\.jsonl:1: duplicate key "role" in one JSON object',
+        data=jsonl('{"prompt": [{"role": "user", "role": "system", "content": "x"}], "answer": "1"}'),
+    ),
     Case("tasks_row_not_an_object", r"data\.jsonl:2: expected a JSON object, got list", data=jsonl(TASK, [1, 2])),
-    Case("tasks_boolean_answer", r'data\.jsonl:1: field "answer" must be a string or a number, got a boolean',
-         data=jsonl({**TASK, "answer": True})),
-    Case("tasks_kind_changes", r'data\.jsonl:3: field "answer" is a number here but a string at data\.jsonl:1',
-         data=jsonl(TASK, TASK, {**TASK, "answer": 4})),
+    Case(
+        "tasks_boolean_answer",
+        r'data\.jsonl:1: field "answer" must be a string or a number, got a boolean',
+        data=jsonl({**TASK, "answer": True}),
+    ),
+    Case(
+        "tasks_kind_changes",
+        r'data\.jsonl:3: field "answer" is a number here but a string at data\.jsonl:1',
+        data=jsonl(TASK, TASK, {**TASK, "answer": 4}),
+    ),
     Case("tasks_only_blank_lines", r"data\.jsonl: the data set is empty", data=b"\n  \r\n\n"),
     # -- SFT files (chat form and prompt/response) ------------------------------------
-    Case("sft_no_assistant", r'data\.jsonl:1: field "messages" has no assistant message to train on',
-         recipe=SFT, data=jsonl({"messages": [{"role": "user", "content": "hi"}]})),
-    Case("sft_empty_assistant", r'data\.jsonl:2: field "messages": every assistant message is empty',
-         recipe=SFT, data=jsonl(CHAT, {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]})),
-    Case("sft_message_without_content", r'data\.jsonl:1: field "messages" message 1 must have a string "role" and "content"',
-         recipe=SFT, data=jsonl({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant"}]})),
-    Case("sft_messages_not_a_list", r'data\.jsonl:1: field "messages" must be a list, got a string',
-         recipe=SFT, data=jsonl({"messages": "hi"})),
-    Case("sft_empty_response", r'data\.jsonl:1: field "response" is empty', recipe=SFT, data=jsonl({"prompt": "hi", "response": ""})),
-    Case("sft_crlf_truncated", r"data\.jsonl:2: invalid JSON \(Expecting ',' delimiter at column \d+\)", recipe=SFT,
-         data=json.dumps(CHAT).encode() + b"\r\n" + json.dumps(CHAT).encode()[:-3]),
+    Case(
+        "sft_no_assistant",
+        r'data\.jsonl:1: field "messages" has no assistant message to train on',
+        recipe=SFT,
+        data=jsonl({"messages": [{"role": "user", "content": "hi"}]}),
+    ),
+    Case(
+        "sft_empty_assistant",
+        r'data\.jsonl:2: field "messages": every assistant message is empty',
+        recipe=SFT,
+        data=jsonl(CHAT, {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]}),
+    ),
+    Case(
+        "sft_message_without_content",
+        r'data\.jsonl:1: field "messages" message 1 must have a string "role" and "content"',
+        recipe=SFT,
+        data=jsonl({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant"}]}),
+    ),
+    Case(
+        "sft_messages_not_a_list",
+        r'data\.jsonl:1: field "messages" must be a list, got a string',
+        recipe=SFT,
+        data=jsonl({"messages": "hi"}),
+    ),
+    Case(
+        "sft_empty_response",
+        r'data\.jsonl:1: field "response" is empty',
+        recipe=SFT,
+        data=jsonl({"prompt": "hi", "response": ""}),
+    ),
+    Case(
+        "sft_crlf_truncated",
+        r"data\.jsonl:2: invalid JSON \(Expecting ',' delimiter at column \d+\)",
+        recipe=SFT,
+        data=json.dumps(CHAT).encode() + b"\r\n" + json.dumps(CHAT).encode()[:-3],
+    ),
     # -- preference pairs -----------------------------------------------------------------
-    Case("pairs_missing_rejected", r'data\.jsonl:2: missing field "rejected"', recipe=DPO,
-         data=jsonl(PAIR, {"prompt": "p", "chosen": "c"})),
-    Case("pairs_empty_chosen", r'data\.jsonl:1: field "chosen" is empty', recipe=DPO, data=jsonl({**PAIR, "chosen": ""})),
-    Case("pairs_number_response", r'data\.jsonl:1: field "rejected" must be a string, got a number', recipe=DPO,
-         data=jsonl({**PAIR, "rejected": 5})),
-    Case("pairs_nan", r"data\.jsonl:1: invalid JSON \(NaN is not a JSON number\)", recipe=DPO,
-         data=jsonl('{"prompt": "p", "chosen": "c", "rejected": "r", "margin": NaN}')),
+    Case(
+        "pairs_missing_rejected",
+        r'data\.jsonl:2: missing field "rejected"',
+        recipe=DPO,
+        data=jsonl(PAIR, {"prompt": "p", "chosen": "c"}),
+    ),
+    Case(
+        "pairs_empty_chosen", r'data\.jsonl:1: field "chosen" is empty', recipe=DPO, data=jsonl({**PAIR, "chosen": ""})
+    ),
+    Case(
+        "pairs_number_response",
+        r'data\.jsonl:1: field "rejected" must be a string, got a number',
+        recipe=DPO,
+        data=jsonl({**PAIR, "rejected": 5}),
+    ),
+    Case(
+        "pairs_nan",
+        r"data\.jsonl:1: invalid JSON \(NaN is not a JSON number\)",
+        recipe=DPO,
+        data=jsonl('{"prompt": "p", "chosen": "c", "rejected": "r", "margin": NaN}'),
+    ),
     Case("pairs_empty_file", r"data\.jsonl: the data set is empty", recipe=DPO, data=b""),
 ]
 
@@ -269,10 +450,14 @@ def test_bad_input_is_one_line_and_writes_nothing(case: Case, folder: Path, caps
 
 # -- what is accepted -------------------------------------------------------------------------
 def test_a_byte_order_mark_and_crlf_line_ends_are_accepted(tmp_path: Path) -> None:
-    (tmp_path / "t.jsonl").write_bytes(b"\xef\xbb\xbf" + jsonl(TASK).replace(b"\n", b"\r\n") + b"\r\n" + jsonl({**TASK, "answer": "5"}))
+    (tmp_path / "t.jsonl").write_bytes(
+        b"\xef\xbb\xbf" + jsonl(TASK).replace(b"\n", b"\r\n") + b"\r\n" + jsonl({**TASK, "answer": "5"})
+    )
     tasks = TaskSet(DatasetOptions(path=str(tmp_path / "t.jsonl"), shuffle=False))
     assert [(t.prompt, t.answer, t.task_id) for t in tasks.rows] == [
-        (TASK["prompt"], "4", "t.jsonl:1"), (TASK["prompt"], "5", "t.jsonl:3")]
+        (TASK["prompt"], "4", "t.jsonl:1"),
+        (TASK["prompt"], "5", "t.jsonl:3"),
+    ]
 
 
 def test_the_base_recipe_of_the_table_runs(folder: Path, capsys: pytest.CaptureFixture[str]) -> None:

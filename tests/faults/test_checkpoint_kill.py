@@ -35,9 +35,13 @@ def test_sigkill_inside_a_checkpoint_write_resumes_exactly(point, tmp_path, stra
     resumed = run(cmd)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     check_resumed(run_dir, straight)
-    record(record_property, f"SIGKILL of the driver during checkpoint write ({point.replace('_', ' ')})",
-           "killed; previous checkpoint verifies", f"yes ({time.monotonic() - t0:.0f} s), same per-step rewards",
-           "0 lost, 0 twice")
+    record(
+        record_property,
+        f"SIGKILL of the driver during checkpoint write ({point.replace('_', ' ')})",
+        "killed; previous checkpoint verifies",
+        f"yes ({time.monotonic() - t0:.0f} s), same per-step rewards",
+        "0 lost, 0 twice",
+    )
 
 
 def test_a_truncated_checkpoint_is_a_clear_error_and_the_previous_one_resumes(tmp_path, straight, record_property):
@@ -51,9 +55,11 @@ def test_a_truncated_checkpoint_is_a_clear_error_and_the_previous_one_resumes(tm
     before = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if "tensorboard" not in p.parts)
     line = one_line_error(run(cmd))
     moved = bad.parent / "corrupt-step_000002"
-    assert line == (f"trinity-like: error: checkpoint {bad}: model/model.safetensors is {weights.stat().st_size} bytes, "
-                    f"{2 * weights.stat().st_size} when saved (truncated?); to resume from the checkpoint before it "
-                    f"(step_000001), move this one aside (mv {bad} {moved}) and run the same command")
+    assert line == (
+        f"trinity-like: error: checkpoint {bad}: model/model.safetensors is {weights.stat().st_size} bytes, "
+        f"{2 * weights.stat().st_size} when saved (truncated?); to resume from the checkpoint before it "
+        f"(step_000001), move this one aside (mv {bad} {moved}) and run the same command"
+    )
     after = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if "tensorboard" not in p.parts)
     assert after == before, "the refused resume wrote into the run directory"
     shutil.move(bad, moved)  # what the message says to do
@@ -62,6 +68,10 @@ def test_a_truncated_checkpoint_is_a_clear_error_and_the_previous_one_resumes(tm
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "(step 1)" in resumed.stdout + resumed.stderr
     check_resumed(run_dir, straight)
-    record(record_property, "truncated weights file in the latest checkpoint",
-           "clean error naming the file and the way back", f"yes, from the previous checkpoint ({time.monotonic() - t0:.0f} s)",
-           "0 lost, 0 twice")
+    record(
+        record_property,
+        "truncated weights file in the latest checkpoint",
+        "clean error naming the file and the way back",
+        f"yes, from the previous checkpoint ({time.monotonic() - t0:.0f} s)",
+        "0 lost, 0 twice",
+    )

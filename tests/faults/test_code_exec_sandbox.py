@@ -43,7 +43,9 @@ def test_the_reward_is_the_fraction_of_unit_tests_passed():
     assert extract_code(fenced) == "def add(a, b):\n    return a + b\n"  # the last block
     assert reward(fenced) == pytest.approx(2 / 3)
     assert reward("def add(a, b) return") == 0.0  # a syntax error passes nothing
-    assert reward("def add(a, b):\n    print('1 3 3')\n    return a + b") == pytest.approx(2 / 3)  # printing cannot fake it
+    assert reward("def add(a, b):\n    print('1 3 3')\n    return a + b") == pytest.approx(
+        2 / 3
+    )  # printing cannot fake it
     with pytest.raises(TrinityError, match="holds no unit tests"):
         reward("x = 1", answer="# nothing\n")
 
@@ -83,8 +85,10 @@ def test_a_child_that_dies_scores_zero_and_the_next_call_gets_a_new_one():
 
 def test_the_parent_never_runs_the_code_and_nothing_outlives_the_call(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code = ("import builtins, subprocess\nbuiltins.TOUCHED = True\nopen('marker', 'w').write('x')\n"
-            "subprocess.Popen(['sleep', '61.25'], start_new_session=True)\ndef add(a, b):\n    return a + b")
+    code = (
+        "import builtins, subprocess\nbuiltins.TOUCHED = True\nopen('marker', 'w').write('x')\n"
+        "subprocess.Popen(['sleep', '61.25'], start_new_session=True)\ndef add(a, b):\n    return a + b"
+    )
     assert reward(code) == pytest.approx(2 / 3)
     assert not hasattr(builtins, "TOUCHED") and not (tmp_path / "marker").exists()
     time.sleep(0.5)
@@ -96,21 +100,34 @@ def test_the_parent_never_runs_the_code_and_nothing_outlives_the_call(tmp_path, 
 def test_the_code_has_no_network(record_property):
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
-    probe = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2).close()\n"
-             "    reached = True\nexcept OSError:\n    reached = False\n")
+    probe = (
+        f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2).close()\n"
+        "    reached = True\nexcept OSError:\n    reached = False\n"
+    )
     try:
         assert reward(probe, answer="assert reached") == 0.0
         assert reward(probe, answer="assert reached", network_isolation=False) == 1.0  # the probe can tell
     finally:
         server.close()
-    record(record_property, "model-written code: loops, allocates, forks, dies, opens the network (code_exec reward)",
-           "contained: CPU/memory/wall limits, no network, each call a fresh child; scores 0",
-           "not needed (the explorer goes on)", "-")
+    record(
+        record_property,
+        "model-written code: loops, allocates, forks, dies, opens the network (code_exec reward)",
+        "contained: CPU/memory/wall limits, no network, each call a fresh child; scores 0",
+        "not needed (the explorer goes on)",
+        "-",
+    )
 
 
 def test_a_run_trains_on_programming_tasks_with_the_sandboxed_reward(tmp_path):
-    cmd = command(tmp_path, "trainer.total_steps=2", f"buffer.tasks={{path: {TASKS}}}", f"buffer.eval_tasks={{path: {TASKS}}}",
-                  "explorer.reward_fn=code_exec", "explorer.reward_args={cpu_s: 1, wall_s: 5}", "explorer.eval_reward_fn=code_exec")
+    cmd = command(
+        tmp_path,
+        "trainer.total_steps=2",
+        f"buffer.tasks={{path: {TASKS}}}",
+        f"buffer.eval_tasks={{path: {TASKS}}}",
+        "explorer.reward_fn=code_exec",
+        "explorer.reward_args={cpu_s: 1, wall_s: 5}",
+        "explorer.eval_reward_fn=code_exec",
+    )
     out = run(cmd)
     assert out.returncode == 0, out.stderr[-3000:]
     metrics = (tmp_path / "grpo_arith" / "metrics.jsonl").read_text()

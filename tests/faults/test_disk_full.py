@@ -30,10 +30,20 @@ from trinity_like.pipeline.checkpoint import CheckpointManager
 from trinity_like.pipeline.disk_full import DiskFullError, disk_full_as_error
 
 CASES = {  # fault -> (what the message says could not be written, checkpoint left as latest)
-    "checkpoint_write:2": ((r"checkpoint step_000002 in {ckpts} \({ckpts}/\.tmp-step_000002-\d+/model: No space left on "
-                           r"device\); nothing of it was kept and the previous checkpoint step_000001 is intact"), 1),
-    "buffer_write:3": ((r"step 3's rollouts into the buffer \({run_dir}/buffer\.sqlite\) \({run_dir}/buffer\.sqlite: No "
-                       r"space left on device\); the buffer keeps every earlier row and checkpoint step_000002 is intact"), 2),
+    "checkpoint_write:2": (
+        (
+            r"checkpoint step_000002 in {ckpts} \({ckpts}/\.tmp-step_000002-\d+/model: No space left on "
+            r"device\); nothing of it was kept and the previous checkpoint step_000001 is intact"
+        ),
+        1,
+    ),
+    "buffer_write:3": (
+        (
+            r"step 3's rollouts into the buffer \({run_dir}/buffer\.sqlite\) \({run_dir}/buffer\.sqlite: No "
+            r"space left on device\); the buffer keeps every earlier row and checkpoint step_000002 is intact"
+        ),
+        2,
+    ),
 }
 
 
@@ -44,8 +54,11 @@ def test_disk_full_is_one_line_keeps_the_previous_checkpoint_and_resumes(fault, 
     what, left = CASES[fault]
     line = one_line_error(run(cmd, **{FAULT_ENV: fault}))
     pattern = what.format(ckpts=re.escape(str(run_dir / "checkpoints")), run_dir=re.escape(str(run_dir)))
-    assert re.fullmatch(rf"trinity-like: error: disk full: could not write {pattern}: free space and run the same "
-                        r"command to resume", line), line
+    assert re.fullmatch(
+        rf"trinity-like: error: disk full: could not write {pattern}: free space and run the same "
+        r"command to resume",
+        line,
+    ), line
     ckpts = run_dir / "checkpoints"
     assert not [p.name for p in ckpts.iterdir() if p.name.startswith(".")], "a partial checkpoint was left behind"
     mgr = CheckpointManager(run_dir)
@@ -57,9 +70,13 @@ def test_disk_full_is_one_line_keeps_the_previous_checkpoint_and_resumes(fault, 
     assert f"(step {left})" in resumed.stdout + resumed.stderr
     check_resumed(run_dir, straight)
     where = "a checkpoint (step 2)" if fault.startswith("checkpoint") else "the buffer (step 3's rollouts)"
-    record(record_property, f"disk full (ENOSPC) while writing {where}",
-           f"clean error naming the file; step_{left:06d} verifies, no partial folder",
-           f"yes ({time.monotonic() - t0:.0f} s), same per-step rewards", "0 lost, 0 twice")
+    record(
+        record_property,
+        f"disk full (ENOSPC) while writing {where}",
+        f"clean error naming the file; step_{left:06d} verifies, no partial folder",
+        f"yes ({time.monotonic() - t0:.0f} s), same per-step rewards",
+        "0 lost, 0 twice",
+    )
 
 
 def test_sqlites_own_disk_full_is_the_same_one_line(tmp_path):
@@ -70,9 +87,14 @@ def test_sqlites_own_disk_full_is_the_same_one_line(tmp_path):
         pages = storage._db.execute("PRAGMA page_count").fetchone()[0]
         storage._db.execute(f"PRAGMA max_page_count={pages}")  # full: no page more
         big = [Experience(tokens=list(range(5000)), prompt_length=1, eid=f"big{i}") for i in range(4)]
-        with pytest.raises(DiskFullError, match=r"^disk full: could not write rollouts \(database or disk is full\); "
-                                                r"the buffer is intact: free space and run the same command to resume$"), \
-                disk_full_as_error("rollouts", "the buffer is intact"):
+        with (
+            pytest.raises(
+                DiskFullError,
+                match=r"^disk full: could not write rollouts \(database or disk is full\); "
+                r"the buffer is intact: free space and run the same command to resume$",
+            ),
+            disk_full_as_error("rollouts", "the buffer is intact"),
+        ):
             storage.put(big)
         assert storage.count() == 1  # the transaction was rolled back whole
     finally:

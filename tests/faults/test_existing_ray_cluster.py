@@ -13,6 +13,7 @@ Slow (a Ray head and a verl start-up: about 3 minutes on the busy 2-core machine
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -41,10 +42,24 @@ def ray_head(tmp_path):
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths live under it (107-byte limit)
     log = open(tmp_path / "ray_head.log", "w")  # noqa: SIM115 -- open while the head runs
     head = subprocess.Popen(
-        ["ray", "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1", "--num-cpus=4",
-         "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
-         f"--temp-dir={temp}", "--disable-usage-stats"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+        [
+            "ray",
+            "start",
+            "--head",
+            "--block",
+            f"--port={port}",
+            "--node-ip-address=127.0.0.1",
+            "--num-cpus=4",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dashboard}",
+            f"--temp-dir={temp}",
+            "--disable-usage-stats",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )
     try:
         yield head, f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard}"
     finally:
@@ -60,13 +75,17 @@ def run_actors(dashboard: str) -> dict[str, tuple[str, str]]:
     """actor id -> (class, state, node id) of this run's actors, from Ray's state API."""
     from ray.util.state import list_actors
 
-    return {a.actor_id: (a.class_name, a.state, a.node_id) for a in list_actors(address=dashboard, raise_on_missing_output=False)
-            if a.class_name in RUN_ACTORS}
+    return {
+        a.actor_id: (a.class_name, a.state, a.node_id)
+        for a in list_actors(address=dashboard, raise_on_missing_output=False)
+        if a.class_name in RUN_ACTORS
+    }
 
 
 @pytest.mark.slow
-def test_a_run_on_an_existing_cluster_places_its_actors_there_and_leaves_it_running(tmp_path, ray_head,
-                                                                                    record_property):
+def test_a_run_on_an_existing_cluster_places_its_actors_there_and_leaves_it_running(
+    tmp_path, ray_head, record_property
+):
     from ray.util.state import list_nodes
     from ray.util.state.exception import RayStateApiException
 
@@ -74,12 +93,12 @@ def test_a_run_on_an_existing_cluster_places_its_actors_there_and_leaves_it_runn
     deadline = time.monotonic() + 120
     nodes = []
     while not nodes:  # the head is up when its state API lists its node alive
-        try:
+        # not up yet (requests' errors are OSErrors), until the deadline
+        with contextlib.suppress(RayStateApiException, OSError):
             nodes = [n for n in list_nodes(address=dashboard) if n.state == "ALIVE"]
-        except (RayStateApiException, OSError):  # not up yet (requests' errors are OSErrors), until the deadline
-            pass
-        assert time.monotonic() < deadline and head.poll() is None, \
+        assert time.monotonic() < deadline and head.poll() is None, (
             f"the Ray head did not come up: {(tmp_path / 'ray_head.log').read_text()[-2000:]}"
+        )
         time.sleep(1)
     [node] = nodes
     cmd = command(tmp_path, "trainer.engine=verl", "trainer.total_steps=2", "cluster.ray_address=auto")
@@ -102,11 +121,22 @@ def test_a_run_on_an_existing_cluster_places_its_actors_there_and_leaves_it_runn
     assert all(after[k][1] == "DEAD" for k in placed), after
     assert head.poll() is None
     code = f"import ray; ray.init(address={address!r}); print(ray.cluster_resources()['CPU'])"
-    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False,
-                           env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    probe = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )
     assert probe.stdout.strip().splitlines()[-1] == "4.0", probe.stderr[-2000:]
     rows = rows_by_step(tmp_path / "grpo_arith")
     assert {s: rows.get(s) for s in (1, 2)} == {1: BATCH * GROUP, 2: BATCH * GROUP}, rows
-    record(record_property, "an existing Ray cluster (cluster.ray_address: auto, ray start --head by the test)",
-           f"ran on it: verl worker and explorer placed on its node; at the end its actors dead, the cluster up "
-           f"({time.monotonic() - t0:.0f} s)", "-", "0 lost, 0 twice")
+    record(
+        record_property,
+        "an existing Ray cluster (cluster.ray_address: auto, ray start --head by the test)",
+        f"ran on it: verl worker and explorer placed on its node; at the end its actors dead, the cluster up "
+        f"({time.monotonic() - t0:.0f} s)",
+        "-",
+        "0 lost, 0 twice",
+    )

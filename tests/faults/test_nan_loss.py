@@ -56,8 +56,16 @@ STEPS, MAX_NAN = 5, 2
 def nan_command(tmp_path: Path, root: Path) -> list[str]:
     plugin = tmp_path / "nan_loss_plugin.py"
     plugin.write_text(PLUGIN)
-    return [*command(root, f"trainer.total_steps={STEPS}", "algorithm.type=faulttest_nan_algo",
-                     f"trainer.max_nan_steps={MAX_NAN}"), "--plugin", str(plugin)]
+    return [
+        *command(
+            root,
+            f"trainer.total_steps={STEPS}",
+            "algorithm.type=faulttest_nan_algo",
+            f"trainer.max_nan_steps={MAX_NAN}",
+        ),
+        "--plugin",
+        str(plugin),
+    ]
 
 
 def weights(ckpt: Path) -> dict:
@@ -68,8 +76,10 @@ def test_nan_losses_skip_steps_then_stop_with_the_last_good_weights_and_resume(t
     cmd = nan_command(tmp_path, tmp_path / "faulted")
     # NaN at steps 2, 3 (skipped: max_nan_steps=2 tolerates two in a row) and 4 (the third: stop)
     line = one_line_error(run(cmd, FAULTTEST_NAN_CALLS="2,3,4"))
-    assert line == (f"trinity-like: error: step 4: 3 non-finite losses in a row (trainer.max_nan_steps={MAX_NAN}); "
-                    "stopping with the weights of the last good step")
+    assert line == (
+        f"trinity-like: error: step 4: 3 non-finite losses in a row (trainer.max_nan_steps={MAX_NAN}); "
+        "stopping with the weights of the last good step"
+    )
     run_dir = tmp_path / "faulted" / "grpo_arith"
     mgr = CheckpointManager(run_dir)
     latest = mgr.latest()
@@ -78,8 +88,11 @@ def test_nan_losses_skip_steps_then_stop_with_the_last_good_weights_and_resume(t
     # the last good weights: those saved after step 1, untouched by the two skipped steps
     good, kept = weights(run_dir / "checkpoints" / "step_000001"), weights(latest)
     assert good.keys() == kept.keys() and all(torch.equal(good[k], kept[k]) for k in good)
-    skipped = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()
-               if json.loads(x).get("skipped/nan_loss") == 1.0]
+    skipped = [
+        json.loads(x)["step"]
+        for x in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if json.loads(x).get("skipped/nan_loss") == 1.0
+    ]
     assert skipped == [2, 3]
 
     t0 = time.monotonic()
@@ -103,8 +116,11 @@ def test_nan_losses_skip_steps_then_stop_with_the_last_good_weights_and_resume(t
     assert [ours[s] for s in range(1, 5)] == [theirs[s] for s in range(1, 5)]
     oracle = weights(straight / "checkpoints" / "step_000004")
     assert after.keys() == oracle.keys() and all(torch.equal(after[k], oracle[k]) for k in after)
-    record(record_property, f"NaN loss at steps 2-4 (plugin loss; trainer.max_nan_steps={MAX_NAN})",
-           "steps 2, 3 skipped and counted (skipped/nan_loss); clean error at step 4; latest checkpoint holds "
-           "step 1's weights (compared bitwise)",
-           f"yes ({seconds:.0f} s); step 4's rewards and weights equal an uninterrupted run's with NaN at steps 2, 3",
-           "0 lost, 0 twice (the skipped steps' rows consumed, not trained)")
+    record(
+        record_property,
+        f"NaN loss at steps 2-4 (plugin loss; trainer.max_nan_steps={MAX_NAN})",
+        "steps 2, 3 skipped and counted (skipped/nan_loss); clean error at step 4; latest checkpoint holds "
+        "step 1's weights (compared bitwise)",
+        f"yes ({seconds:.0f} s); step 4's rewards and weights equal an uninterrupted run's with NaN at steps 2, 3",
+        "0 lost, 0 twice (the skipped steps' rows consumed, not trained)",
+    )

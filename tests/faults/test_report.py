@@ -29,7 +29,12 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="py
 def test_rows_come_from_recorded_properties_and_failures_show(tmp_path):
     rows = report.rows_from_junit(JUNIT)
     assert rows == [
-        ["bad input: 2 recipes, overrides, plugins and data files", "clean one-line error, exit 2, no run directory: 1/2", "-", "-"],
+        [
+            "bad input: 2 recipes, overrides, plugins and data files",
+            "clean one-line error, exit 2, no run directory: 1/2",
+            "-",
+            "-",
+        ],
         ["SIGKILL at a", "killed", "yes (3 s)", "0 lost, 0 twice"],
         ["second run", "FAILED", "FAILED", "FAILED"],
         ["c::test_early", "FAILED", "FAILED", "FAILED"],  # failed before recording a row: shown by its name

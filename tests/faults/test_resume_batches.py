@@ -24,9 +24,14 @@ def test_each_step_trains_the_batch_an_uninterrupted_run_trains(tmp_path, straig
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     ours, theirs = consumed_batches(tmp_path / "grpo_arith"), consumed_batches(straight)
     twice = [s for s in ours if any(ours[s] == ours[r] for r in ours if r < s)]
-    record(record_property, "SIGKILL before step 2's checkpoint is the latest, resumed: batch content per step "
-           "(task ids, model versions) vs an uninterrupted run",
-           "each step trains the batch of an uninterrupted run; the re-explored copy of step 2 adds no rows"
-           if not twice else f"step(s) {twice} trained an earlier step's batch again (re-explored copy)", "yes",
-           f"0 lost / 0 twice by row id; {len(twice)} batch(es) twice by content")
+    record(
+        record_property,
+        "SIGKILL before step 2's checkpoint is the latest, resumed: batch content per step "
+        "(task ids, model versions) vs an uninterrupted run",
+        "each step trains the batch of an uninterrupted run; the re-explored copy of step 2 adds no rows"
+        if not twice
+        else f"step(s) {twice} trained an earlier step's batch again (re-explored copy)",
+        "yes",
+        f"0 lost / 0 twice by row id; {len(twice)} batch(es) twice by content",
+    )
     assert ours == theirs

@@ -14,8 +14,8 @@ from faultlib import RECIPE, TINY, record
 
 from trinity_like.config import load_plan
 from trinity_like.errors import TrinityError
-from trinity_like.plugins import ENV_VAR as PLUGINS_ENV
 from trinity_like.explorer.rewards import build_reward_fn, score_with_retries
+from trinity_like.plugins import ENV_VAR as PLUGINS_ENV
 from trinity_like.registry import REWARD_FN
 from trinity_like.runner import run_plan
 
@@ -60,10 +60,21 @@ def test_a_run_survives_every_kind_of_bad_reward_call(tmp_path, record_property,
     monkeypatch.setenv(PLUGINS_ENV, os.environ.get(PLUGINS_ENV, ""))  # loading the plugin exports it: undone after
     plugin = tmp_path / "misbehaving_reward.py"
     plugin.write_text(PLUGIN)
-    plan = load_plan(RECIPE, [f"run_root={tmp_path}", *TINY, "explorer.batch_size=4", "buffer.train_batch_size=8",
-                              "explorer.reward_fn=faulttest_misbehaving", "explorer.reward_args={}",
-                              "explorer.reward_timeout_s=0.5", "explorer.reward_retries=1", "trainer.total_steps=2"],
-                     plugins=[str(plugin)])
+    plan = load_plan(
+        RECIPE,
+        [
+            f"run_root={tmp_path}",
+            *TINY,
+            "explorer.batch_size=4",
+            "buffer.train_batch_size=8",
+            "explorer.reward_fn=faulttest_misbehaving",
+            "explorer.reward_args={}",
+            "explorer.reward_timeout_s=0.5",
+            "explorer.reward_retries=1",
+            "trainer.total_steps=2",
+        ],
+        plugins=[str(plugin)],
+    )
     t0 = time.monotonic()
     assert run_plan(plan) == 0
     rows = [json.loads(line) for line in (tmp_path / "grpo_arith" / "metrics.jsonl").read_text().splitlines()]
@@ -74,16 +85,24 @@ def test_a_run_survives_every_kind_of_bad_reward_call(tmp_path, record_property,
     assert first["workflow/reward_timeouts"] == 0.0 and first["workflow/reward_errors"] == 2.0  # last attempt of each
     assert first["workflow/reward_retries"] == 3.0
     assert [r["step"] for r in rows if "time/rollout" in r] == [1, 2]
-    record(record_property, "reward fn hangs / raises / returns NaN, None, a string",
-           "survived: each call timed out or rejected, retried, 2 tasks skipped and counted",
-           f"not needed (run finished in {time.monotonic() - t0:.0f} s)", "not counted by this test")
+    record(
+        record_property,
+        "reward fn hangs / raises / returns NaN, None, a string",
+        "survived: each call timed out or rejected, retried, 2 tasks skipped and counted",
+        f"not needed (run finished in {time.monotonic() - t0:.0f} s)",
+        "not counted by this test",
+    )
 
 
 # -- a reward fn that allocates without bound, run by the `isolated` reward ------------------------
-HOG_MB, LIMIT_MB = 512, 256  # what the fn tries to allocate (in 32 MB steps), what it may: never more than this is touched
+HOG_MB, LIMIT_MB = (
+    512,
+    256,
+)  # what the fn tries to allocate (in 32 MB steps), what it may: never more than this is touched
 
-REWARD_FN.register_module("faulttest_hog", module=lambda *, response: len([bytearray(32 << 20) for _ in range(HOG_MB // 32)]),
-                          force=True)
+REWARD_FN.register_module(
+    "faulttest_hog", module=lambda *, response: len([bytearray(32 << 20) for _ in range(HOG_MB // 32)]), force=True
+)
 REWARD_FN.register_module("faulttest_hang", module=lambda *, response: time.sleep(3600), force=True)
 
 
@@ -100,8 +119,15 @@ def test_an_isolated_reward_that_allocates_without_bound_fails_in_its_child_not_
     assert out.error == f"RewardProcessError: faulttest_hog: MemoryError: allocated more than memory_mb={LIMIT_MB} MB"
     assert rss_mb() - before < 32, "the allocation happened in the explorer's process"
     # the same fn with room enough answers (the bound is the limit, not a refusal)
-    assert score_with_retries(build_reward_fn("isolated", {"fn": "faulttest_hog", "memory_mb": HOG_MB + 256}),
-                              {"response": "4"}, retries=0, timeout_s=10).reward == HOG_MB // 32
+    assert (
+        score_with_retries(
+            build_reward_fn("isolated", {"fn": "faulttest_hog", "memory_mb": HOG_MB + 256}),
+            {"response": "4"},
+            retries=0,
+            timeout_s=10,
+        ).reward
+        == HOG_MB // 32
+    )
 
 
 def test_an_isolated_reward_that_hangs_is_killed_not_abandoned():
@@ -113,12 +139,15 @@ def test_an_isolated_reward_that_hangs_is_killed_not_abandoned():
     assert not [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    ({}, "isolated: fn is empty"),
-    ({"fn": "no_such_reward"}, "isolated.fn: "),
-    ({"fn": "format", "args": {"patern": "x"}}, "isolated.fn: reward_fn.format.patern: unknown parameter"),
-    ({"fn": "exact_match", "memory_mb": 0}, "isolated: memory_mb and cpu_s must be >= 1"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({}, "isolated: fn is empty"),
+        ({"fn": "no_such_reward"}, "isolated.fn: "),
+        ({"fn": "format", "args": {"patern": "x"}}, "isolated.fn: reward_fn.format.patern: unknown parameter"),
+        ({"fn": "exact_match", "memory_mb": 0}, "isolated: memory_mb and cpu_s must be >= 1"),
+    ],
+)
 def test_isolated_reward_args_are_checked_when_built(args, message):
     with pytest.raises(TrinityError) as info:
         build_reward_fn("isolated", args)
@@ -152,11 +181,20 @@ def test_a_run_survives_a_reward_that_allocates_without_bound(tmp_path, record_p
     plugin.write_text(HOG_PLUGIN)
     monkeypatch.setenv("FAULTTEST_CALLS_FILE", str(tmp_path / "calls.txt"))
     monkeypatch.setenv(PLUGINS_ENV, os.environ.get(PLUGINS_ENV, ""))  # loading the plugin exports it: undone after
-    plan = load_plan(RECIPE, [f"run_root={tmp_path}", *TINY, "explorer.batch_size=4", "buffer.train_batch_size=8",
-                              "explorer.reward_fn=isolated",
-                              f"explorer.reward_args={{fn: faulttest_hog_then_honest, memory_mb: {LIMIT_MB}, wall_s: 5}}",
-                              "explorer.reward_retries=1", "trainer.total_steps=2"],
-                     plugins=[str(plugin)])
+    plan = load_plan(
+        RECIPE,
+        [
+            f"run_root={tmp_path}",
+            *TINY,
+            "explorer.batch_size=4",
+            "buffer.train_batch_size=8",
+            "explorer.reward_fn=isolated",
+            f"explorer.reward_args={{fn: faulttest_hog_then_honest, memory_mb: {LIMIT_MB}, wall_s: 5}}",
+            "explorer.reward_retries=1",
+            "trainer.total_steps=2",
+        ],
+        plugins=[str(plugin)],
+    )
     t0 = time.monotonic()
     before = rss_mb()
     assert run_plan(plan) == 0
@@ -167,8 +205,12 @@ def test_a_run_survives_a_reward_that_allocates_without_bound(tmp_path, record_p
     assert first["workflow/reward_errors"] == 1.0 and first["workflow/reward_retries"] == 2.0
     assert [r["step"] for r in rows if "time/rollout" in r] == [1, 2]
     grown = rss_mb() - before
-    record(record_property, f"reward fn allocates {HOG_MB} MB, wrapped in `isolated` (memory_mb={LIMIT_MB})",
-           "survived: the allocation failed in the reward's child (MemoryError), retried, 1 task skipped and counted; "
-           "a reward process killed mid-call retried", f"not needed (run finished in {time.monotonic() - t0:.0f} s)",
-           "not counted by this test")
+    record(
+        record_property,
+        f"reward fn allocates {HOG_MB} MB, wrapped in `isolated` (memory_mb={LIMIT_MB})",
+        "survived: the allocation failed in the reward's child (MemoryError), retried, 1 task skipped and counted; "
+        "a reward process killed mid-call retried",
+        f"not needed (run finished in {time.monotonic() - t0:.0f} s)",
+        "not counted by this test",
+    )
     assert grown < HOG_MB / 2, f"the run's process grew {grown:.0f} MB"

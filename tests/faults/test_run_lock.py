@@ -24,8 +24,12 @@ TAKE = textwrap.dedent("""
 
 
 def take_in_child(run_dir: Path, role: str, hold_s: float) -> subprocess.Popen:
-    child = subprocess.Popen([sys.executable, "-c", TAKE, str(run_dir), role, str(hold_s)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", TAKE, str(run_dir), role, str(hold_s)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert child.stdout.readline() == "locked\n", child.stderr.read()
     return child
 
@@ -39,8 +43,11 @@ def test_roles_exclude_what_they_share_and_a_killed_holder_frees_the_lock(tmp_pa
         with pytest.raises(RunInUseError, match=rf"^{run_dir}: in use by another run \(pid {holder.pid} on "):
             RunLock.probe(run_dir, role)
     for role in ("both", "train", "explore", "offline"):
-        with pytest.raises(RunInUseError, match=rf"^{run_dir}: in use by another run \(pid {holder.pid} on .+\); "
-                                                r"two runs on one run directory would train steps twice"):
+        with pytest.raises(
+            RunInUseError,
+            match=rf"^{run_dir}: in use by another run \(pid {holder.pid} on .+\); "
+            r"two runs on one run directory would train steps twice",
+        ):
             RunLock.acquire(run_dir, role)
     holder.kill()  # SIGKILL: nothing of the holder runs any more
     holder.communicate()
@@ -78,17 +85,34 @@ def test_the_recipes_run_directory_is_probed_before_plugins_and_models_load(tmp_
     holder = take_in_child(tmp_path / "grpo_arith", "both", 60)
     try:
         for mode, held in (("both", True), ("train", True), ("explore", True), ("bench", False)):
-            out = subprocess.run([sys.executable, "-c", PROBE, str(RECIPE), f"run_root={tmp_path}", f"mode={mode}"],
-                                 capture_output=True, text=True, timeout=60, check=True)
+            out = subprocess.run(
+                [sys.executable, "-c", PROBE, str(RECIPE), f"run_root={tmp_path}", f"mode={mode}"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+            )
             lines = out.stdout.splitlines()
             assert lines[-1] == "[]", out.stdout  # nothing heavy imported to decide
-            assert (len(lines) == 2 and lines[0].startswith(f"{tmp_path / 'grpo_arith'}: in use by another run (pid "
-                                                            f"{holder.pid} on ")) == held, out.stdout
-        out = subprocess.run([sys.executable, "-c", PROBE, str(RECIPE), f"run_root={tmp_path}", "name=other"],
-                             capture_output=True, text=True, timeout=60, check=True)
+            assert (
+                len(lines) == 2
+                and lines[0].startswith(f"{tmp_path / 'grpo_arith'}: in use by another run (pid {holder.pid} on ")
+            ) == held, out.stdout
+        out = subprocess.run(
+            [sys.executable, "-c", PROBE, str(RECIPE), f"run_root={tmp_path}", "name=other"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
         assert out.stdout.splitlines() == ["[]"], out.stdout  # another run directory is free
-        out = subprocess.run([sys.executable, "-c", PROBE, str(RECIPE), "trainer.total_steps"],
-                             capture_output=True, text=True, timeout=60, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", PROBE, str(RECIPE), "trainer.total_steps"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
         assert out.stdout.splitlines() == ["[]"], out.stdout  # a bad override is load_plan's to report
     finally:
         kill_and_wait(holder)
@@ -120,6 +144,10 @@ def test_a_second_run_refuses_then_the_killed_runs_directory_resumes(tmp_path, r
     rows = rows_by_step(run_dir)
     assert {s: rows.get(s) for s in range(1, latest + 2)} == {s: BATCH * GROUP for s in range(1, latest + 2)}
     assert rows.get("claimed", 0) == 0
-    record(record_property, "second run started on a live run's directory",
-           f"clean error after {refused_s:.0f} s (first run goes on)", f"yes, after SIGKILL of the first ({time.monotonic() - t0:.0f} s)",
-           "0 lost, 0 twice")
+    record(
+        record_property,
+        "second run started on a live run's directory",
+        f"clean error after {refused_s:.0f} s (first run goes on)",
+        f"yes, after SIGKILL of the first ({time.monotonic() - t0:.0f} s)",
+        "0 lost, 0 twice",
+    )

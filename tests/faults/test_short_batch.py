@@ -53,8 +53,15 @@ def plugin(tmp_path):
 
 def _run_two_steps(tmp_path, plugin: str, reward_fn: str, retries: int):
     """Two steps of the default recipe with the plugin's ``reward_fn``; it must finish (no hang)."""
-    cmd = command(tmp_path, "trainer.total_steps=2", f"explorer.reward_fn={reward_fn}",
-                  "explorer.reward_args={}", f"explorer.reward_retries={retries}", "--plugin", plugin)
+    cmd = command(
+        tmp_path,
+        "trainer.total_steps=2",
+        f"explorer.reward_fn={reward_fn}",
+        "explorer.reward_args={}",
+        f"explorer.reward_retries={retries}",
+        "--plugin",
+        plugin,
+    )
     done = run(cmd, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     return tmp_path / "grpo_arith"
@@ -67,8 +74,13 @@ def test_a_step_short_of_rows_trains_on_the_rows_it_explored(tmp_path, plugin, r
     assert first["skipped/short_batch_rows"] == GROUP and "loss" in first
     assert "skipped/short_batch_rows" not in second and "loss" in second
     assert rows_by_step(run_dir) == {1: (BATCH - 1) * GROUP, 2: BATCH * GROUP}
-    record(record_property, "reward fails for one task: a step short of rows (mode both)",
-           "trained on the 4 rows explored, short rows counted", "not needed (no hang)", "0 lost, 0 twice")
+    record(
+        record_property,
+        "reward fails for one task: a step short of rows (mode both)",
+        "trained on the 4 rows explored, short rows counted",
+        "not needed (no hang)",
+        "0 lost, 0 twice",
+    )
 
 
 def test_a_step_with_no_rows_is_skipped_and_counted(tmp_path, plugin, record_property):
@@ -78,5 +90,10 @@ def test_a_step_with_no_rows_is_skipped_and_counted(tmp_path, plugin, record_pro
         assert metrics["workflow/skipped_tasks"] == BATCH and metrics["skipped/empty_batch"] == 1.0
         assert "loss" not in metrics
     assert rows_by_step(run_dir) == {}
-    record(record_property, "reward fails for every task: a step with no rows (mode both)",
-           "step skipped and counted", "not needed (no hang)", "nothing to lose")
+    record(
+        record_property,
+        "reward fails for every task: a step with no rows (mode both)",
+        "step skipped and counted",
+        "not needed (no hang)",
+        "nothing to lose",
+    )

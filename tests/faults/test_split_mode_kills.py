@@ -55,10 +55,13 @@ READY = {  # victim -> when it is killed
 
 
 @pytest.mark.parametrize("victim", list(READY))
-def test_sigkill_of_a_split_mode_process_resumes_with_each_batch_trained_once(victim, tmp_path, straight,
-                                                                             record_property):
-    cmds = {role: command(tmp_path, f"trainer.total_steps={STEPS}", f"mode={mode}")
-            for role, mode in (("trainer", "train"), ("explorer", "explore"))}
+def test_sigkill_of_a_split_mode_process_resumes_with_each_batch_trained_once(
+    victim, tmp_path, straight, record_property
+):
+    cmds = {
+        role: command(tmp_path, f"trainer.total_steps={STEPS}", f"mode={mode}")
+        for role, mode in (("trainer", "train"), ("explorer", "explore"))
+    }
     run_dir = tmp_path / "grpo_arith"
     procs = {role: start(cmd) for role, cmd in cmds.items()}
     try:
@@ -82,6 +85,10 @@ def test_sigkill_of_a_split_mode_process_resumes_with_each_batch_trained_once(vi
     assert {s: rows.get(s) for s in range(1, STEPS + 1)} == {s: BATCH * GROUP for s in range(1, STEPS + 1)}, rows
     assert rows.get("claimed", 0) == 0 and set(rows) - {"available"} == set(range(1, STEPS + 1)), rows
     assert trainer_rewards(run_dir) == step_metrics(straight, "reward/mean")
-    record(record_property, f"SIGKILL of the {victim} process (split modes: mode=train + mode=explore)",
-           "killed; the other process waits", f"yes, restarted beside the other ({resumed_s:.0f} s to the end), "
-           "same per-step rewards as mode=both", "0 lost, 0 twice")
+    record(
+        record_property,
+        f"SIGKILL of the {victim} process (split modes: mode=train + mode=explore)",
+        "killed; the other process waits",
+        f"yes, restarted beside the other ({resumed_s:.0f} s to the end), same per-step rewards as mode=both",
+        "0 lost, 0 twice",
+    )

@@ -38,9 +38,12 @@ def free_port() -> int:
 def ray_start(args: list[str], log: Path) -> subprocess.Popen:
     """``ray start --block`` with ``args``: the node runs until this process is terminated."""
     with log.open("w") as out:  # the child keeps its own handle
-        return subprocess.Popen(["ray", "start", "--block", "--node-ip-address=127.0.0.1", "--num-cpus=1",
-                                 "--disable-usage-stats", *args],
-                                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+        return subprocess.Popen(
+            ["ray", "start", "--block", "--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+        )
 
 
 def stop(node: subprocess.Popen) -> None:
@@ -56,13 +59,28 @@ def two_nodes(tmp_path):
     """A head and a worker node: yields (GCS address, dashboard address, the nodes' processes)."""
     port, dashboard = free_port(), free_port()
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths live under it (107-byte limit)
-    nodes = [ray_start(["--head", f"--port={port}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-                        f"--dashboard-port={dashboard}", f"--temp-dir={temp}"], tmp_path / "ray_head.log")]
+    nodes = [
+        ray_start(
+            [
+                "--head",
+                f"--port={port}",
+                "--include-dashboard=true",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={dashboard}",
+                f"--temp-dir={temp}",
+            ],
+            tmp_path / "ray_head.log",
+        )
+    ]
     try:
         wait_alive(f"http://127.0.0.1:{dashboard}", 1, nodes, tmp_path)
         # a second raylet on this host: its agent needs a port of its own (the default is the head's)
-        nodes.append(ray_start([f"--address=127.0.0.1:{port}", f"--temp-dir={temp}",
-                                f"--dashboard-agent-listen-port={free_port()}"], tmp_path / "ray_worker.log"))
+        nodes.append(
+            ray_start(
+                [f"--address=127.0.0.1:{port}", f"--temp-dir={temp}", f"--dashboard-agent-listen-port={free_port()}"],
+                tmp_path / "ray_worker.log",
+            )
+        )
         wait_alive(f"http://127.0.0.1:{dashboard}", 2, nodes, tmp_path)
         yield f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard}", nodes
     finally:
@@ -98,9 +116,11 @@ def test_the_verl_trainer_spreads_one_worker_per_node(tmp_path, two_nodes, recor
     out = run(command(tmp_path / "packed", *base, "cluster.placement=pack"), RAY_ADDRESS=address)
     packed = out.stderr.strip().splitlines()[-1]  # after Ray's own lines on connecting
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
-    assert packed == ("trinity-like: error: cluster.placement: pack puts all 2 verl workers on one node, but the "
-                      "most free CPU on one node is 1 (free per node: 1, 1): set cluster.placement: spread to put "
-                      "them on several nodes, or use fewer workers"), packed
+    assert packed == (
+        "trinity-like: error: cluster.placement: pack puts all 2 verl workers on one node, but the "
+        "most free CPU on one node is 1 (free per node: 1, 1): set cluster.placement: spread to put "
+        "them on several nodes, or use fewer workers"
+    ), packed
     refused_s = time.monotonic() - t0
 
     t0 = time.monotonic()
@@ -112,8 +132,11 @@ def test_the_verl_trainer_spreads_one_worker_per_node(tmp_path, two_nodes, recor
     assert len(node_ids) == 2
     # the state API keeps dead actors with the node they ran on (the run has ended); the refused
     # run had started an explorer too, so the run's actors are those of its verl workers' job
-    actors = [(a.class_name, a.node_id, a.state, a.job_id)
-              for a in list_actors(address=dashboard, raise_on_missing_output=False) if a.class_name in RUN_ACTORS]
+    actors = [
+        (a.class_name, a.node_id, a.state, a.job_id)
+        for a in list_actors(address=dashboard, raise_on_missing_output=False)
+        if a.class_name in RUN_ACTORS
+    ]
     [job] = {job for cls, _, _, job in actors if cls == "TrinityVerlWorker"}
     actors = [(cls, node, state) for cls, node, state, j in actors if j == job]
     workers = [node for cls, node, _ in actors if cls == "TrinityVerlWorker"]
@@ -124,11 +147,15 @@ def test_the_verl_trainer_spreads_one_worker_per_node(tmp_path, two_nodes, recor
     assert all(n.poll() is None for n in nodes)  # and left the cluster up
     rows = rows_by_step(tmp_path / "grpo_arith")
     assert {s: rows.get(s) for s in (1, 2)} == {1: BATCH * GROUP, 2: BATCH * GROUP}, rows
-    record(record_property, "a two-node Ray cluster on one machine (head + worker node, 1 CPU each; "
-           "cluster.trainer_workers: 2, placement: spread)",
-           f"ran: one verl worker on each node (Ray's state API), the explorer on one; gloo across the nodes "
-           f"({seconds:.0f} s); placement: pack refused at start in {refused_s:.0f} s instead of waiting for ever",
-           "-", "0 lost, 0 twice")
+    record(
+        record_property,
+        "a two-node Ray cluster on one machine (head + worker node, 1 CPU each; "
+        "cluster.trainer_workers: 2, placement: spread)",
+        f"ran: one verl worker on each node (Ray's state API), the explorer on one; gloo across the nodes "
+        f"({seconds:.0f} s); placement: pack refused at start in {refused_s:.0f} s instead of waiting for ever",
+        "-",
+        "0 lost, 0 twice",
+    )
 
 
 def test_spread_on_a_one_node_cluster_is_a_clear_error_not_a_hang():
@@ -143,8 +170,10 @@ def test_spread_on_a_one_node_cluster_is_a_clear_error_not_a_hang():
         check_free_resources(2, "CPU", "pack")  # two free CPUs on the one node: fits
         with pytest.raises(TrinityError) as info:
             check_free_resources(2, "CPU", "spread")
-        assert str(info.value) == ("cluster.placement: spread puts each of the 2 verl workers on a node of its own, "
-                                   "but 1 of the cluster's 1 nodes have a free CPU: add nodes, set cluster.placement: "
-                                   "pack, or use fewer workers")
+        assert str(info.value) == (
+            "cluster.placement: spread puts each of the 2 verl workers on a node of its own, "
+            "but 1 of the cluster's 1 nodes have a free CPU: add nodes, set cluster.placement: "
+            "pack, or use fewer workers"
+        )
     finally:
         ray.shutdown()

@@ -65,9 +65,13 @@ def alive(pid: int) -> bool:
 @pytest.mark.slow
 def test_sigkill_of_a_verl_worker_mid_update_stops_the_run_at_once_and_it_resumes(tmp_path, record_property):
     # the uninterrupted run goes on beside the killed one (its own Ray, its own workers)
-    log = open(tmp_path / "straight.log", "w")  # a file, not a pipe nobody reads until the end
-    straight = subprocess.Popen(command(tmp_path / "straight", *VERL, f"trainer.total_steps={STEPS}"),
-                                stdout=log, stderr=subprocess.STDOUT, env=child_env())
+    log = open(tmp_path / "straight.log", "w")  # noqa: SIM115 -- a file, not a pipe nobody reads until the end
+    straight = subprocess.Popen(
+        command(tmp_path / "straight", *VERL, f"trainer.total_steps={STEPS}"),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=child_env(),
+    )
     cmd = command(tmp_path, *VERL, f"trainer.total_steps={STEPS}")
     run_dir = tmp_path / "grpo_arith"
     proc = start(cmd, **{FAULT_ENV: "verl_worker_update:2"})  # the last rank, in step 2's update
@@ -84,9 +88,12 @@ def test_sigkill_of_a_verl_worker_mid_update_stops_the_run_at_once_and_it_resume
     _, err = proc.communicate()
     assert proc.returncode == 2, err[-3000:]
     line = err.strip().splitlines()[-1]  # Ray and verl log a few INFO lines before it
-    assert re.fullmatch(r"trinity-like: error: verl worker rank 1 of 2 \(pid \d+\) died during forward/backward "
-                        r"\(.+\); the other workers were stopped: run the same command to resume from the latest "
-                        r"checkpoint", line), line
+    assert re.fullmatch(
+        r"trinity-like: error: verl worker rank 1 of 2 \(pid \d+\) died during forward/backward "
+        r"\(.+\); the other workers were stopped: run the same command to resume from the latest "
+        r"checkpoint",
+        line,
+    ), line
     assert died_at is not None, "no worker was seen to die"
     noticed_s = exited_at - died_at
     assert noticed_s < 30, f"the driver took {noticed_s:.1f} s to stop after the worker died"
@@ -106,6 +113,10 @@ def test_sigkill_of_a_verl_worker_mid_update_stops_the_run_at_once_and_it_resume
     assert straight.wait(timeout=540) == 0, (tmp_path / "straight.log").read_text()[-3000:]
     log.close()
     assert step_metrics(run_dir, "reward/mean") == step_metrics(tmp_path / "straight" / "grpo_arith", "reward/mean")
-    record(record_property, "SIGKILL of one of 2 verl FSDP workers mid-update (step 2)",
-           f"clean error naming the worker; driver exited {noticed_s:.1f} s after the death, no worker left",
-           f"yes ({time.monotonic() - t0:.0f} s), same per-step rewards as an uninterrupted verl run", "0 lost, 0 twice")
+    record(
+        record_property,
+        "SIGKILL of one of 2 verl FSDP workers mid-update (step 2)",
+        f"clean error naming the worker; driver exited {noticed_s:.1f} s after the death, no worker left",
+        f"yes ({time.monotonic() - t0:.0f} s), same per-step rewards as an uninterrupted verl run",
+        "0 lost, 0 twice",
+    )

@@ -29,9 +29,13 @@ def call(argv: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
 
 
 def test_the_doc_shows_these_commands():
-    assert [c[:2] for c in doc_commands()] == [["trinity-like", "run"], ["trinity-like", "run"],
-                                               ["trinity-like", "plot"], ["python", "benchmarks/async_client.py"],
-                                               ["python", "benchmarks/async.py"]]  # the client's: tests/client
+    assert [c[:2] for c in doc_commands()] == [
+        ["trinity-like", "run"],
+        ["trinity-like", "run"],
+        ["trinity-like", "plot"],
+        ["python", "benchmarks/async_client.py"],
+        ["python", "benchmarks/async.py"],
+    ]  # the client's: tests/client
 
 
 def test_the_run_and_plot_commands_run(tmp_path):
@@ -56,7 +60,8 @@ def test_the_run_and_plot_commands_run(tmp_path):
 def test_plot_timeline_of_a_folder_without_one_is_one_line(tmp_path):
     done = call([sys.executable, "-m", "trinity_like.cli", "plot", "--timeline", str(tmp_path)])
     assert done.returncode == 2 and done.stderr.strip() == (
-        f"trinity-like: error: {tmp_path}: no timeline.jsonl (is it a run directory of mode both, train or explore?)")
+        f"trinity-like: error: {tmp_path}: no timeline.jsonl (is it a run directory of mode both, train or explore?)"
+    )
 
 
 def test_the_benchmark_check_runs(tmp_path):

@@ -52,7 +52,9 @@ def evals(run_dir: Path) -> list[tuple]:
     return [(r["step"], r["eval/accuracy"], r["eval/response_length"]) for r in rows if "eval/accuracy" in r]
 
 
-@pytest.mark.parametrize(("offset", "extra"), [(1, []), (2, []), (1, ["monitor.eval_interval=2", "checkpoint.interval=3"])])
+@pytest.mark.parametrize(
+    ("offset", "extra"), [(1, []), (2, []), (1, ["monitor.eval_interval=2", "checkpoint.interval=3"])]
+)
 def test_concurrent_trains_what_the_reference_loop_trains_and_overlaps(tmp_path, offset, extra):
     """Same seed, sync_style fixed: the background explorer samples every batch with the weights
     the in-turn loop uses, so the per-step rewards, the held-out answers (also those between
@@ -84,6 +86,7 @@ def test_an_off_policy_batch_trained_once_pays_no_old_logprob_pass(tmp_path):
     """One optimiser step per batch: the old (proximal) policy is the step's own weights, so
     even stale batches (offset 1) take ``logprob.detach()`` and no second forward pass runs;
     with two update epochs the old logprobs are computed before the first."""
+
     def timed(run_dir: Path) -> list[bool]:
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         return ["time/old_logprob" in r for r in rows if "loss" in r]
@@ -100,8 +103,14 @@ def test_verl_workers_and_the_explorer_actor_share_the_cores_through_a_board(tmp
     from trinity_like.cpu_share import PREFIX
     from trinity_like.trainer.shared_weights import shm_dir
 
-    run_dir = run(tmp_path, "trainer.total_steps=2", "algorithm.dynamic_sampling=false", "synchronizer.offset=1",
-                  "trainer.engine=verl", "monitor.eval_at_start=false")
+    run_dir = run(
+        tmp_path,
+        "trainer.total_steps=2",
+        "algorithm.dynamic_sampling=false",
+        "synchronizer.offset=1",
+        "trainer.engine=verl",
+        "monitor.eval_at_start=false",
+    )
     assert "the explorer explores beside the trainer on the same cores" in capsys.readouterr().out
     assert len(rewards(run_dir)) == 2 and metric_max(run_dir, "staleness/max") == 1
     assert overlap_fraction(read_spans(run_dir / TIMELINE_FILE)) > 0.0
@@ -130,7 +139,7 @@ def test_the_explorer_actor_runs_ahead_too(tmp_path, monkeypatch):
 def _logprobs(model: torch.nn.Module, tokens: list[int], prompt_length: int) -> torch.Tensor:
     ids = torch.tensor([tokens])
     with torch.no_grad():
-        logits = model(input_ids=ids).logits.float()[0, prompt_length - 1: -1]
+        logits = model(input_ids=ids).logits.float()[0, prompt_length - 1 : -1]
     return torch.log_softmax(logits, -1).gather(-1, ids[0, prompt_length:, None])[:, 0]
 
 
@@ -146,8 +155,14 @@ def test_every_row_was_sampled_by_the_whole_weights_it_records(tmp_path, style):
     from trinity_like.models.resolve import resolve_model_path
 
     offset = 2
-    run_dir = run(tmp_path, *BASE, f"synchronizer.offset={offset}", f"synchronizer.sync_style={style}",
-                  "trainer.optimizer.lr=0.05", "explorer.sampling.temperature=1.0")
+    run_dir = run(
+        tmp_path,
+        *BASE,
+        f"synchronizer.offset={offset}",
+        f"synchronizer.sync_style={style}",
+        "trainer.optimizer.lr=0.05",
+        "explorer.sampling.temperature=1.0",
+    )
     folders = {0: resolve_model_path("tiny-random")}
     folders.update({s: run_dir / "checkpoints" / f"step_{s:06d}" / "model" for s in range(1, STEPS + 1)})
     models = {v: AutoModelForCausalLM.from_pretrained(str(f), dtype=torch.float32).eval() for v, f in folders.items()}

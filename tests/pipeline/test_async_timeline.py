@@ -46,9 +46,15 @@ def test_a_span_records_its_body_even_when_it_raises(tmp_path):
 def test_overlap_against_a_hand_count():
     """Explorer rollouts 0-4 and 6-10 (8 s); trainer busy 1-3 and 7-12 (waits 3-7, which does not
     count): hidden 2 + 3 = 5 s of 8. Overlapping trainer spans count once."""
-    spans = [Span("explorer", "rollout", 1, 0, 4), Span("explorer", "rollout", 2, 6, 10),
-             Span("trainer", "update", 1, 1, 3), Span("trainer", "sync", 1, 2, 3), Span("trainer", "wait", 2, 3, 7),
-             Span("trainer", "update", 2, 7, 12), Span("explorer", "sync", 2, 4, 6)]
+    spans = [
+        Span("explorer", "rollout", 1, 0, 4),
+        Span("explorer", "rollout", 2, 6, 10),
+        Span("trainer", "update", 1, 1, 3),
+        Span("trainer", "sync", 1, 2, 3),
+        Span("trainer", "wait", 2, 3, 7),
+        Span("trainer", "update", 2, 7, 12),
+        Span("explorer", "sync", 2, 4, 6),
+    ]
     assert overlap_fraction(spans) == 5 / 8
     assert busy_seconds(spans, "trainer") == 2 + 5
     assert busy_seconds(spans, "explorer", "rollout") == 8

@@ -18,6 +18,7 @@ def writer(value: float):
     def write(folder: str) -> None:
         Path(folder).mkdir()
         save_file({"w": torch.full((4,), value)}, f"{folder}/model.safetensors")
+
     return write
 
 
@@ -67,17 +68,23 @@ def test_a_flipped_byte_or_a_truncated_file_names_the_file_and_the_way_back(tmp_
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0x01  # one bit of the last weight
     weights.write_bytes(bytes(data))
-    way_back = (f"to resume from the checkpoint before it (step_000001), move this one aside "
-                f"(mv {path} {path.parent / 'corrupt-step_000002'}) and run the same command")
+    way_back = (
+        f"to resume from the checkpoint before it (step_000001), move this one aside "
+        f"(mv {path} {path.parent / 'corrupt-step_000002'}) and run the same command"
+    )
     with pytest.raises(TrinityError) as info:
         mgr.verify(path)
-    assert str(info.value) == (f"checkpoint {path}: model/model.safetensors does not match its sha256 in the "
-                               f"manifest (bytes changed); {way_back}")
+    assert str(info.value) == (
+        f"checkpoint {path}: model/model.safetensors does not match its sha256 in the "
+        f"manifest (bytes changed); {way_back}"
+    )
     weights.write_bytes(bytes(data[:-10]))
     with pytest.raises(TrinityError) as info:
         mgr.verify(path)
-    assert str(info.value) == (f"checkpoint {path}: model/model.safetensors is {len(data) - 10} bytes, "
-                               f"{len(data)} when saved (truncated?); {way_back}")
+    assert str(info.value) == (
+        f"checkpoint {path}: model/model.safetensors is {len(data) - 10} bytes, "
+        f"{len(data)} when saved (truncated?); {way_back}"
+    )
     path.rename(path.parent / "corrupt-step_000002")  # as the message says
     assert mgr.latest() == first and mgr.verify(first)["step"] == 1
     with pytest.raises(TrinityError, match="model/model.safetensors does not match .*; no earlier checkpoint is left"):

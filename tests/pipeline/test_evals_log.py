@@ -30,24 +30,42 @@ def by_step(items: list[dict]) -> dict[int, list[dict]]:
 
 
 def test_rl_run_keeps_every_held_out_answer_of_every_evaluation(tmp_path):
-    run_dir = run(tmp_path, "trainer.total_steps=2", "monitor.eval_interval=1", "explorer.eval_reward_fn=format",
-                  "explorer.eval_reward_args={pattern: '.*[0-9].*'}")
+    run_dir = run(
+        tmp_path,
+        "trainer.total_steps=2",
+        "monitor.eval_interval=1",
+        "explorer.eval_reward_fn=format",
+        "explorer.eval_reward_args={pattern: '.*[0-9].*'}",
+    )
     steps = by_step(read_jsonl(run_dir / "evals.jsonl"))
     accuracy = metrics_at(run_dir, "eval/accuracy")
     assert sorted(steps) == sorted(accuracy) == [0, 1, 2]
     for step, items in steps.items():
         assert len(items) == 8 and len({it["task_id"] for it in items}) == 8
         assert sum(it["reward"] for it in items) / 8 == pytest.approx(accuracy[step])
-        assert all(it["kind"] == "answer" and it["prompt"].startswith("What is") and it["answer"].isdigit()
-                   and it["length"] > 0 and it["finish_reason"] in ("stop", "length") for it in items)
+        assert all(
+            it["kind"] == "answer"
+            and it["prompt"].startswith("What is")
+            and it["answer"].isdigit()
+            and it["length"] > 0
+            and it["finish_reason"] in ("stop", "length")
+            for it in items
+        )
     assert {it["task_id"] for it in steps[0]} == {it["task_id"] for it in steps[2]}  # the same problems each time
 
 
 @pytest.mark.parametrize("recipe, margin", [("dpo.yaml", "reward_margin"), ("rm_tiny.yaml", "margin")])
 def test_pair_runs_keep_each_held_out_pair_with_its_own_scores(recipe, margin, tmp_path):
-    overrides = [f"run_root={tmp_path}", "model.path=tiny-random", "trainer.engine=local", "trainer.total_steps=2",
-                 "monitor.progress=false", "monitor.eval_interval=1", "buffer.train_batch_size=4",
-                 "trainer.optimizer.lr=1e-3"]
+    overrides = [
+        f"run_root={tmp_path}",
+        "model.path=tiny-random",
+        "trainer.engine=local",
+        "trainer.total_steps=2",
+        "monitor.progress=false",
+        "monitor.eval_interval=1",
+        "buffer.train_batch_size=4",
+        "trainer.optimizer.lr=1e-3",
+    ]
     if recipe == "dpo.yaml":
         overrides += ["buffer.eval_tasks=null"]
     plan = load_plan(REPO / "examples" / recipe, overrides)

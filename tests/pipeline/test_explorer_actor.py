@@ -47,10 +47,20 @@ def test_a_crashed_explorer_actor_is_restarted_and_the_run_continues(tmp_path):
     marker = tmp_path / "died"
     plan = load_plan(
         RECIPE,
-        [f"run_root={tmp_path}", "model.path=tiny-random", "trainer.engine=local", "explorer.placement=ray",
-         "explorer.batch_size=2", "explorer.group_size=4", "trainer.total_steps=4", "monitor.progress=false",
-         "monitor.eval_at_start=false", "buffer.eval_tasks.size=4", "explorer.reward_fn=die_once",
-         f"explorer.reward_args={{marker: {marker}, at_call: 12}}"],
+        [
+            f"run_root={tmp_path}",
+            "model.path=tiny-random",
+            "trainer.engine=local",
+            "explorer.placement=ray",
+            "explorer.batch_size=2",
+            "explorer.group_size=4",
+            "trainer.total_steps=4",
+            "monitor.progress=false",
+            "monitor.eval_at_start=false",
+            "buffer.eval_tasks.size=4",
+            "explorer.reward_fn=die_once",
+            f"explorer.reward_args={{marker: {marker}, at_call: 12}}",
+        ],
         plugins=[str(plugin)],
     )
     try:

@@ -17,13 +17,25 @@ from trinity_like.runner import run_plan
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "examples" / "grpo_arith.yaml"
-TINY = ["model.path=tiny-random", "trainer.engine=local", "buffer.eval_tasks.size=4", "explorer.batch_size=2",
-        "explorer.group_size=4", "monitor.progress=false", "monitor.eval_at_start=false"]
+TINY = [
+    "model.path=tiny-random",
+    "trainer.engine=local",
+    "buffer.eval_tasks.size=4",
+    "explorer.batch_size=2",
+    "explorer.group_size=4",
+    "monitor.progress=false",
+    "monitor.eval_at_start=false",
+]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trinity_like.cli", *args], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    return subprocess.run(
+        [sys.executable, "-m", "trinity_like.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )
 
 
 def test_missing_model_is_one_line_naming_what_was_tried(tmp_path):
@@ -57,10 +69,21 @@ NAN_PLUGIN = textwrap.dedent(
 def test_nan_losses_are_skipped_then_stop_the_run_with_weights_untouched(tmp_path):
     plugin = tmp_path / "nan_plugin.py"
     plugin.write_text(NAN_PLUGIN)
-    plan = load_plan(RECIPE, [f"run_root={tmp_path}", *TINY, "algorithm.type=nan_algo", "algorithm.kl_loss={}", "algorithm.dynamic_sampling=false",
-                              "trainer.total_steps=10", "trainer.max_nan_steps=2", "checkpoint.interval=1",
-                              "checkpoint.keep_last=10"],
-                     plugins=[str(plugin)])
+    plan = load_plan(
+        RECIPE,
+        [
+            f"run_root={tmp_path}",
+            *TINY,
+            "algorithm.type=nan_algo",
+            "algorithm.kl_loss={}",
+            "algorithm.dynamic_sampling=false",
+            "trainer.total_steps=10",
+            "trainer.max_nan_steps=2",
+            "checkpoint.interval=1",
+            "checkpoint.keep_last=10",
+        ],
+        plugins=[str(plugin)],
+    )
     with pytest.raises(TrinityError, match="3 non-finite losses in a row"):
         run_plan(plan)
     run_dir = tmp_path / "grpo_arith"
@@ -77,8 +100,16 @@ def test_nan_losses_are_skipped_then_stop_the_run_with_weights_untouched(tmp_pat
 
 @pytest.mark.slow
 def test_unreachable_ray_address_is_one_clear_line(tmp_path):
-    out = cli("run", "--config", str(RECIPE), f"run_root={tmp_path}", "model.path=tiny-random",
-              "cluster.ray_address=127.0.0.1:9", "monitor.progress=false", "monitor.eval_at_start=false")
+    out = cli(
+        "run",
+        "--config",
+        str(RECIPE),
+        f"run_root={tmp_path}",
+        "model.path=tiny-random",
+        "cluster.ray_address=127.0.0.1:9",
+        "monitor.progress=false",
+        "monitor.eval_at_start=false",
+    )
     assert out.returncode == 2, out.stderr[-2000:]
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("trinity-like: error:") and "127.0.0.1:9" in last

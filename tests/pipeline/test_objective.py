@@ -50,8 +50,9 @@ def test_one_update_equals_explicit_old_logprob():
 def test_kl_term_adds_coef_times_mean_k3():
     batch, out = batch_and_outputs(1)
     base = Objective(policy_loss=spec(POLICY_LOSS_FN, "ppo"), one_update=True)
-    kl = Objective(policy_loss=spec(POLICY_LOSS_FN, "ppo"),
-                   kl_loss=ComponentSpec("KL_FN", "k3", None, 0.5), one_update=True)
+    kl = Objective(
+        policy_loss=spec(POLICY_LOSS_FN, "ppo"), kl_loss=ComponentSpec("KL_FN", "k3", None, 0.5), one_update=True
+    )
     l0, _ = base(out, batch)
     l1, metrics = kl(out, batch)
     x = batch["ref_logprob"] - out["logprob"].detach()
@@ -62,8 +63,11 @@ def test_kl_term_adds_coef_times_mean_k3():
 
 def test_entropy_bonus_and_need_entropy():
     batch, out = batch_and_outputs(2)
-    obj = Objective(policy_loss=spec(POLICY_LOSS_FN, "ppo"), entropy_loss=spec(ENTROPY_LOSS_FN, "entropy", coef=0.1),
-                    one_update=True)
+    obj = Objective(
+        policy_loss=spec(POLICY_LOSS_FN, "ppo"),
+        entropy_loss=spec(ENTROPY_LOSS_FN, "entropy", coef=0.1),
+        one_update=True,
+    )
     assert obj.need_entropy
     assert not Objective(policy_loss=spec(POLICY_LOSS_FN, "ppo")).need_entropy
     l1, m = obj(out, batch)
@@ -120,11 +124,22 @@ def test_rollout_stats_leave_the_expert_rows_of_a_mix_batch_out():
     from trinity_like.pipeline.rl_loop import rollout_stats
 
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 1]])
-    batch = {"rewards": torch.tensor([1.0, 0.0, 0.0, 0.0]), "response_mask": mask,
-             "is_expert": torch.tensor([False, False, True, True]), "model_version": torch.tensor([5, 4, 0, 0])}
+    batch = {
+        "rewards": torch.tensor([1.0, 0.0, 0.0, 0.0]),
+        "response_mask": mask,
+        "is_expert": torch.tensor([False, False, True, True]),
+        "model_version": torch.tensor([5, 4, 0, 0]),
+    }
     got = rollout_stats(batch, model_version=6)
-    assert got == {"expert_rows": 2.0, "reward/mean": 0.5, "reward/std": 0.5,
-                   "response_length/mean": 1.5, "response_length/max": 2.0, "staleness/mean": 1.5, "staleness/max": 2.0}
+    assert got == {
+        "expert_rows": 2.0,
+        "reward/mean": 0.5,
+        "reward/std": 0.5,
+        "response_length/mean": 1.5,
+        "response_length/max": 2.0,
+        "staleness/mean": 1.5,
+        "staleness/max": 2.0,
+    }
     batch["is_expert"][:] = False
     got = rollout_stats(batch, model_version=6)
     assert "expert_rows" not in got and got["reward/mean"] == 0.25 and got["staleness/max"] == 6.0

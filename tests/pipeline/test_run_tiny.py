@@ -17,9 +17,20 @@ def test_two_steps_log_metrics_and_checkpoint(tmp_path):
     assert steps[0] == 0 and "eval/accuracy" in rows[0]  # evaluated before training
     trained = [r for r in rows if "time/rollout" in r]
     assert [r["step"] for r in trained] == [1, 2]
-    for key in ("reward/mean", "reward/std", "response_length/mean", "staleness/mean", "time/update",
-                "time/sync", "throughput/tokens_per_s", "actor/grad_norm", "perf/train_tokens",
-                "perf/padded_fraction", "memory/driver_gb", "memory/total_gb"):
+    for key in (
+        "reward/mean",
+        "reward/std",
+        "response_length/mean",
+        "staleness/mean",
+        "time/update",
+        "time/sync",
+        "throughput/tokens_per_s",
+        "actor/grad_norm",
+        "perf/train_tokens",
+        "perf/padded_fraction",
+        "memory/driver_gb",
+        "memory/total_gb",
+    ):
         assert key in trained[-1], key
     assert 0 < trained[-1]["memory/driver_gb"] <= trained[-1]["memory/total_gb"]
     assert "eval/accuracy" in rows[-1] and "eval/response_length" in rows[-1]

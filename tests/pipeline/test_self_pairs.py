@@ -20,11 +20,19 @@ from trinity_like.runner import run_plan
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "examples" / "dpo_self_pairs.yaml"
 TINY = [
-    "model.path=tiny-random", "trainer.engine=local", "monitor.progress=false", "checkpoint.interval=1",
-    "buffer.train_data.size=8", "buffer.train_data.pairs_from_samples=4", "buffer.eval_data.size=4",
-    "buffer.eval_tasks.size=4", "buffer.train_batch_size=4", "trainer.total_steps=2",
+    "model.path=tiny-random",
+    "trainer.engine=local",
+    "monitor.progress=false",
+    "checkpoint.interval=1",
+    "buffer.train_data.size=8",
+    "buffer.train_data.pairs_from_samples=4",
+    "buffer.eval_data.size=4",
+    "buffer.eval_tasks.size=4",
+    "buffer.train_batch_size=4",
+    "trainer.total_steps=2",
     # the random model never answers a sum right: call "has a digit" right, so some samples are
-    "explorer.reward_fn=format", "explorer.reward_args={pattern: '.*[0-9].*'}",
+    "explorer.reward_fn=format",
+    "explorer.reward_args={pattern: '.*[0-9].*'}",
 ]
 
 
@@ -34,11 +42,19 @@ def sample(text: str, reward: float, finish: str = "stop") -> Experience:
 
 def test_pair_is_the_answer_vs_the_most_frequent_wrong_response_that_ended_on_its_own():
     task = Task(prompt="What is 2 + 2?", answer="4", system_prompt="Be brief.")
-    samples = [sample("5", 0.0), sample(" 3 ", 0.0), sample("4", 1.0), sample("3", 0.0),
-               sample("7 7 7 7", 0.0, "length"), sample("7 7 7 7", 0.0, "length"), sample("7 7 7 7", 0.0, "length")]
+    samples = [
+        sample("5", 0.0),
+        sample(" 3 ", 0.0),
+        sample("4", 1.0),
+        sample("3", 0.0),
+        sample("7 7 7 7", 0.0, "length"),
+        sample("7 7 7 7", 0.0, "length"),
+        sample("7 7 7 7", 0.0, "length"),
+    ]
     assert _pair(task, samples) == {
         "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"}],
-        "chosen": "4", "rejected": "3",  # "3" twice; the cut-off "7 7 7 7" counts only when nothing ended
+        "chosen": "4",
+        "rejected": "3",  # "3" twice; the cut-off "7 7 7 7" counts only when nothing ended
     }
     assert _pair(task, [sample("1", 0.0), sample("2", 0.0)])["rejected"] == "1"  # a tie: the first sampled
     assert _pair(task, [sample("7 7", 0.0, "length")])["rejected"] == "7 7"
@@ -103,8 +119,11 @@ def test_pairs_on_disk_are_rebuilt_only_when_what_they_depend_on_changes(tmp_pat
     assert first[2] and len(made) == 1
     assert build(source) == (first[0], first[1], False) and len(made) == 1  # read back, no model
     assert build(source.model_copy(update={"shuffle": False}))[1] == first[1] and len(made) == 1  # order only
-    with pytest.raises(TrinityError, match=r"buffer\.train_data\.pairs_from_samples: .* has checkpoints trained on "
-                                           r"pairs built with other settings \(changed: samples\)"):
+    with pytest.raises(
+        TrinityError,
+        match=r"buffer\.train_data\.pairs_from_samples: .* has checkpoints trained on "
+        r"pairs built with other settings \(changed: samples\)",
+    ):
         build(source.model_copy(update={"pairs_from_samples": 2}), resuming=True)
     _, summary, built = build(source.model_copy(update={"pairs_from_samples": 2}))
     assert built and len(made) == 2 and summary["samples"] == 8 * 2
@@ -115,25 +134,57 @@ def test_pairs_on_disk_are_rebuilt_only_when_what_they_depend_on_changes(tmp_pat
 
 def test_right_and_wrong_follow_the_eval_reward_and_no_pair_is_a_clear_error(tmp_path):
     # every response matches ".*": always right by the evaluation reward, whatever the training reward says
-    stage, source, tasks = stage_and_tasks(tmp_path, "explorer.eval_reward_fn=format", "explorer.eval_reward_args={pattern: '.*'}")
-    with pytest.raises(TrinityError, match=r"buffer\.train_data\.pairs_from_samples: no pair from 8 tasks x 4 samples "
-                                           r"\(8 always answered right, 0 skipped\)"):
-        build_self_pairs(stage, source, "buffer.train_data", tasks, tmp_path, lambda: ExplorerWorker(stage.config, "tiny-random"),
-                         resuming=False)
-    stage, source, tasks = stage_and_tasks(tmp_path, "explorer.eval_reward_fn=test_self_pairs_raises", "explorer.reward_retries=0")
-    with pytest.raises(TrinityError, match=r"\(0 always answered right, 8 skipped; first reward failure: .*always fails"):
-        build_self_pairs(stage, source, "buffer.train_data", tasks, tmp_path, lambda: ExplorerWorker(stage.config, "tiny-random"),
-                         resuming=False)
+    stage, source, tasks = stage_and_tasks(
+        tmp_path, "explorer.eval_reward_fn=format", "explorer.eval_reward_args={pattern: '.*'}"
+    )
+    with pytest.raises(
+        TrinityError,
+        match=r"buffer\.train_data\.pairs_from_samples: no pair from 8 tasks x 4 samples "
+        r"\(8 always answered right, 0 skipped\)",
+    ):
+        build_self_pairs(
+            stage,
+            source,
+            "buffer.train_data",
+            tasks,
+            tmp_path,
+            lambda: ExplorerWorker(stage.config, "tiny-random"),
+            resuming=False,
+        )
+    stage, source, tasks = stage_and_tasks(
+        tmp_path, "explorer.eval_reward_fn=test_self_pairs_raises", "explorer.reward_retries=0"
+    )
+    with pytest.raises(
+        TrinityError, match=r"\(0 always answered right, 8 skipped; first reward failure: .*always fails"
+    ):
+        build_self_pairs(
+            stage,
+            source,
+            "buffer.train_data",
+            tasks,
+            tmp_path,
+            lambda: ExplorerWorker(stage.config, "tiny-random"),
+            resuming=False,
+        )
     assert not (tmp_path / "train_data.jsonl").exists()
 
 
 def test_a_reward_model_trains_on_pairs_from_samples(tmp_path):
-    plan = load_plan(REPO / "examples" / "rm_tiny.yaml", [
-        f"run_root={tmp_path}", "model.path=tiny-random", "trainer.engine=local", "trainer.total_steps=2",
-        "monitor.progress=false", "buffer.train_data={generator: arithmetic, size: 6, pairs_from_samples: 2}",
-    ])
+    plan = load_plan(
+        REPO / "examples" / "rm_tiny.yaml",
+        [
+            f"run_root={tmp_path}",
+            "model.path=tiny-random",
+            "trainer.engine=local",
+            "trainer.total_steps=2",
+            "monitor.progress=false",
+            "buffer.train_data={generator: arithmetic, size: 6, pairs_from_samples: 2}",
+        ],
+    )
     assert run_plan(plan) == 0
-    rows = [json.loads(line) for line in (Path(plan.stages[0].config.run_dir()) / "metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line) for line in (Path(plan.stages[0].config.run_dir()) / "metrics.jsonl").read_text().splitlines()
+    ]
     assert rows[0]["self_pairs/train_data/pairs"] == 6 and [r["step"] for r in rows if "loss" in r] == [1, 2]
 
 

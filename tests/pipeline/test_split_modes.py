@@ -19,10 +19,26 @@ STEPS = ["trainer.total_steps=4", "checkpoint.interval=2"]
 
 
 def start(tmp_path: Path, mode: str, *extra: str) -> subprocess.Popen:
-    args = [sys.executable, "-m", "trinity_like.cli", "run", "--config", str(RECIPE), f"run_root={tmp_path}",
-            *TINY, *STEPS, f"mode={mode}", *extra]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    args = [
+        sys.executable,
+        "-m",
+        "trinity_like.cli",
+        "run",
+        "--config",
+        str(RECIPE),
+        f"run_root={tmp_path}",
+        *TINY,
+        *STEPS,
+        f"mode={mode}",
+        *extra,
+    ]
+    return subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )
 
 
 def finish(proc: subprocess.Popen) -> str:
@@ -101,8 +117,12 @@ def test_weight_channel_publishes_atomically_and_keeps_the_last_two(tmp_path):
 
 def test_split_modes_refuse_what_cannot_cross_processes(tmp_path):
     def validate(*extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "trinity_like.cli", "validate", str(RECIPE), *TINY, *extra],
-                              capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-m", "trinity_like.cli", "validate", str(RECIPE), *TINY, *extra],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     out = validate("mode=train", "synchronizer.method=memory")
     assert out.returncode == 2 and out.stderr.count("\n") == 1

@@ -44,10 +44,23 @@ NAN_SFT_PLUGIN = textwrap.dedent(
 def test_an_offline_stage_stops_after_max_nan_steps_like_an_online_one(tmp_path):
     plugin = tmp_path / "nan_sft.py"
     plugin.write_text(NAN_SFT_PLUGIN)
-    plan = load_plan(REPO / "examples" / "sft.yaml", [
-        f"run_root={tmp_path}", "model.path=tiny-random", "trainer.engine=local", "monitor.progress=false",
-        "algorithm.type=nan_sft", "buffer.eval_tasks=null", "buffer.eval_data=null", "buffer.train_batch_size=4",
-        "trainer.total_steps=10", "trainer.max_nan_steps=2", "checkpoint.interval=1"], plugins=[str(plugin)])
+    plan = load_plan(
+        REPO / "examples" / "sft.yaml",
+        [
+            f"run_root={tmp_path}",
+            "model.path=tiny-random",
+            "trainer.engine=local",
+            "monitor.progress=false",
+            "algorithm.type=nan_sft",
+            "buffer.eval_tasks=null",
+            "buffer.eval_data=null",
+            "buffer.train_batch_size=4",
+            "trainer.total_steps=10",
+            "trainer.max_nan_steps=2",
+            "checkpoint.interval=1",
+        ],
+        plugins=[str(plugin)],
+    )
     with pytest.raises(TrinityError, match="3 non-finite losses in a row"):
         run_plan(plan)
     rows = [json.loads(line) for line in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
@@ -55,12 +68,25 @@ def test_an_offline_stage_stops_after_max_nan_steps_like_an_online_one(tmp_path)
 
 
 def _row(group: str, reward: float, expert: bool = False) -> Experience:
-    return Experience(tokens=[1, 2, 3, 4], prompt_length=2, reward=reward, group_id=group, is_expert=expert,
-                      logprobs=None if expert else [-1.0, -1.0])
+    return Experience(
+        tokens=[1, 2, 3, 4],
+        prompt_length=2,
+        reward=reward,
+        group_id=group,
+        is_expert=expert,
+        logprobs=None if expert else [-1.0, -1.0],
+    )
 
 
 def test_dynamic_sampling_drops_equal_groups_but_keeps_expert_rows():
-    rows = [_row("a", 1.0), _row("a", 1.0), _row("b", 0.0), _row("b", 1.0), _row("e1", 0.0, True), _row("e2", 0.0, True)]
+    rows = [
+        _row("a", 1.0),
+        _row("a", 1.0),
+        _row("b", 0.0),
+        _row("b", 1.0),
+        _row("e1", 0.0, True),
+        _row("e2", 0.0, True),
+    ]
     batch, dropped, keep = drop_uninformative_groups(experience_batch(rows, pad_id=0))
     assert dropped == 2 and keep.tolist() == [2, 3, 4, 5]
     assert batch["is_expert"].tolist() == [False, False, True, True]
@@ -70,8 +96,12 @@ def test_dynamic_sampling_drops_equal_groups_but_keeps_expert_rows():
 
 def test_held_out_accuracy_is_the_eval_reward_fn_from_the_registry(tmp_path):
     """No task-specific answer parser in the core: the registered eval reward decides."""
-    run_dir = run(tmp_path, "trainer.total_steps=1", "explorer.eval_reward_fn=format",
-                  "explorer.eval_reward_args={pattern: '(?s).*'}")
+    run_dir = run(
+        tmp_path,
+        "trainer.total_steps=1",
+        "explorer.eval_reward_fn=format",
+        "explorer.eval_reward_args={pattern: '(?s).*'}",
+    )
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in rows if "eval/accuracy" in r]
     assert [r["step"] for r in evals] == [0, 1] and all(r["eval/accuracy"] == 1.0 for r in evals)
@@ -81,20 +111,29 @@ def test_held_out_accuracy_is_the_eval_reward_fn_from_the_registry(tmp_path):
 def test_gpu_workers_on_a_machine_without_gpus_fail_before_anything_is_written(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has GPUs")
-    plan = load_plan(REPO / "examples" / "grpo_arith.yaml", [f"run_root={tmp_path}", *TINY, "trainer.engine=verl",
-                                                             "cluster.num_gpus=2"])
-    with pytest.raises(TrinityError, match=r"^cluster.num_gpus: 2 GPUs asked for the verl workers, but this machine has 0"):
+    plan = load_plan(
+        REPO / "examples" / "grpo_arith.yaml",
+        [f"run_root={tmp_path}", *TINY, "trainer.engine=verl", "cluster.num_gpus=2"],
+    )
+    with pytest.raises(
+        TrinityError, match=r"^cluster.num_gpus: 2 GPUs asked for the verl workers, but this machine has 0"
+    ):
         run_plan(plan)
     assert not (tmp_path / "grpo_arith").exists()
 
 
-@pytest.mark.parametrize(("override", "message"), [
-    ("model.dtype=float16", "model.dtype: Input should be 'float32' or 'bfloat16'"),
-    ("cluster.trainer_workers=2 cluster.num_gpus=1",
-     "cluster: Value error, num_gpus must be 0 (CPU workers) or trainer_workers (2)"),
-    ("cluster.nnodes=2", "cluster.nnodes: unknown key"),
-    ("explorer.engine=hf", "explorer.engine: unknown key"),
-])
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.dtype=float16", "model.dtype: Input should be 'float32' or 'bfloat16'"),
+        (
+            "cluster.trainer_workers=2 cluster.num_gpus=1",
+            "cluster: Value error, num_gpus must be 0 (CPU workers) or trainer_workers (2)",
+        ),
+        ("cluster.nnodes=2", "cluster.nnodes: unknown key"),
+        ("explorer.engine=hf", "explorer.engine: unknown key"),
+    ],
+)
 def test_values_the_engines_cannot_honour_are_rejected_by_the_schema(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_plan(REPO / "examples" / "grpo_arith.yaml", override.split())

@@ -49,7 +49,8 @@ def test_each_trained_row_keeps_its_advantages_and_the_trainers_logprobs(engine,
     checked_groups = 0
     for step in (1, 2):
         model = AutoModelForCausalLM.from_pretrained(
-            resolve_model_path("tiny-random") if step == 1 else run_dir / "checkpoints" / "step_000001" / "model")
+            resolve_model_path("tiny-random") if step == 1 else run_dir / "checkpoints" / "step_000001" / "model"
+        )
         groups: dict[str, list] = {}
         for eid, s in consumed.items():
             if s == step:
@@ -64,7 +65,9 @@ def test_each_trained_row_keeps_its_advantages_and_the_trainers_logprobs(engine,
             for r in members:
                 got_step, arrays = trained[r.eid]
                 assert got_step == step
-                assert arrays["advantages"] == pytest.approx([(r.reward - mean) / (std + 1e-6)] * r.response_length, abs=1e-5)
+                assert arrays["advantages"] == pytest.approx(
+                    [(r.reward - mean) / (std + 1e-6)] * r.response_length, abs=1e-5
+                )
                 assert arrays["trainer_logprob"] == pytest.approx(logprobs_of(model, r), abs=1e-4)
     assert checked_groups >= 2
 
@@ -73,15 +76,24 @@ def test_each_trained_row_keeps_its_advantages_and_the_trainers_logprobs(engine,
 def test_pair_runs_keep_each_training_pair_with_its_scores(recipe, margin, tmp_path):
     """``trained_pairs.jsonl``: each step's pairs add up to the step's own metric (computed over the
     whole batch by the loss); DPO's implicit rewards are exactly 0 at step 1 (policy = reference)."""
-    overrides = [f"run_root={tmp_path}", "model.path=tiny-random", "trainer.engine=local", "trainer.total_steps=2",
-                 "monitor.progress=false", "buffer.train_batch_size=4", "trainer.optimizer.lr=1e-3"]
+    overrides = [
+        f"run_root={tmp_path}",
+        "model.path=tiny-random",
+        "trainer.engine=local",
+        "trainer.total_steps=2",
+        "monitor.progress=false",
+        "buffer.train_batch_size=4",
+        "trainer.optimizer.lr=1e-3",
+    ]
     if recipe == "dpo.yaml":
         overrides += ["buffer.eval_tasks=null"]
     plan = load_plan(REPO / "examples" / recipe, overrides)
     assert run_plan(plan) == 0
     run_dir = Path(plan.stages[0].config.run_dir())
     items = read_jsonl(run_dir / TRAINED_PAIRS_FILE)
-    logged = {r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if margin in r}
+    logged = {
+        r["step"]: r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if margin in r
+    }
     assert sorted({it["step"] for it in items}) == [1, 2]
     for step in (1, 2):
         pairs = [it for it in items if it["step"] == step]

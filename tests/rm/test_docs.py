@@ -18,7 +18,10 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "learned_rewards.md").read_text()
 BASE = ["model.path=tiny-random", "trainer.engine=local", "trainer.total_steps=2", "monitor.progress=false"]
 RL = ["explorer.batch_size=2", "explorer.group_size=4", "buffer.eval_tasks.size=4"]
-DIGIT = ["explorer.eval_reward_fn=format", "explorer.eval_reward_args={pattern: '.*[0-9].*'}"]  # the random model never adds right
+DIGIT = [
+    "explorer.eval_reward_fn=format",
+    "explorer.eval_reward_args={pattern: '.*[0-9].*'}",
+]  # the random model never adds right
 
 
 def blocks(lang: str) -> list[str]:
@@ -33,8 +36,12 @@ def tiny(argv: list[str]) -> list[str]:
     if cmd == "rm-check":
         return argv + ["--model", "tiny-random", "--num-tasks", "4", "--samples", "4"]
     if cmd == "rm-pairs":  # overrides right after the recipe (positional arguments)
-        return argv[:2] + DIGIT + argv[2:] + ["--model", "tiny-random", "--num-tasks", "8", "--num-eval-tasks", "4",
-                                              "--samples", "4"]
+        return (
+            argv[:2]
+            + DIGIT
+            + argv[2:]
+            + ["--model", "tiny-random", "--num-tasks", "8", "--num-eval-tasks", "4", "--samples", "4"]
+        )
     return argv
 
 

@@ -22,11 +22,18 @@ REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "examples" / "grpo_arith.yaml"
 DIGIT = "{pattern: '.*[0-9].*'}"  # the random tiny model never adds right; "has a digit" varies
 TINY = [
-    "model.path=tiny-random", "trainer.engine=local", "buffer.eval_tasks.size=4", "explorer.batch_size=4",
-    "explorer.group_size=4", "monitor.progress=false", "monitor.backends=[jsonl]", "checkpoint.interval=100",
+    "model.path=tiny-random",
+    "trainer.engine=local",
+    "buffer.eval_tasks.size=4",
+    "explorer.batch_size=4",
+    "explorer.group_size=4",
+    "monitor.progress=false",
+    "monitor.backends=[jsonl]",
+    "checkpoint.interval=100",
     "explorer.reward_fn=composite",
     f"explorer.reward_args={{terms: [{{name: format, weight: -1.0, args: {DIGIT}}}]}}",
-    "explorer.gold_reward_fn=format", f"explorer.gold_reward_args={DIGIT}",
+    "explorer.gold_reward_fn=format",
+    f"explorer.gold_reward_args={DIGIT}",
     "explorer.eval_reward_fn=exact_match",
 ]
 
@@ -40,12 +47,19 @@ def metrics(run_dir: Path) -> dict[int, dict]:
 
 
 def test_gold_reward_defaults_to_the_eval_reward_when_it_is_not_the_trained_one():
-    assert gold_reward(ExplorerConfig(reward_fn="reward_model", eval_reward_fn="exact_match",
-                                      eval_reward_args={"x": 1})) == ("exact_match", {"x": 1})
+    assert gold_reward(
+        ExplorerConfig(reward_fn="reward_model", eval_reward_fn="exact_match", eval_reward_args={"x": 1})
+    ) == ("exact_match", {"x": 1})
     assert gold_reward(ExplorerConfig(reward_fn="exact_match", eval_reward_fn="exact_match")) == ("", {})
     assert gold_reward(ExplorerConfig(reward_fn="reward_model")) == ("", {})  # no verifier named
-    assert gold_reward(ExplorerConfig(reward_fn="reward_model", eval_reward_fn="exact_match", gold_reward_fn="")) == ("", {})
-    assert gold_reward(ExplorerConfig(gold_reward_fn="format", gold_reward_args={"reward": 2.0})) == ("format", {"reward": 2.0})
+    assert gold_reward(ExplorerConfig(reward_fn="reward_model", eval_reward_fn="exact_match", gold_reward_fn="")) == (
+        "",
+        {},
+    )
+    assert gold_reward(ExplorerConfig(gold_reward_fn="format", gold_reward_args={"reward": 2.0})) == (
+        "format",
+        {"reward": 2.0},
+    )
 
 
 def test_every_rollout_gets_the_gold_reward_logged_beside_the_trained_one_which_alone_trains(tmp_path):
@@ -72,8 +86,17 @@ def test_every_rollout_gets_the_gold_reward_logged_beside_the_trained_one_which_
 
 
 def test_gold_falling_while_the_learned_reward_rises_stops_the_run_with_the_best_by_gold_weights(tmp_path, capsys):
-    args = ["run", "--config", str(RECIPE), f"run_root={tmp_path}", *TINY, "trainer.total_steps=12",
-            "trainer.optimizer.lr=0.02", "monitor.stop_on_reward_hacking=true", "monitor.reward_hacking_window=2"]
+    args = [
+        "run",
+        "--config",
+        str(RECIPE),
+        f"run_root={tmp_path}",
+        *TINY,
+        "trainer.total_steps=12",
+        "trainer.optimizer.lr=0.02",
+        "monitor.stop_on_reward_hacking=true",
+        "monitor.reward_hacking_window=2",
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "reward hacking? the gold reward fell over the last 2 steps" in err
@@ -90,8 +113,10 @@ def test_gold_falling_while_the_learned_reward_rises_stops_the_run_with_the_best
 
 
 def test_the_check_at_start_ranks_the_trained_reward_against_the_gold_one(tmp_path, capsys):
-    plan = load_plan(RECIPE, [f"run_root={tmp_path}", *TINY, "trainer.total_steps=1", "monitor.rm_check_tasks=4",
-                              "explorer.group_size=6"])
+    plan = load_plan(
+        RECIPE,
+        [f"run_root={tmp_path}", *TINY, "trainer.total_steps=1", "monitor.rm_check_tasks=4", "explorer.group_size=6"],
+    )
     assert run_plan(plan) == 0
     start = metrics(Path(plan.stages[0].config.run_dir()))[0]
     assert start["rm_check/samples"] == 4 * 6 and 0 < start["rm_check/right_frac"] < 1

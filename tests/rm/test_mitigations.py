@@ -46,8 +46,15 @@ def test_ensemble_is_mean_minus_k_std_of_its_models(tmp_path):
 
 
 def test_composite_is_the_weighted_sum_of_its_terms():
-    fn = build_reward_fn("composite", {"terms": [{"name": "exact_match", "weight": 2.0},
-                                                 {"name": "format", "weight": 0.5, "args": {"reward": 1.0, "penalty": -1.0}}]})
+    fn = build_reward_fn(
+        "composite",
+        {
+            "terms": [
+                {"name": "exact_match", "weight": 2.0},
+                {"name": "format", "weight": 0.5, "args": {"reward": 1.0, "penalty": -1.0}},
+            ]
+        },
+    )
     # (exact_match, format) by hand: "5" (1, 1), "6" (0, 1), "The answer is 5." (1, -1), "" (0, -1)
     for response, (em, fmt) in zip(RESPONSES, [(1, 1), (0, 1), (1, -1), (0, -1)]):
         assert fn({"response": response, "answer": "5", "messages": MESSAGES}) == pytest.approx(2.0 * em + 0.5 * fmt)
@@ -68,7 +75,9 @@ def test_batch_clip_and_normalize_against_numpy():
     r = np.array([0.1, 0.2, 0.15, 5.0, -3.0, 0.12, 0.3, 0.18])
     lo, hi = r.mean() - 1.5 * r.std(), r.mean() + 1.5 * r.std()
     assert transform("batch_clip", list(r), std_clip=1.5) == pytest.approx(np.clip(r, lo, hi).tolist())
-    assert transform("batch_clip", list(r), std_clip=None, low=0.0, high=1.0) == pytest.approx(np.clip(r, 0, 1).tolist())
+    assert transform("batch_clip", list(r), std_clip=None, low=0.0, high=1.0) == pytest.approx(
+        np.clip(r, 0, 1).tolist()
+    )
     assert transform("batch_clip", list(r), std_clip=1.5, high=0.2) == pytest.approx(np.clip(r, lo, 0.2).tolist())
     z = (r - r.mean()) / (r.std() + 1e-6)
     assert transform("batch_normalize", list(r)) == pytest.approx(z.tolist())
@@ -80,8 +89,15 @@ def test_the_workflow_applies_a_transform_to_the_whole_batch_and_keeps_the_raw_r
     model, tok = build_tiny_model(seed=0)
     engine = RolloutEngine(model, tok)
     cls = WORKFLOW.get("math")
-    params = build_params(cls, {"reward_fn": "format", "reward_params": {"pattern": ".*[0-9].*"},
-                                "reward_transform": "batch_normalize", "reward_transform_args": {"eps": 0.0}})
+    params = build_params(
+        cls,
+        {
+            "reward_fn": "format",
+            "reward_params": {"pattern": ".*[0-9].*"},
+            "reward_transform": "batch_normalize",
+            "reward_transform_args": {"eps": 0.0},
+        },
+    )
     tasks = arithmetic_tasks(ArithmeticParams(), "train", 4)
     result = cls(params=params).run(tasks, engine=engine, sampling=SamplingParams(n=4, max_new_tokens=8, seed=5))
     raw = np.array([e.info["raw_reward"] for e in result.experiences])
@@ -94,13 +110,21 @@ def test_the_workflow_applies_a_transform_to_the_whole_batch_and_keeps_the_raw_r
         cls(params=build_params(cls, {"reward_transform": "batch_clip", "reward_transform_args": {"std_clp": 1}}))
 
 
-@pytest.mark.parametrize("override, message", [
-    ("explorer.reward_args={terms: [{name: nope}]}", "composite.terms.0: unknown reward function 'nope'"),
-    ("explorer.reward_args={terms: [{name: composite}]}", "composite.terms.0: a composite inside a composite"),
-    ("explorer.workflow_args={reward_transform: batch_clp}", "unknown reward transform 'batch_clp'; did you mean 'batch_clip'"),
-    ("explorer.workflow_args={reward_transform: batch_clip, reward_transform_args: {std_clp: 1}}",
-     "reward_transform_args.std_clp: unknown parameter of batch_clip"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("explorer.reward_args={terms: [{name: nope}]}", "composite.terms.0: unknown reward function 'nope'"),
+        ("explorer.reward_args={terms: [{name: composite}]}", "composite.terms.0: a composite inside a composite"),
+        (
+            "explorer.workflow_args={reward_transform: batch_clp}",
+            "unknown reward transform 'batch_clp'; did you mean 'batch_clip'",
+        ),
+        (
+            "explorer.workflow_args={reward_transform: batch_clip, reward_transform_args: {std_clp: 1}}",
+            "reward_transform_args.std_clp: unknown parameter of batch_clip",
+        ),
+    ],
+)
 def test_a_recipes_mistake_in_a_mitigation_fails_at_validation(override, message):
     from trinity_like.config import load_plan
 

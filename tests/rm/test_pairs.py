@@ -14,13 +14,25 @@ TASK = Task(prompt="What is 2 + 3?", answer="5")
 
 
 def sample(text: str, right: bool, finish: str = "stop") -> Experience:
-    return Experience(tokens=[1], prompt_length=1, reward=float(right), finish_reason=finish, info={"response_text": text})
+    return Experience(
+        tokens=[1], prompt_length=1, reward=float(right), finish_reason=finish, info={"response_text": text}
+    )
 
 
 def test_one_pair_per_kind_from_the_policys_own_right_and_wrong_answers():
-    samples = [sample("6", False), sample("The answer is 5.", True), sample("The answer is 4.", False),
-               sample("6", False), sample("4", False), sample("The answer is 6.", False), sample("The answer is 6.", False),
-               sample("Echo.", False), sample("", False), sample("5 5 5", False, "length"), sample(" 5", True)]
+    samples = [
+        sample("6", False),
+        sample("The answer is 5.", True),
+        sample("The answer is 4.", False),
+        sample("6", False),
+        sample("4", False),
+        sample("The answer is 6.", False),
+        sample("The answer is 6.", False),
+        sample("Echo.", False),
+        sample("", False),
+        sample("5 5 5", False, "length"),
+        sample(" 5", True),
+    ]
     got = {p["kind"]: (p["chosen"], p["rejected"]) for p in kind_pairs(TASK, samples)}
     assert got == {
         "number": ("5", "6"),  # "6" twice beats "4"
@@ -30,7 +42,9 @@ def test_one_pair_per_kind_from_the_policys_own_right_and_wrong_answers():
         "right_over_other": ("The answer is 5.", ""),  # the first right answer sampled; "" ended, "5 5 5" was cut
     }
     # No right bare number sampled: the reference answer stands in; no right sentence: no sentence pair.
-    got = {p["kind"]: (p["chosen"], p["rejected"]) for p in kind_pairs(TASK, [sample("7", False), sample("No.", False)])}
+    got = {
+        p["kind"]: (p["chosen"], p["rejected"]) for p in kind_pairs(TASK, [sample("7", False), sample("No.", False)])
+    }
     assert got == {"number": ("5", "7"), "number_over_sentence": ("5", "No.")}
     assert kind_pairs(TASK, [sample("5", True)]) == []  # nothing wrong: nothing to prefer over
     assert all(p["prompt"] == TASK.messages() for p in kind_pairs(TASK, samples))
@@ -73,8 +87,23 @@ monitor: {progress: false}
 def test_rm_pairs_writes_train_and_held_out_files_a_reward_model_trains_on(tmp_path, capsys):
     (tmp_path / "recipe.yaml").write_text(RECIPE)
     out = tmp_path / "pairs"
-    assert main(["rm-pairs", str(tmp_path / "recipe.yaml"), "--out", str(out), "--samples", "6",
-                 "--num-tasks", "12", "--num-eval-tasks", "6"]) == 0
+    assert (
+        main(
+            [
+                "rm-pairs",
+                str(tmp_path / "recipe.yaml"),
+                "--out",
+                str(out),
+                "--samples",
+                "6",
+                "--num-tasks",
+                "12",
+                "--num-eval-tasks",
+                "6",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((out / "pairs.json").read_text())
     for key, name, n in (("tasks", "pairs.jsonl", 12), ("eval_tasks", "pairs_eval.jsonl", 6)):
         pairs = [json.loads(line) for line in (out / name).read_text().splitlines()]

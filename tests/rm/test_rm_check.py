@@ -43,7 +43,9 @@ def test_auc_equals_the_pairwise_count_with_ties_and_correlations_equal_scipy():
         assert auc(scores, labels) == pytest.approx(pairwise_auc(scores, labels), abs=1e-12)
         lengths = [float(rng.randint(1, 9)) for _ in range(n)]
         if len(set(scores)) > 1 and len(set(lengths)) > 1:
-            assert spearman(scores, lengths) == pytest.approx(scipy.stats.spearmanr(scores, lengths).statistic, abs=1e-9)
+            assert spearman(scores, lengths) == pytest.approx(
+                scipy.stats.spearmanr(scores, lengths).statistic, abs=1e-9
+            )
             assert pearson(scores, lengths) == pytest.approx(scipy.stats.pearsonr(scores, lengths).statistic, abs=1e-9)
     assert pearson([1.0, 1.0], [1.0, 2.0]) is None  # constant series: undefined, not 0
 
@@ -60,8 +62,18 @@ def test_within_group_auc_is_the_mean_over_groups_with_both_classes():
     assert auc(scores, labels) == pytest.approx(pairwise_auc(scores, labels))
 
 
-@pytest.mark.parametrize("text, want", [("42", "number"), ("-7", "number"), ("The answer is 5.", "sentence"),
-                                        ("No.", "sentence"), ("", "other"), ("5 apples", "other"), (".", "other")])
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("42", "number"),
+        ("-7", "number"),
+        ("The answer is 5.", "sentence"),
+        ("No.", "sentence"),
+        ("", "other"),
+        ("5 apples", "other"),
+        (".", "other"),
+    ],
+)
 def test_response_format(text, want):
     assert response_format(text) == want
 
@@ -97,8 +109,24 @@ def recipe(tmp_path):
 
 def test_a_scorer_equal_to_the_verifier_has_auc_one_everywhere(recipe, tmp_path, capsys):
     out = tmp_path / "check.json"
-    assert main(["rm-check", "--tasks", str(recipe), "--samples", "6", "--reward-fn", "format",
-                 "--reward-args", "{pattern: '.*[0-9].*'}", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "rm-check",
+                "--tasks",
+                str(recipe),
+                "--samples",
+                "6",
+                "--reward-fn",
+                "format",
+                "--reward-args",
+                "{pattern: '.*[0-9].*'}",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert report["samples"] == 6 * 6 and 0 < report["right_frac"] < 1
     assert report["auc"]["overall"] == 1.0
@@ -143,7 +171,23 @@ def test_the_verifier_is_not_rewritten_by_the_recipes_batch_transform(tmp_path):
     path = tmp_path / "recipe.yaml"
     path.write_text(RECIPE.replace("trainer:", "  workflow_args: {reward_transform: batch_normalize}\ntrainer:"))
     out = tmp_path / "check.json"
-    assert main(["rm-check", "--tasks", str(path), "--samples", "6", "--reward-fn", "format",
-                 "--reward-args", "{pattern: '.*[0-9].*'}", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "rm-check",
+                "--tasks",
+                str(path),
+                "--samples",
+                "6",
+                "--reward-fn",
+                "format",
+                "--reward-args",
+                "{pattern: '.*[0-9].*'}",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert 0 < report["right_frac"] < 1 and report["auc"]["overall"] == 1.0

@@ -64,6 +64,10 @@ def sft_data(tok, texts):
     out = []
     for text in texts:
         ids = tok.encode(text)
-        out.append(types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
-                               loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)}))
+        out.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(ids[:-1]),
+                loss_fn_inputs={"target_tokens": ids[1:], "weights": [1.0] * (len(ids) - 1)},
+            )
+        )
     return out

@@ -13,8 +13,24 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_http_vs_in_process_benchmark_does_equal_work_and_reports(tmp_path):
     out = tmp_path / "client_http"
-    argv = [sys.executable, str(ROOT / "benchmarks" / "client.py"), "--compare", "http", "--model", "tiny-random",
-            "--reps", "2", "--prompts", "2", "--group", "4", "--max-tokens", "4", "--out", str(out)]
+    argv = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "client.py"),
+        "--compare",
+        "http",
+        "--model",
+        "tiny-random",
+        "--reps",
+        "2",
+        "--prompts",
+        "2",
+        "--group",
+        "4",
+        "--max-tokens",
+        "4",
+        "--out",
+        str(out),
+    ]
     done = subprocess.run(argv, check=False, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     result = json.loads(out.with_suffix(".json").read_text())

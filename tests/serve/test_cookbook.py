@@ -7,8 +7,14 @@ import importlib
 
 import pytest
 
-MODULES = ["tinker_cookbook", "tinker_cookbook.rl.train", "tinker_cookbook.rl.types", "tinker_cookbook.renderers",
-           "tinker_cookbook.tokenizer_utils", "tinker_cookbook.checkpoint_utils"]
+MODULES = [
+    "tinker_cookbook",
+    "tinker_cookbook.rl.train",
+    "tinker_cookbook.rl.types",
+    "tinker_cookbook.renderers",
+    "tinker_cookbook.tokenizer_utils",
+    "tinker_cookbook.checkpoint_utils",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)

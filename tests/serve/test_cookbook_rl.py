@@ -78,8 +78,10 @@ def test_the_cookbook_renderer_writes_the_models_own_chat_template(tiny_model):
     end = tok.convert_tokens_to_ids("<|im_end|>")
     assert renderer.get_stop_sequences() == [end]
     answer = tok.encode("57", add_special_tokens=False)
-    assert renderer.parse_response([*answer, end]) == ({"role": "assistant", "content": "57"},
-                                                      ParseTermination.STOP_SEQUENCE)
+    assert renderer.parse_response([*answer, end]) == (
+        {"role": "assistant", "content": "57"},
+        ParseTermination.STOP_SEQUENCE,
+    )
     assert renderer.parse_response(answer)[1] is ParseTermination.MALFORMED  # cut off by max_tokens
     assert renderer.parse_response([*answer, end, *answer])[1] is ParseTermination.MALFORMED
 
@@ -136,8 +138,9 @@ def test_cookbook_rl_runs_as_written_and_resumes(tmp_path):
 def test_cookbook_rl_trains_the_weights_on_a_given_server(server, tiny_model, tmp_path):
     url, data_dir = server
     log_path = tmp_path / "run"
-    out = run(["-c", VARIED_GRADE, str(SCRIPT), "--base-url", url, "--model", tiny_model, *TINY,
-               "--log-path", str(log_path)])
+    out = run(
+        ["-c", VARIED_GRADE, str(SCRIPT), "--base-url", url, "--model", tiny_model, *TINY, "--log-path", str(log_path)]
+    )
     assert re.search(RESULT, out), out[-3000:]
     assert "server: http" not in out  # --base-url: no server of its own
     metrics = rows(log_path / "metrics.jsonl")
@@ -152,13 +155,23 @@ def test_cookbook_rl_trains_the_weights_on_a_given_server(server, tiny_model, tm
     assert any(not torch.equal(trained[k], base[k]) for k in base)
 
 
-@pytest.mark.parametrize(("flags", "code", "says"), [
-    (["--eval-every", "0"], 2, "--eval-every must be >= 1, got 0"),
-    (["--model", "no-such-model"], 1, "model 'no-such-model' not found"),
-], ids=["flag", "model"])
+@pytest.mark.parametrize(
+    ("flags", "code", "says"),
+    [
+        (["--eval-every", "0"], 2, "--eval-every must be >= 1, got 0"),
+        (["--model", "no-such-model"], 1, "model 'no-such-model' not found"),
+    ],
+    ids=["flag", "model"],
+)
 def test_bad_input_is_one_line_and_starts_nothing(tmp_path, flags, code, says):
-    done = subprocess.run([sys.executable, str(SCRIPT), *flags, "--log-path", str(tmp_path / "run")],
-                          check=False, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), *flags, "--log-path", str(tmp_path / "run")],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     lines = done.stderr.strip().splitlines()
     assert done.returncode == code and says in lines[-1] and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert not (tmp_path / "run").exists()

@@ -38,14 +38,14 @@ class FlakyProxy:
     async def forward(self, request: Request) -> Response:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
         async with httpx.AsyncClient(timeout=60) as client:
-            answer = await client.request(request.method, f"{self.upstream}{request.url.path}",
-                                          content=await request.body(), headers=headers)
+            answer = await client.request(
+                request.method, f"{self.upstream}{request.url.path}", content=await request.body(), headers=headers
+            )
         if request.url.path in self.lose:
             self.lose.discard(request.url.path)
             self.lost.append(request.url.path)
             return Response(b'{"error": "lost on the way"}', status_code=503)
-        return Response(answer.content, status_code=answer.status_code,
-                        media_type=answer.headers.get("content-type"))
+        return Response(answer.content, status_code=answer.status_code, media_type=answer.headers.get("content-type"))
 
     def __enter__(self) -> str:
         self.thread.start()
@@ -117,8 +117,7 @@ def test_security_defaults(tmp_path):
     cmd = [sys.executable, "-m", "trinity_like.cli", "serve", "--host", "0.0.0.0", "--data-dir", str(tmp_path)]
     out = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--api-key" in out.stderr, out.stderr
-    with running_server(tmp_path / "data", "--api-key", "tml-secret", "--max-body-mb", "0.01",
-                        key="tml-secret") as url:
+    with running_server(tmp_path / "data", "--api-key", "tml-secret", "--max-body-mb", "0.01", key="tml-secret") as url:
         assert tinker.RestClient(base_url=url, api_key="tml-secret").get_server_capabilities().result()
         answer = httpx.post(f"{url}/api/v1/create_session", headers={"X-API-Key": "tml-wrong"}, json={})
         assert answer.status_code == 401
@@ -126,4 +125,5 @@ def test_security_defaults(tmp_path):
         assert big.status_code == 413 and "exceeds" in big.json()["error"]
         with pytest.raises(tinker.AuthenticationError):
             tinker.ServiceClient(base_url=url, api_key="tml-wrong").create_lora_training_client(
-                "tiny-random", rank=2).result()
+                "tiny-random", rank=2
+            ).result()

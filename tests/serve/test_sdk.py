@@ -43,13 +43,21 @@ def rl_data(tok, texts, seed=0):
         n = len(ids) - 1
         lp = [0.0] * ob + list(-rng.uniform(2, 6, n - ob))
         adv = [0.0] * ob + [float(i % 2) - 0.5] * (n - ob)
-        out.append(types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs={
-            "target_tokens": ids[1:], "logprobs": np.asarray(lp, np.float32), "advantages": np.asarray(adv, np.float32)}))
+        out.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(ids[:-1]),
+                loss_fn_inputs={
+                    "target_tokens": ids[1:],
+                    "logprobs": np.asarray(lp, np.float32),
+                    "advantages": np.asarray(adv, np.float32),
+                },
+            )
+        )
     return out
 
 
 def sampler_file(data_dir: Path, tinker_path: str) -> Path:
-    run, kind, name = tinker_path[len("tinker://"):].split("/")
+    run, kind, name = tinker_path[len("tinker://") :].split("/")
     return data_dir / "runs" / run / kind / name / "model.safetensors"
 
 
@@ -61,8 +69,10 @@ def assert_same_weights(a: Path, b: Path) -> None:
 
 
 def test_capabilities_list_the_served_folder(service, tiny_model):
-    models = {m.model_name for m in tinker.RestClient(base_url=service._base_url).get_server_capabilities()
-              .result().supported_models}
+    models = {
+        m.model_name
+        for m in tinker.RestClient(base_url=service._base_url).get_server_capabilities().result().supported_models
+    }
     assert {"smollm2-135m-instruct", tiny_model} <= models
 
 
@@ -75,8 +85,11 @@ def test_training_and_sampling_match_the_in_process_client(server, service, loca
     tok = remote.get_tokenizer()  # a local folder: loads offline
     assert tok.encode("one plus") == inproc.get_tokenizer().encode("one plus")
 
-    for loss, data in [("cross_entropy", sft_data(tok, TEXTS)), ("importance_sampling", rl_data(tok, TEXTS)),
-                       ("ppo", rl_data(tok, TEXTS, seed=1))]:
+    for loss, data in [
+        ("cross_entropy", sft_data(tok, TEXTS)),
+        ("importance_sampling", rl_data(tok, TEXTS)),
+        ("ppo", rl_data(tok, TEXTS, seed=1)),
+    ]:
         fwd_r = remote.forward(data, loss).result()
         got = remote.forward_backward(data, loss).result()
         want = inproc.forward_backward(data, loss).result()
@@ -86,7 +99,8 @@ def test_training_and_sampling_match_the_in_process_client(server, service, loca
             np.testing.assert_allclose(g["logprobs"].to_numpy(), w["logprobs"].to_numpy(), rtol=1e-5, atol=1e-6)
         adam = types.AdamParams(learning_rate=1e-2)
         assert remote.optim_step(adam).result().metrics["grad_norm"] == pytest.approx(
-            inproc.optim_step(adam).result().metrics["grad_norm"], rel=1e-4)
+            inproc.optim_step(adam).result().metrics["grad_norm"], rel=1e-4
+        )
 
     # the same weights after three steps: each side's sampler folder, tensor by tensor
     path = remote.save_weights_for_sampler("after3").result().path
@@ -107,17 +121,20 @@ def test_training_and_sampling_match_the_in_process_client(server, service, loca
         assert g.stop_reason == w.stop_reason and g.sequence_id  # the SDK stamps our sequence ids
     assert got.prompt_logprobs[0] is None
     np.testing.assert_allclose(got.prompt_logprobs[1:], want.prompt_logprobs[1:], rtol=1e-5)
-    np.testing.assert_allclose(r_sampler.compute_logprobs(prompt).result()[1:],
-                               l_sampler.compute_logprobs(prompt).result()[1:], rtol=1e-5)
+    np.testing.assert_allclose(
+        r_sampler.compute_logprobs(prompt).result()[1:], l_sampler.compute_logprobs(prompt).result()[1:], rtol=1e-5
+    )
     # stop strings and tokens, greedy
     greedy = types.SamplingParams(max_tokens=8, temperature=0.0, stop=[tok.encode(" the")[0]])
-    assert ([s.tokens for s in r_sampler.sample(prompt, 1, greedy).result().sequences]
-            == [s.tokens for s in l_sampler.sample(prompt, 1, greedy).result().sequences])
+    assert [s.tokens for s in r_sampler.sample(prompt, 1, greedy).result().sequences] == [
+        s.tokens for s in l_sampler.sample(prompt, 1, greedy).result().sequences
+    ]
 
     # a sampler over the saved folder samples what the snapshot samples
     from_path = service.create_sampling_client(model_path=path).result()
     assert [s.tokens for s in from_path.sample(prompt, 3, params).result().sequences] == [
-        s.tokens for s in got.sequences]
+        s.tokens for s in got.sequences
+    ]
     inproc.close()
 
 
@@ -137,8 +154,10 @@ def test_forward_backward_custom_runs_through_the_sdk(service, local, tiny_model
     assert got.metrics["custom"] == pytest.approx(want.metrics["custom"], rel=1e-5)
     remote.optim_step(types.AdamParams(learning_rate=1e-2)).result()
     inproc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
-    assert_same_weights(sampler_file(data_dir, remote.save_weights_for_sampler("c").result().path),
-                        Path(inproc.save_weights_for_sampler("c").result().path) / "model.safetensors")
+    assert_same_weights(
+        sampler_file(data_dir, remote.save_weights_for_sampler("c").result().path),
+        Path(inproc.save_weights_for_sampler("c").result().path) / "model.safetensors",
+    )
     inproc.close()
 
 

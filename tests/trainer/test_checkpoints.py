@@ -81,8 +81,14 @@ def test_no_pickle_anywhere_and_the_optimizer_file_is_torchs_state(tiny_path, ba
     train(eng, batches[:2])
     eng.save(str(tmp_path / "ckpt"))
     names = {p.name for p in (tmp_path / "ckpt").iterdir()}
-    assert {"model.safetensors", "config.json", "optimizer.safetensors", "trainer_state.json",
-            "rng_state.safetensors", "base_model.json"} <= names
+    assert {
+        "model.safetensors",
+        "config.json",
+        "optimizer.safetensors",
+        "trainer_state.json",
+        "rng_state.safetensors",
+        "base_model.json",
+    } <= names
     assert not {n for n in names if n.endswith((".pt", ".pth", ".bin", ".pkl"))}
     assert json.loads((tmp_path / "ckpt" / "trainer_state.json").read_text()) == {"step": 2}
     assert json.loads((tmp_path / "ckpt" / "base_model.json").read_text()) == {"base_model": tiny_path, "lora": None}
@@ -104,8 +110,10 @@ def test_no_pickle_anywhere_and_the_optimizer_file_is_torchs_state(tiny_path, ba
 
 
 def test_optimizer_file_round_trips_non_tensor_entries(tmp_path):
-    state = {"state": {"w": {"step": 3, "exp_avg": torch.ones(2)}},
-             "param_groups": [{"lr": 0.1, "betas": (0.9, 0.99), "foreach": None, "params": ["w"]}]}
+    state = {
+        "state": {"w": {"step": 3, "exp_avg": torch.ones(2)}},
+        "param_groups": [{"lr": 0.1, "betas": (0.9, 0.99), "foreach": None, "params": ["w"]}],
+    }
     save_optimizer_state(state, tmp_path / "o.safetensors")
     back = load_optimizer_state(tmp_path / "o.safetensors")
     assert back["param_groups"] == state["param_groups"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -139,7 +140,8 @@ def test_gradient_checkpointing_from_the_recipe_gives_the_same_gradients(tiny_pa
     plain = LocalEngine(ModelParams(path=tiny_path))
     loss_fn = ClippedPPOLoss(clip=0.2, entropy_coef=0.01)
     assert recomputing.forward_backward(batch, loss_fn, need_entropy=True)["loss"] == pytest.approx(
-        plain.forward_backward(batch, loss_fn, need_entropy=True)["loss"])
+        plain.forward_backward(batch, loss_fn, need_entropy=True)["loss"]
+    )
     for p, q in zip(plain.model.parameters(), recomputing.model.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-7)
 
@@ -237,13 +239,17 @@ def test_pair_batches_micro_batch_between_pairs_only(tiny_path):
     def tokens(n):
         return torch.randint(3, 100, (n,), generator=g).tolist()
 
-    pairs = [PairExperience(prompt_tokens=tokens(4 + i % 2), chosen_tokens=tokens(2 + i % 3), rejected_tokens=tokens(3))
-             for i in range(5)]
+    pairs = [
+        PairExperience(prompt_tokens=tokens(4 + i % 2), chosen_tokens=tokens(2 + i % 3), rejected_tokens=tokens(3))
+        for i in range(5)
+    ]
     batch = pair_batch(pairs, pad_id=0)
     assert [mb["input_ids"].shape[0] for mb in micro_batches(batch, 3)] == [2, 2, 2, 2, 2]
     batch["ref_logprob"] = torch.zeros_like(batch["response_mask"]) - 2.0
     fn = POLICY_LOSS_FN.get("dpo")
-    dpo = Objective(policy_loss=ComponentSpec("POLICY_LOSS_FN", "dpo", build_params(fn, {"beta": 0.5})), one_update=True)
+    dpo = Objective(
+        policy_loss=ComponentSpec("POLICY_LOSS_FN", "dpo", build_params(fn, {"beta": 0.5})), one_update=True
+    )
     results = []
     for micro in (3, 10):
         engine = LocalEngine(ModelParams(path=tiny_path, micro_batch_size=micro), OptimParams(lr=0.0))

@@ -66,8 +66,11 @@ def adapter_of(engine: LocalEngine) -> dict[str, tuple[torch.Tensor, torch.Tenso
 def test_params_defaults_and_one_line_errors():
     assert LoraParams().rank == 0 and not LoraParams().enabled  # off unless a rank is given
     assert LoraParams(rank=8).alpha == 32.0 and LoraParams(rank=8).scaling == 4.0
-    for bad, match in (({"rank": -1}, "rank"), ({"rank": 4, "alpha": 0.0}, "alpha"),
-                       ({"rank": 4, "train_attn": False, "train_mlp": False, "train_unembed": False}, "nothing")):
+    for bad, match in (
+        ({"rank": -1}, "rank"),
+        ({"rank": 4, "alpha": 0.0}, "alpha"),
+        ({"rank": 4, "train_attn": False, "train_mlp": False, "train_unembed": False}, "nothing"),
+    ):
         with pytest.raises(TrinityError, match=match):
             LoraParams(**bad)
     with pytest.raises(TrinityError, match="frozen model"):
@@ -88,12 +91,15 @@ def test_recipe_keys_reach_the_actor_only():
     assert model_params(Config(), "p").lora is None
 
 
-@pytest.mark.parametrize(("flags", "expected"), [
-    ({}, ATTN + MLP + ["lm_head"]),
-    ({"train_mlp": False, "train_unembed": False}, ATTN),
-    ({"train_attn": False, "train_unembed": False}, MLP),
-    ({"train_attn": False, "train_mlp": False}, ["lm_head"]),
-])
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ({}, ATTN + MLP + ["lm_head"]),
+        ({"train_mlp": False, "train_unembed": False}, ATTN),
+        ({"train_attn": False, "train_unembed": False}, MLP),
+        ({"train_attn": False, "train_mlp": False}, ["lm_head"]),
+    ],
+)
 def test_flags_select_the_layers(tiny_path, flags, expected):
     params = dataclasses.replace(LORA, **flags)
     assert sorted(lora_lib.target_layers(base_model(tiny_path), params)) == sorted(expected)
@@ -145,14 +151,20 @@ def test_lora_gradients_match_autograd_through_merged_weights(tiny_path, batch):
     engine = trained(tiny_path, batch, lora, steps=1)  # B != 0 now, so A gets gradient too
     adapter = adapter_of(engine)
     engine.forward_backward(batch, nll_loss)
-    grads = {n.removeprefix("base_model.model."): p.grad for n, p in engine.model.named_parameters() if p.grad is not None}
+    grads = {
+        n.removeprefix("base_model.model."): p.grad for n, p in engine.model.named_parameters() if p.grad is not None
+    }
 
     plain = AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32, tie_word_embeddings=False)
     plain.lm_head.weight = torch.nn.Parameter(plain.model.embed_tokens.weight.detach().clone())  # untied by hand
     leaves = {layer: (a.requires_grad_(), b.requires_grad_()) for layer, (a, b) in adapter.items()}
     weights = dict(plain.named_parameters())
-    weights.update({f"{layer}.weight": weights[f"{layer}.weight"].detach() + lora.scaling * b @ a
-                    for layer, (a, b) in leaves.items()})
+    weights.update(
+        {
+            f"{layer}.weight": weights[f"{layer}.weight"].detach() + lora.scaling * b @ a
+            for layer, (a, b) in leaves.items()
+        }
+    )
 
     class Wrapped(torch.nn.Module):
         def __init__(self) -> None:
@@ -226,7 +238,9 @@ def test_peft_merge_agrees(tiny_path, batch, tmp_path):
 
     engine = trained(tiny_path, batch)
     engine.save(str(tmp_path / "ckpt"))
-    peft_model = PeftModel.from_pretrained(lora_lib.untie_output_embeddings(base_model(tiny_path)), str(tmp_path / "ckpt"))
+    peft_model = PeftModel.from_pretrained(
+        lora_lib.untie_output_embeddings(base_model(tiny_path)), str(tmp_path / "ckpt")
+    )
     theirs = peft_model.merge_and_unload().state_dict()
     ours = engine.state_dict()
     assert ours.keys() == theirs.keys()
@@ -241,8 +255,14 @@ def test_lora_checkpoint_is_peft_adapter_folder(tiny_path, batch, tmp_path):
     engine = trained(tiny_path, batch)
     engine.save(str(tmp_path / "ckpt"))
     files = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
-    assert files == ["adapter_config.json", "adapter_model.safetensors", "base_model.json", "optimizer.safetensors",
-                     "rng_state.safetensors", "trainer_state.json"]
+    assert files == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "base_model.json",
+        "optimizer.safetensors",
+        "rng_state.safetensors",
+        "trainer_state.json",
+    ]
     note = json.loads((tmp_path / "ckpt" / "base_model.json").read_text())
     assert note == {"base_model": tiny_path, "lora": dataclasses.asdict(LORA)}
     assert lora_lib.read_base_note(tmp_path / "ckpt") == (tiny_path, LORA)

@@ -31,6 +31,7 @@ import pytest
 import torch
 from trainer_batches import make_batch
 
+import algorithms  # noqa: F401  (registers the pack, as the entry point does)
 from trinity_like.components import build_params
 from trinity_like.models.tiny import build_tiny_model
 from trinity_like.ops import normalizers
@@ -39,8 +40,6 @@ from trinity_like.trainer.base import is_summed_metric, mean_metrics
 from trinity_like.trainer.local_engine import LocalEngine
 from trinity_like.trainer.objective import ComponentSpec, Objective
 from trinity_like.trainer.params import ModelParams
-
-import algorithms  # noqa: F401  (registers the pack, as the entry point does)
 
 B, P, R, VOCAB = 16, 5, 6, 400
 # Every loss of the first-party pack: other test modules register losses of their own in
@@ -84,7 +83,7 @@ def engine_batch(logprob_of, *, uniform: bool, seed: int = 5) -> dict[str, torch
         batch["is_expert"] = torch.arange(B) >= B * 3 // 4
         # the expert rows are the longest (the engines' length order keeps them in one
         # micro-batch of four), every other row is shorter
-        batch["attention_mask"][B * 3 // 4:] = 1
+        batch["attention_mask"][B * 3 // 4 :] = 1
         batch["attention_mask"][: B * 3 // 4, -1] = 0
         batch["response_mask"] = batch["response_mask"] * batch["attention_mask"][:, P:]
         batch["position_ids"] = (batch["attention_mask"].cumsum(1) - 1).clamp(min=0)
@@ -122,9 +121,11 @@ def assert_same(got: dict, want: dict, keys, rel: float, abs_: float, what: str)
 
 
 def test_loss_metrics_are_summed_by_suffix_and_means_averaged_over_the_reporters():
-    per_micro = [{"policy_loss": 0.25, "clip_frac": 0.5, "nonfinite_loss": 1.0},
-                 {"policy_loss": 0.5, "clip_frac": 0.1, "expert_nll": 2.0},
-                 {"policy_loss": 0.25, "expert_nll": 4.0}]
+    per_micro = [
+        {"policy_loss": 0.25, "clip_frac": 0.5, "nonfinite_loss": 1.0},
+        {"policy_loss": 0.5, "clip_frac": 0.1, "expert_nll": 2.0},
+        {"policy_loss": 0.25, "expert_nll": 4.0},
+    ]
     assert mean_metrics(per_micro) == {"policy_loss": 1.0, "clip_frac": 0.3, "expert_nll": 3.0, "nonfinite_loss": 1.0}
     assert is_summed_metric("rl_loss") and is_summed_metric("value_loss") and not is_summed_metric("loss_scale")
 

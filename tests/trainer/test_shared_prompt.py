@@ -80,9 +80,11 @@ def outputs_and_grads(model, batch, share: bool, kind: str = "lm"):
         out = padded_outputs(model, batch, kind, need_entropy=kind == "lm")
     else:
         out = model_outputs(model, batch, kind, need_entropy=kind == "lm", share_prompts=share)
-    where = batch["attention_mask"][:, -batch["response_mask"].shape[1]:].bool()
+    where = batch["attention_mask"][:, -batch["response_mask"].shape[1] :].bool()
     if kind == "lm":
-        loss = (out["logprob"] * batch["advantages"] * batch["response_mask"]).sum() + 0.1 * (out["entropy"] * where).sum()
+        loss = (out["logprob"] * batch["advantages"] * batch["response_mask"]).sum() + 0.1 * (
+            out["entropy"] * where
+        ).sum()
     elif kind == "value":
         loss = ((out["values"] - batch["advantages"]) ** 2 * batch["response_mask"]).sum()
     else:
@@ -139,7 +141,7 @@ def test_value_and_reward_heads_share_prompts_exactly():
     for kind, key in (("value", "values"), ("reward", "scores")):
         ref, ref_grads, where = outputs_and_grads(scorer, batch, None, kind)
         out, got, _ = outputs_and_grads(scorer, batch, True, kind)
-        picked = (lambda t: t[where]) if kind == "value" else (lambda t: t)
+        picked = (lambda t, where=where: t[where]) if kind == "value" else (lambda t: t)
         torch.testing.assert_close(picked(out[key]), picked(ref[key]), rtol=0, atol=1e-10)
         for name in ref_grads:
             torch.testing.assert_close(got[name], ref_grads[name], rtol=1e-10, atol=1e-10, msg=name)
@@ -196,8 +198,9 @@ def test_local_engine_shared_or_not_gives_the_same_gradient(tmp_path, micro):
     batch = grouped_batch(400, [4, 4], prompt_len=10, response_len=6, seed=5)
     results = []
     for share in (True, False):
-        engine = LocalEngine(ModelParams(path=str(folder), micro_batch_size=micro, share_prompts=share),
-                             OptimParams(lr=1e-2))
+        engine = LocalEngine(
+            ModelParams(path=str(folder), micro_batch_size=micro, share_prompts=share), OptimParams(lr=1e-2)
+        )
         metrics = engine.forward_backward(batch, ClippedPPOLoss())
         results.append((metrics["loss"], grads(engine.model)))
     (loss_a, grads_a), (loss_b, grads_b) = results
@@ -226,8 +229,12 @@ def test_smollm2_shared_forward_matches_padded():
     ref, ref_grads, where = outputs_and_grads(model, batch, None)
     out, got, _ = outputs_and_grads(model, batch, True)
     torch.testing.assert_close(out["logprob"][where], ref["logprob"][where], rtol=1e-4, atol=1e-4)
-    for name in ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
-                 "model.layers.29.mlp.down_proj.weight", "model.norm.weight"):
+    for name in (
+        "model.embed_tokens.weight",
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.29.mlp.down_proj.weight",
+        "model.norm.weight",
+    ):
         scale = ref_grads[name].abs().max()
         assert (got[name] - ref_grads[name]).abs().max() <= 1e-4 * scale, name
 

@@ -23,8 +23,8 @@ from trainer_batches import ClippedPPOLoss, make_batch, nll_loss, value_mse_loss
 
 from trinity_like.cpu_share import EXPLORER, CoreShare
 from trinity_like.errors import TrinityError
-from trinity_like.trainer.base import with_normalisers
 from trinity_like.models.tiny import build_tiny_model
+from trinity_like.trainer.base import with_normalisers
 from trinity_like.trainer.local_engine import LocalEngine
 from trinity_like.trainer.lora import LoraParams
 from trinity_like.trainer.params import AdamStep, ModelParams, OptimParams
@@ -54,7 +54,9 @@ def batch() -> dict[str, torch.Tensor]:
 def engine(tiny_path):
     eng = VerlEngine(
         # 4 logical CPUs: the actor's 2 workers and, later, the critic's 2 (on 2 real cores)
-        ModelParams(path=tiny_path, micro_batch_size=2), OPTIM, VerlParams(num_workers=2, num_cpus=4)
+        ModelParams(path=tiny_path, micro_batch_size=2),
+        OPTIM,
+        VerlParams(num_workers=2, num_cpus=4),
     )
     yield eng
     eng.close()
@@ -229,8 +231,9 @@ def test_lora_parity_weight_sync_and_checkpoints_across_engines(engine, tiny_pat
         loss_fn = ClippedPPOLoss(clip=0.2, entropy_coef=0.01)
         for _ in range(2):
             m_verl = verl.forward_backward(batch, loss_fn, need_entropy=True)
-            assert m_verl["loss"] == pytest.approx(local.forward_backward(batch, loss_fn, need_entropy=True)["loss"],
-                                                   rel=1e-5)
+            assert m_verl["loss"] == pytest.approx(
+                local.forward_backward(batch, loss_fn, need_entropy=True)["loss"], rel=1e-5
+            )
             assert verl.optim_step()["grad_norm"] == pytest.approx(local.optim_step()["grad_norm"], rel=1e-5)
         ours, theirs = verl.state_dict(), local.state_dict()
         update = torch.cat([(theirs[k] - start[k]).flatten() for k in theirs])
@@ -277,8 +280,9 @@ def test_a_worker_takes_the_threads_it_is_given(engine, tiny_path, batch):
     trainer's share while the explorer computes and at its full width when it does not."""
     assert engine._call("trinity_threads", "test") == [max(1, (os.cpu_count() or 1) // 2)] * 2
     cores = CoreShare.create(share=(1, 2), wide=(4, 3))
-    one = VerlEngine(ModelParams(path=tiny_path, micro_batch_size=2), OPTIM,
-                     VerlParams(num_workers=1, threads=4, cores=cores))  # joins the running Ray
+    one = VerlEngine(
+        ModelParams(path=tiny_path, micro_batch_size=2), OPTIM, VerlParams(num_workers=1, threads=4, cores=cores)
+    )  # joins the running Ray
     try:
         assert one._call("trinity_threads", "test") == [4]
         with cores.computing(EXPLORER):

@@ -33,11 +33,15 @@ def find_browser() -> str | None:
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')"
+    )
     executable = find_browser()
     if executable is None:
-        pytest.skip(f"no Chromium found ({', '.join(BROWSERS)} on PATH, or $TRINITY_LIKE_CHROMIUM): "
-                    "scripts/setup.sh installs Debian's chromium")
+        pytest.skip(
+            f"no Chromium found ({', '.join(BROWSERS)} on PATH, or $TRINITY_LIKE_CHROMIUM): "
+            "scripts/setup.sh installs Debian's chromium"
+        )
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=executable, args=["--no-sandbox"])
         yield b
@@ -54,11 +58,17 @@ def serve(*run_dirs: Path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "trinity_like.cli", "view", *map(str, run_dirs), "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trinity_like.cli", "view", *map(str, run_dirs), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() is not None else "no server"
+        assert proc.poll() is None and time.monotonic() < deadline, (
+            proc.stdout.read() if proc.poll() is not None else "no server"
+        )
         time.sleep(0.1)
     return proc, f"http://127.0.0.1:{port}/"
 
@@ -90,8 +100,9 @@ def metrics(run_dir: Path) -> list[dict]:
 def stored_rows(run_dir: Path, version: int) -> list:
     """The buffer's rows of ``version``, read with plain sqlite3 (not the view's code)."""
     db = sqlite3.connect(f"file:{run_dir / 'buffer.sqlite'}?mode=ro", uri=True)
-    got = db.execute("SELECT kind, header, arrays FROM rows JOIN state USING (seq) WHERE model_version = ? ORDER BY seq",
-                     (version,)).fetchall()
+    got = db.execute(
+        "SELECT kind, header, arrays FROM rows JOIN state USING (seq) WHERE model_version = ? ORDER BY seq", (version,)
+    ).fetchall()
     db.close()
     return [unpack(*row) for row in got]
 
@@ -122,14 +133,18 @@ def test_a_step_shows_its_samples_coloured_by_logprob(page, server, tiny_run):
     samples = page.query_selector_all(".sample")
     assert len(samples) == len(rows) == 16
     first = samples[0]
-    assert first.query_selector(".response").inner_text() == "".join(tok.batch_decode([[t] for t in rows[0].response_tokens]))
+    assert first.query_selector(".response").inner_text() == "".join(
+        tok.batch_decode([[t] for t in rows[0].response_tokens])
+    )
     tokens = first.query_selector_all(".tok")
     assert len(tokens) == rows[0].response_length
     for span, logprob in zip(tokens, rows[0].logprobs):  # red in proportion to how unlikely the sampler found it
         colour = span.evaluate("el => getComputedStyle(el).backgroundColor")
         alpha = colour.rsplit(",", 1)[1].strip(" )") if colour.startswith("rgba") else "1"
         assert float(alpha) == pytest.approx(0.85 * (1 - math.exp(logprob)), abs=0.006)  # CSS keeps 2 decimals
-    assert not page.is_disabled("input[value=ratio]") and not page.is_disabled("input[value=advantage]")  # step 2 trained them
+    assert not page.is_disabled("input[value=ratio]") and not page.is_disabled(
+        "input[value=advantage]"
+    )  # step 2 trained them
     assert page.inner_text("#notes") == ""
 
 
@@ -182,7 +197,9 @@ def test_several_runs_overlaid_live_and_a_run_without_buffer(browser, tiny_run, 
         assert points(pg, "reward") == 6
         with open(live / "metrics.jsonl", "a") as fh:  # the run writes another step
             fh.write(json.dumps({"step": 4, "reward/mean": 0.75}) + "\n")
-        pg.wait_for_function("document.querySelector(\".panel[data-title='reward']\").dataset.points === '7'", timeout=10_000)
+        pg.wait_for_function(
+            "document.querySelector(\".panel[data-title='reward']\").dataset.points === '7'", timeout=10_000
+        )
         pg.click("text=Rollouts")
         pg.select_option("#ro-run", "1")
         pg.wait_for_selector("#steps .message")
@@ -195,8 +212,11 @@ def test_several_runs_overlaid_live_and_a_run_without_buffer(browser, tiny_run, 
 
 def test_report_is_one_file_that_shows_curves_and_rollouts(browser, tiny_run, tmp_path):
     out = tmp_path / "report.html"
-    r = subprocess.run([sys.executable, "-m", "trinity_like.cli", "report", str(tiny_run), "--out", str(out)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "trinity_like.cli", "report", str(tiny_run), "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     html = out.read_text()
     assert "static/" not in html.replace("view/static", "")  # nothing is fetched: every asset is inlined
@@ -214,11 +234,18 @@ def test_report_is_one_file_that_shows_curves_and_rollouts(browser, tiny_run, tm
 def trained_records(run_dir: Path, version: int) -> dict[str, dict]:
     """``eid -> {"row": ..., "advantages": [...], "trainer_logprob": [...]}`` of the trained rows of ``version``, read with plain sqlite3."""
     db = sqlite3.connect(f"file:{run_dir / 'buffer.sqlite'}?mode=ro", uri=True)
-    got = db.execute("SELECT r.kind, r.header, r.arrays, t.layout, t.arrays FROM rows r JOIN state s USING (seq) "
-                     "JOIN trained t USING (seq) WHERE s.model_version = ? ORDER BY seq", (version,)).fetchall()
+    got = db.execute(
+        "SELECT r.kind, r.header, r.arrays, t.layout, t.arrays FROM rows r JOIN state s USING (seq) "
+        "JOIN trained t USING (seq) WHERE s.model_version = ? ORDER BY seq",
+        (version,),
+    ).fetchall()
     db.close()
-    return {row.eid: {"row": row, **unpack_floats(layout, blob)} for row, layout, blob in
-            ((unpack(kind, header, blob), layout, t_blob) for kind, header, blob, layout, t_blob in got)}
+    return {
+        row.eid: {"row": row, **unpack_floats(layout, blob)}
+        for row, layout, blob in (
+            (unpack(kind, header, blob), layout, t_blob) for kind, header, blob, layout, t_blob in got
+        )
+    }
 
 
 def background(span) -> tuple[tuple[int, ...], float]:
@@ -274,9 +301,19 @@ def pair_runs(tmp_path_factory) -> list[Path]:
 
     root, out = tmp_path_factory.mktemp("pairs"), []
     for recipe, extra in (("dpo.yaml", ["buffer.eval_tasks=null"]), ("rm_tiny.yaml", [])):
-        plan = load_plan(REPO / "examples" / recipe, [f"run_root={root}", "model.path=tiny-random", "trainer.engine=local",
-                                                      "trainer.total_steps=2", "monitor.progress=false",
-                                                      "buffer.train_batch_size=4", "trainer.optimizer.lr=1e-3", *extra])
+        plan = load_plan(
+            REPO / "examples" / recipe,
+            [
+                f"run_root={root}",
+                "model.path=tiny-random",
+                "trainer.engine=local",
+                "trainer.total_steps=2",
+                "monitor.progress=false",
+                "buffer.train_batch_size=4",
+                "trainer.optimizer.lr=1e-3",
+                *extra,
+            ],
+        )
         assert run_plan(plan) == 0
         out.append(Path(plan.stages[0].config.run_dir()))
     return out
@@ -305,9 +342,15 @@ def test_dpo_and_rm_runs_show_chosen_vs_rejected_with_both_scores(browser, pair_
             m = it["metrics"]
             assert cells == [score, f"{m[score + '_chosen']:.4f}", f"{m[score + '_rejected']:.4f}"]
             assert el.query_selector(f"tr[data-score='{margin}'] td:last-child").inner_text() == f"{m[margin]:.4f}"
-        assert not pg.is_visible("#colour") and not pg.is_visible("input[name=reward_min]")  # pairs: no token colours, text filter only
+        assert not pg.is_visible("#colour") and not pg.is_visible(
+            "input[name=reward_min]"
+        )  # pairs: no token colours, text filter only
         query = items[1]["chosen"].strip()
-        wanted = [it["task_id"] for it in items if any(query.lower() in it[k].lower() for k in ("prompt", "chosen", "rejected"))]
+        wanted = [
+            it["task_id"]
+            for it in items
+            if any(query.lower() in it[k].lower() for k in ("prompt", "chosen", "rejected"))
+        ]
         pg.fill("input[name=text]", query)
         pg.click("#filters button[type=submit]")
         pg.wait_for_function(f"document.querySelector('#summary').textContent.includes('{len(wanted)} of 4')")

@@ -25,8 +25,15 @@ from trinity_like.view.run import Filters, Run
 
 def make_run(path: Path, rows: list, metrics: list[dict] | None = None, storage: str = "sqlite") -> Path:
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps({"name": "demo", "model": {"path": "tiny-random"},
-                                                  "buffer": {"experience": {"storage": storage, "args": {}}}}))
+    (path / "config.json").write_text(
+        json.dumps(
+            {
+                "name": "demo",
+                "model": {"path": "tiny-random"},
+                "buffer": {"experience": {"storage": storage, "args": {}}},
+            }
+        )
+    )
     if metrics is not None:
         (path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     if rows:
@@ -42,9 +49,18 @@ def rollouts(tok, version: int, groups: int = 3, size: int = 4) -> list[Experien
         prompt = tok.encode(f"What is {g} + {version}?")
         for j in range(size):
             response = tok.encode(f" answer {j}" + " more" * j)
-            out.append(Experience(tokens=prompt + response, prompt_length=len(prompt), logprobs=[-0.1 * (k + 1) for k in range(len(response))],
-                                  reward=float(j % 2), group_id=f"v{version}g{g}", task_id=f"task-{g}", model_version=version,
-                                  finish_reason="stop" if j < 2 else "length"))
+            out.append(
+                Experience(
+                    tokens=prompt + response,
+                    prompt_length=len(prompt),
+                    logprobs=[-0.1 * (k + 1) for k in range(len(response))],
+                    reward=float(j % 2),
+                    group_id=f"v{version}g{g}",
+                    task_id=f"task-{g}",
+                    model_version=version,
+                    finish_reason="stop" if j < 2 else "length",
+                )
+            )
     return out
 
 
@@ -67,8 +83,13 @@ def test_a_step_shows_its_groups_with_text_and_per_token_logprobs(run_dir, tok):
     assert sample["response"] == tok.decode(tok.encode(" answer 3 more more more"))
     assert len(sample["tokens"]) == len(sample["logprobs"]) == sample["length"]
     assert sample["logprobs"][0] == pytest.approx(-0.1) and sample["reward"] == 1.0 and sample["status"] == "available"
-    assert page["stored"] == {"logprobs": True, "advantages": False, "action_mask": False, "token_level_reward": False,
-                              "trainer_logprobs": False}
+    assert page["stored"] == {
+        "logprobs": True,
+        "advantages": False,
+        "action_mask": False,
+        "token_level_reward": False,
+        "trainer_logprobs": False,
+    }
     assert page["notes"] == [NOT_STORED["not_trained"]]
 
 
@@ -77,8 +98,9 @@ def test_filters_and_pages(run_dir):
     rewards = [s["reward"] for g in step_page(run, 0, Filters(reward_min=1.0))["groups"] for s in g["samples"]]
     assert rewards == [1.0] * 6
     page = step_page(run, 0, Filters(finish_reason="length", length_min=5))
-    assert page["matching"] == 6 and all(s["finish_reason"] == "length" and s["length"] >= 5
-                                         for g in page["groups"] for s in g["samples"])
+    assert page["matching"] == 6 and all(
+        s["finish_reason"] == "length" and s["length"] >= 5 for g in page["groups"] for s in g["samples"]
+    )
     assert step_page(run, 0, Filters(text="what is 2 +"))["matching"] == 4  # the prompt of group 2
     assert step_page(run, 0, Filters(text="MORE MORE MORE"))["matching"] == 3
     first, last = step_page(run, 0, page=0, page_size=5), step_page(run, 0, page=2, page_size=5)
@@ -89,8 +111,15 @@ def test_filters_and_pages(run_dir):
 def test_stored_advantages_and_multi_turn_masks_are_shown(tmp_path, tok):
     prompt, turn1, env, turn2 = (tok.encode(t) for t in ("Guess.", " 5", " higher", " 7"))
     mask = [1] * len(turn1) + [0] * len(env) + [1] * len(turn2)
-    row = Experience(tokens=prompt + turn1 + env + turn2, prompt_length=len(prompt), action_mask=mask,
-                     logprobs=[-0.5] * len(mask), advantages=[0.25 if m else 0.0 for m in mask], reward=1.0, group_id="g")
+    row = Experience(
+        tokens=prompt + turn1 + env + turn2,
+        prompt_length=len(prompt),
+        action_mask=mask,
+        logprobs=[-0.5] * len(mask),
+        advantages=[0.25 if m else 0.0 for m in mask],
+        reward=1.0,
+        group_id="g",
+    )
     page = step_page(Run.open(make_run(tmp_path / "run", [row])), 0)
     sample = page["groups"][0]["samples"][0]
     assert sample["mask"] == mask and sample["advantage"] == 0.25  # the mean over the policy's tokens
@@ -98,7 +127,9 @@ def test_stored_advantages_and_multi_turn_masks_are_shown(tmp_path, tok):
 
 
 def test_pairs_in_a_buffer_are_shown_as_pairs(tmp_path, tok):
-    pair = PairExperience(prompt_tokens=tok.encode("2+2?"), chosen_tokens=tok.encode("4"), rejected_tokens=tok.encode("5"))
+    pair = PairExperience(
+        prompt_tokens=tok.encode("2+2?"), chosen_tokens=tok.encode("4"), rejected_tokens=tok.encode("5")
+    )
     page = step_page(Run.open(make_run(tmp_path / "run", [pair])), 0)
     assert [(p["prompt"], p["chosen"], p["rejected"]) for p in page["pairs"]] == [("2+2?", "4", "5")]
 
@@ -114,7 +145,11 @@ def test_metrics_are_read_by_complete_lines_from_an_offset(tmp_path):
 
 
 def tree_digest(path: Path) -> dict[str, str]:
-    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_viewing_a_finished_run_changes_nothing_in_it(run_dir, tmp_path):
@@ -129,7 +164,10 @@ def test_a_run_being_written_is_read_without_blocking_its_writer(tmp_path, tok):
     run_dir = make_run(tmp_path / "run", rollouts(tok, 0))
     buffer = Run.open(run_dir).buffer()
     seen, errors = [], []
-    with SqliteStorage(params=SqliteParams(busy_timeout_s=0.0), run_dir=run_dir) as writer:  # a busy writer fails at once
+    with SqliteStorage(
+        params=SqliteParams(busy_timeout_s=0.0), run_dir=run_dir
+    ) as writer:  # a busy writer fails at once
+
         def write() -> None:
             try:
                 for v in range(1, 40):
@@ -153,9 +191,11 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
         return subprocess.run([sys.executable, "-m", "trinity_like.cli", *args], capture_output=True, text=True)
 
     (tmp_path / "notarun").mkdir()
-    for args, message in [(("view", str(tmp_path / "missing")), "no such folder"),
-                          (("view", str(tmp_path / "notarun")), "not a run directory"),
-                          (("report", str(tmp_path / "notarun"), "--out", str(tmp_path / "r.html")), "not a run directory")]:
+    for args, message in [
+        (("view", str(tmp_path / "missing")), "no such folder"),
+        (("view", str(tmp_path / "notarun")), "not a run directory"),
+        (("report", str(tmp_path / "notarun"), "--out", str(tmp_path / "r.html")), "not a run directory"),
+    ]:
         r = cli(*args)
         assert r.returncode == 2 and message in r.stderr and r.stderr.count("\n") == 1, r.stderr
     empty = make_run(tmp_path / "empty", [])
@@ -186,9 +226,15 @@ def test_what_the_trainer_recorded_colours_the_rows_it_trained_on(run_dir):
     with SqliteStorage(params=SqliteParams(), run_dir=run_dir) as buf:
         rows = buf.claim(12, order="fifo", timeout=0)  # version 0
         trained = rows[:4]  # group 0; dynamic sampling could have dropped the others
-        buf.record_trained(1, [TrainedRecord(r.eid, {"advantages": [0.5 * i] * r.response_length,
-                                                     "trainer_logprob": [-0.2] * r.response_length})
-                               for i, r in enumerate(trained)])
+        buf.record_trained(
+            1,
+            [
+                TrainedRecord(
+                    r.eid, {"advantages": [0.5 * i] * r.response_length, "trainer_logprob": [-0.2] * r.response_length}
+                )
+                for i, r in enumerate(trained)
+            ],
+        )
         buf.commit(1)
     page = step_page(Run.open(run_dir), 0)
     assert page["stored"]["advantages"] and page["stored"]["trainer_logprobs"] and page["notes"] == []
@@ -196,8 +242,9 @@ def test_what_the_trainer_recorded_colours_the_rows_it_trained_on(run_dir):
     for i, s in enumerate(samples[:4]):
         assert s["advantages"] == [0.5 * i] * s["length"] and s["advantage"] == 0.5 * i
         assert s["trainer_logprobs"] == [-0.2] * s["length"] and s["trained_at"] == 1 and s["consumed_by"] == 1
-    assert all(s["advantages"] is None and s["trainer_logprobs"] is None and s["trained_at"] is None
-               for s in samples[4:])
+    assert all(
+        s["advantages"] is None and s["trainer_logprobs"] is None and s["trained_at"] is None for s in samples[4:]
+    )
 
 
 def test_a_buffer_from_before_training_records_opens_and_says_so(run_dir):
@@ -215,12 +262,17 @@ def test_an_explorer_process_metrics_join_the_curves_beside_the_trainers(tmp_pat
     logs get an ``explorer/`` prefix, held-out metrics keep their names."""
     run = Run.open(make_run(tmp_path / "run", [], [{"step": 1, "reward/mean": 0.5, "time/update": 2.0}]))
     (run.path / "explorer").mkdir()
-    explorer_rows = [{"step": 0, "eval/accuracy": 0.25}, {"step": 1, "reward/mean": 0.75, "time/rollout": 3.0,
-                                                          "explorer/model_version": 0.0}]
+    explorer_rows = [
+        {"step": 0, "eval/accuracy": 0.25},
+        {"step": 1, "reward/mean": 0.75, "time/rollout": 3.0, "explorer/model_version": 0.0},
+    ]
     (run.path / "explorer" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in explorer_rows))
     rows, offset, explorer_offset = run.metrics()
-    assert rows == [{"step": 1, "reward/mean": 0.5, "time/update": 2.0}, {"step": 0, "eval/accuracy": 0.25},
-                    {"step": 1, "explorer/reward/mean": 0.75, "explorer/time/rollout": 3.0, "explorer/model_version": 0.0}]
+    assert rows == [
+        {"step": 1, "reward/mean": 0.5, "time/update": 2.0},
+        {"step": 0, "eval/accuracy": 0.25},
+        {"step": 1, "explorer/reward/mean": 0.75, "explorer/time/rollout": 3.0, "explorer/model_version": 0.0},
+    ]
     with open(run.path / "explorer" / "metrics.jsonl", "a") as fh:
         fh.write(json.dumps({"step": 2, "reward/mean": 1.0}) + "\n")
     assert run.metrics(offset, explorer_offset)[0] == [{"step": 2, "explorer/reward/mean": 1.0}]
@@ -228,9 +280,17 @@ def test_an_explorer_process_metrics_join_the_curves_beside_the_trainers(tmp_pat
 
 def test_a_pair_run_shows_each_steps_training_pairs_with_their_scores(tmp_path):
     run = Run.open(make_run(tmp_path / "run", [], [{"step": 1, "loss": 0.7}]))
+
     def pair(i: int, margin: float) -> dict:
-        return {"kind": "pair", "task_id": f"p{i}", "prompt": f"q{i}", "chosen": "good", "rejected": "bad",
-                "metrics": {"reward_chosen": margin, "reward_rejected": 0.0, "reward_margin": margin}}
+        return {
+            "kind": "pair",
+            "task_id": f"p{i}",
+            "prompt": f"q{i}",
+            "chosen": "good",
+            "rejected": "bad",
+            "metrics": {"reward_chosen": margin, "reward_rejected": 0.0, "reward_margin": margin},
+        }
+
     append_evals(run.path / TRAINED_PAIRS_FILE, 1, [pair(0, 0.1), pair(1, 0.2)])
     append_evals(run.path / TRAINED_PAIRS_FILE, 2, [pair(2, 0.3), pair(3, 0.4)])
     append_evals(run.path / TRAINED_PAIRS_FILE, 2, [pair(2, 0.5), pair(3, 0.6)])  # resumed: step 2 again

@@ -26,7 +26,9 @@ from typing import Any
 Message = Mapping[str, Any]
 
 
-def render(tokenizer: Any, messages: Sequence[Message], *, generation_prompt: bool, template_kwargs: Mapping[str, Any]) -> str:
+def render(
+    tokenizer: Any, messages: Sequence[Message], *, generation_prompt: bool, template_kwargs: Mapping[str, Any]
+) -> str:
     """The chat template's text for ``messages``."""
     text = tokenizer.apply_chat_template(
         [dict(m) for m in messages], tokenize=False, add_generation_prompt=generation_prompt, **template_kwargs

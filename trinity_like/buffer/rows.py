@@ -21,11 +21,11 @@ import sys
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from trinity_like.experience import ROW_TYPES, Experience, PairExperience
 
-Row = Union[Experience, PairExperience]
+Row = Experience | PairExperience
 
 # The states a stored row moves through (``count(status)`` takes these names).
 STATUSES = ("available", "claimed", "consumed", "dropped")
@@ -64,8 +64,10 @@ def decode(kind: str, text: str) -> Row:
 
 # Fields packed as arrays: typecode "i" (int32) for token ids and masks, "d" (float64) for floats.
 _ARRAY_CODES = {
-    **dict.fromkeys(("tokens", "action_mask", "prompt_tokens", "chosen_tokens", "rejected_tokens",
-                     "chosen_mask", "rejected_mask"), "i"),
+    **dict.fromkeys(
+        ("tokens", "action_mask", "prompt_tokens", "chosen_tokens", "rejected_tokens", "chosen_mask", "rejected_mask"),
+        "i",
+    ),
     **dict.fromkeys(("logprobs", "token_level_reward", "advantages", "returns"), "d"),
 }
 _SWAP = sys.byteorder != "little"  # arrays are stored little-endian on every machine

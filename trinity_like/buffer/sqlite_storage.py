@@ -138,7 +138,7 @@ class SqliteStorage:
         # 16 KiB pages hold a 512-token row without a chain of overflow pages: 2x faster
         # writes than the default 4 KiB (takes effect when the file is created).
         for pragma in ("page_size=16384", "journal_mode=WAL", f"synchronous={params.synchronous}"):
-            self._retry(lambda: self._db.execute(f"PRAGMA {pragma}").fetchall())
+            self._retry(lambda pragma=pragma: self._db.execute(f"PRAGMA {pragma}").fetchall())
         with self._tx() as db:  # schema statements one by one: executescript would commit early
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
@@ -194,8 +194,10 @@ class SqliteStorage:
                     (eid, kind, header, blob),
                 )
                 if cur.rowcount:  # 0: a retried put of a stored row
-                    db.execute("INSERT INTO state (seq, status, model_version) VALUES (?, ?, ?)",
-                               (cur.lastrowid, AVAILABLE, version))
+                    db.execute(
+                        "INSERT INTO state (seq, status, model_version) VALUES (?, ?, ?)",
+                        (cur.lastrowid, AVAILABLE, version),
+                    )
             if not self._writing:  # a writer (re)starts: claims wait for its rows again
                 db.execute("DELETE FROM meta WHERE key = 'writer_done'")
         self._writing = True
@@ -245,16 +247,23 @@ class SqliteStorage:
             return []
         index, order_by = _ORDER_SQL[order]
         with self._tx() as db:
-            seqs = [seq for (seq,) in db.execute(
-                f"SELECT seq FROM state INDEXED BY {index} "
-                f"WHERE status = ? AND model_version >= ? ORDER BY {order_by} LIMIT ?",
-                (AVAILABLE, floor, n),
-            )]
+            seqs = [
+                seq
+                for (seq,) in db.execute(
+                    f"SELECT seq FROM state INDEXED BY {index} "
+                    f"WHERE status = ? AND model_version >= ? ORDER BY {order_by} LIMIT ?",
+                    (AVAILABLE, floor, n),
+                )
+            ]
             marks = ",".join("?" * len(seqs))
             db.execute(f"UPDATE state SET status = ? WHERE seq IN ({marks})", (CLAIMED, *seqs))
         # Payloads never change, so they are read after the write lock is released.
-        found = {seq: (kind, header, blob) for seq, kind, header, blob in self._read(
-            f"SELECT seq, kind, header, arrays FROM rows WHERE seq IN ({marks})", seqs)}
+        found = {
+            seq: (kind, header, blob)
+            for seq, kind, header, blob in self._read(
+                f"SELECT seq, kind, header, arrays FROM rows WHERE seq IN ({marks})", seqs
+            )
+        }
         return [unpack(*found[seq]) for seq in seqs]
 
     def record_trained(self, step: int, records: Sequence[TrainedRecord]) -> None:
@@ -267,8 +276,11 @@ class SqliteStorage:
         if not packed:
             return
         with self._tx() as db:
-            db.executemany("INSERT OR REPLACE INTO trained (seq, step, layout, arrays) "
-                           "SELECT seq, ?, ?, ? FROM rows WHERE eid = ?", packed)
+            db.executemany(
+                "INSERT OR REPLACE INTO trained (seq, step, layout, arrays) "
+                "SELECT seq, ?, ?, ? FROM rows WHERE eid = ?",
+                packed,
+            )
 
     def trained(self) -> dict[str, tuple[int, dict[str, list[float]]]]:
         """``eid -> (step, arrays)`` of every record: for tests and post-mortems."""
@@ -299,7 +311,9 @@ class SqliteStorage:
             if last is not None and step <= last:
                 n_claimed = db.execute("SELECT COUNT(*) FROM state WHERE status = ?", (CLAIMED,)).fetchall()[0][0]
                 if n_claimed:
-                    raise ValueError(f"commit({step}): step {last} is committed already and {n_claimed} rows are claimed")
+                    raise ValueError(
+                        f"commit({step}): step {last} is committed already and {n_claimed} rows are claimed"
+                    )
                 return
             self._consume_claimed(db, step)
 

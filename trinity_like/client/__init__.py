@@ -49,9 +49,24 @@ _CLIENTS = {
 }
 
 __all__ = [
-    "APIFuture", "AdamParams", "Datum", "EncodedTextChunk", "ForwardBackwardOutput", "ModelInput",
-    "ModelInputChunk", "OptimStepResponse", "SampleResponse", "SampledSequence", "SamplingClient",
-    "SamplingParams", "ServiceClient", "StopReason", "TensorData", "TensorDtype", "TrainingClient", "types",
+    "APIFuture",
+    "AdamParams",
+    "Datum",
+    "EncodedTextChunk",
+    "ForwardBackwardOutput",
+    "ModelInput",
+    "ModelInputChunk",
+    "OptimStepResponse",
+    "SampleResponse",
+    "SampledSequence",
+    "SamplingClient",
+    "SamplingParams",
+    "ServiceClient",
+    "StopReason",
+    "TensorData",
+    "TensorDtype",
+    "TrainingClient",
+    "types",
 ]
 
 

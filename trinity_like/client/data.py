@@ -62,8 +62,10 @@ def datum_array(datum: tinker.types.Datum, index: int, key: str, length: int) ->
     """``loss_fn_inputs[key]`` as a 1-D numpy array of ``length`` values, of the key's kind."""
     value = datum.loss_fn_inputs[key].to_numpy()
     if value.ndim != 1 or value.shape[0] != length:
-        raise DataError(f"datum {index}: loss_fn_inputs[{key!r}] has shape {list(value.shape)}, "
-                        f"model_input has {length} tokens (one value per position expected)")
+        raise DataError(
+            f"datum {index}: loss_fn_inputs[{key!r}] has shape {list(value.shape)}, "
+            f"model_input has {length} tokens (one value per position expected)"
+        )
     if key in INT_KEYS and not np.issubdtype(value.dtype, np.integer):
         raise DataError(f"datum {index}: loss_fn_inputs[{key!r}] must hold integers (int64), got {value.dtype}")
     if key in FLOAT_KEYS and not np.issubdtype(value.dtype, np.floating):
@@ -79,8 +81,9 @@ def check_keys(datum: tinker.types.Datum, index: int, keys: Sequence[str], what:
         raise DataError(f"datum {index}: loss_fn_inputs has no {missing[0]!r} ({what} needs {', '.join(keys)})")
     extra = sorted(given - set(keys))
     if extra and not extra_ok:
-        raise DataError(f"datum {index}: loss_fn_inputs key {extra[0]!r} is not an input of {what} "
-                        f"(it takes {', '.join(keys)})")
+        raise DataError(
+            f"datum {index}: loss_fn_inputs key {extra[0]!r} is not an input of {what} (it takes {', '.join(keys)})"
+        )
 
 
 @dataclass(frozen=True)
@@ -102,9 +105,15 @@ def first_loss_position(arrays: dict[str, np.ndarray], length: int) -> int:
     return int(hits[0]) if hits.size else length - 1
 
 
-def to_batch(data: Sequence[tinker.types.Datum], keys: Sequence[str], *, what: str = "this loss",
-             extra_ok: bool = False, score_all: bool = True, pad_id: int = 0,
-             ) -> tuple[dict[str, torch.Tensor], Layout]:
+def to_batch(
+    data: Sequence[tinker.types.Datum],
+    keys: Sequence[str],
+    *,
+    what: str = "this loss",
+    extra_ok: bool = False,
+    score_all: bool = True,
+    pad_id: int = 0,
+) -> tuple[dict[str, torch.Tensor], Layout]:
     """The engines' batch for ``data`` carrying the arrays ``keys`` (which include ``target_tokens``).
 
     ``score_all``: every position is scored. Otherwise a datum's leading positions that carry
@@ -174,5 +183,7 @@ def check_next_token_targets(batch: dict[str, torch.Tensor]) -> None:
     differs = (batch[TARGET_IDS] != batch["input_ids"][:, -R:]) & mask & used
     if differs.any():
         b = int(differs.nonzero()[0][0])
-        raise DataError(f"datum {b}: a target token that carries loss is not the next model_input token; the verl "
-                        "engine scores next tokens only (use the local engine for other targets)")
+        raise DataError(
+            f"datum {b}: a target token that carries loss is not the next model_input token; the verl "
+            "engine scores next tokens only (use the local engine for other targets)"
+        )

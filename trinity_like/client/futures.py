@@ -125,8 +125,12 @@ def unwrap_ray_error(exc: BaseException) -> BaseException:
     return cause if isinstance(cause, BaseException) and type(exc).__name__.startswith("RayTaskError") else exc
 
 
-def ray_future(ref: Any, *, then: Callable[[Any], Any] | None = None,
-               error: Callable[[BaseException], BaseException] = unwrap_ray_error) -> AwaitableConcurrentFuture:
+def ray_future(
+    ref: Any,
+    *,
+    then: Callable[[Any], Any] | None = None,
+    error: Callable[[BaseException], BaseException] = unwrap_ray_error,
+) -> AwaitableConcurrentFuture:
     """A future of a Ray ``ObjectRef``'s value (``then(value)`` if given), resolved when the
     object is ready; an exception is passed through ``error`` first. ``.result()`` / ``await``
     as every other client future::

@@ -89,15 +89,18 @@ def loss_spec(name: str, config: Mapping[str, Any] | None = None) -> ComponentSp
     if known is not None:
         unknown = set(config) - set(known.config)
         if unknown:
-            raise ConfigError(f"loss_fn_config: {name!r} takes {sorted(known.config) or 'no options'}, "
-                              f"not {sorted(unknown)}")
+            raise ConfigError(
+                f"loss_fn_config: {name!r} takes {sorted(known.config) or 'no options'}, not {sorted(unknown)}"
+            )
         registered, values = known.registered, known.params(config)
     elif name in POLICY_LOSS_FN:
         registered, values = name, config
     else:
-        raise ConfigError(f"unknown loss_fn {name!r} (Tinker's: {', '.join(TINKER_LOSSES)}; ours: "
-                          f"{', '.join(sorted(set(CLIENT_LOSSES) - set(TINKER_LOSSES)))}; "
-                          f"registered: {', '.join(POLICY_LOSS_FN.names())})")
+        raise ConfigError(
+            f"unknown loss_fn {name!r} (Tinker's: {', '.join(TINKER_LOSSES)}; ours: "
+            f"{', '.join(sorted(set(CLIENT_LOSSES) - set(TINKER_LOSSES)))}; "
+            f"registered: {', '.join(POLICY_LOSS_FN.names())})"
+        )
     params = build_params(POLICY_LOSS_FN.get(registered), values, where=f"loss_fn_config of {name!r}")
     return ComponentSpec("POLICY_LOSS_FN", registered, params)
 
@@ -108,8 +111,9 @@ def required_arrays(name: str) -> tuple[str, ...]:
     return known.inputs if known is not None else ("target_tokens",)
 
 
-def loss_inputs(name: str, logprob_BT: torch.Tensor, arrays: Mapping[str, torch.Tensor],
-                mask_BT: torch.Tensor) -> dict[str, torch.Tensor]:
+def loss_inputs(
+    name: str, logprob_BT: torch.Tensor, arrays: Mapping[str, torch.Tensor], mask_BT: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """The keyword inputs of the registered loss from a padded batch of Datums.
 
     ``mask_BT`` is 1 on each datum's positions (0 on padding); cross-entropy weighs them by

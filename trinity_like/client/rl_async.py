@@ -112,8 +112,15 @@ def overlap_fraction(sampling_s: float, waited_s: float) -> float:
 class ChunkStream:
     """Chunks sampled ahead on a thread pool, under the backpressure rule of the module docstring."""
 
-    def __init__(self, config: RLTrainConfig, dataset: TaskEnvDataset, sampler: SamplingClient, *, start: int,
-                 reference: SamplingClient | None) -> None:
+    def __init__(
+        self,
+        config: RLTrainConfig,
+        dataset: TaskEnvDataset,
+        sampler: SamplingClient,
+        *,
+        start: int,
+        reference: SamplingClient | None,
+    ) -> None:
         self._config, self._dataset, self._reference = config, dataset, reference
         self._chunks = config.chunks_per_iteration
         self._slices = minibatches(config.batch_size, self._chunks)
@@ -124,8 +131,9 @@ class ChunkStream:
         self._done: list[tuple[int, Future]] = []  # finished and not yet taken, with their positions
         self._closed = False
         self._cond = threading.Condition()
-        self._pool = ThreadPoolExecutor((config.max_steps_off_policy + 1) * self._chunks,
-                                        thread_name_prefix="rl-sampling")
+        self._pool = ThreadPoolExecutor(
+            (config.max_steps_off_policy + 1) * self._chunks, thread_name_prefix="rl-sampling"
+        )
         self._dispatcher = threading.Thread(target=self._dispatch, name="rl-dispatch", daemon=True)
         self._dispatcher.start()
 
@@ -166,8 +174,9 @@ class ChunkStream:
         needed = (self._config.iterations - self._start) * self._chunks  # nothing is sampled for after the run
         while True:
             with self._cond:
-                while not self._closed and self._started >= min((self._version - self._start + ahead) * self._chunks,
-                                                                 needed):
+                while not self._closed and self._started >= min(
+                    (self._version - self._start + ahead) * self._chunks, needed
+                ):
                     self._cond.wait()
                 if self._closed:
                     return
@@ -176,7 +185,7 @@ class ChunkStream:
             iteration, index = self._start + 1 + n // self._chunks, n % self._chunks
             part = self._slices[index]
             try:  # the builders are made here, one at a time: an env factory need not be thread-safe
-                builders = self._dataset.get_batch((iteration - 1) % len(self._dataset))[part.start:part.stop]
+                builders = self._dataset.get_batch((iteration - 1) % len(self._dataset))[part.start : part.stop]
             except BaseException as exc:  # noqa: BLE001 -- handed to the learner, whose take() raises it
                 failed: Future = Future()
                 failed.set_exception(exc)
@@ -190,11 +199,13 @@ class ChunkStream:
             self._done.append((n, future))
             self._cond.notify_all()
 
-    def _sample(self, n: int, iteration: int, index: int, builders: list[EnvGroupBuilder], sampler: SamplingClient,
-                version: int) -> Chunk:
+    def _sample(
+        self, n: int, iteration: int, index: int, builders: list[EnvGroupBuilder], sampler: SamplingClient, version: int
+    ) -> Chunk:
         started = time.perf_counter()
-        rollout = sample_episodes(sampler, builders, seed=sample_seed(self._config.seed, iteration, index),
-                                  params=self._config.rollout())
+        rollout = sample_episodes(
+            sampler, builders, seed=sample_seed(self._config.seed, iteration, index), params=self._config.rollout()
+        )
         groups = [group_episodes(g, version) for g in rollout.groups]
         metrics = dict(rollout.metrics)
         if self._reference is not None:
@@ -204,8 +215,14 @@ class ChunkStream:
 
 
 # -- one iteration on the stream ------------------------------------------------------------------------
-def stream_iteration(stream: ChunkStream, training: TrainingClient, config: RLTrainConfig, it: int,
-                     timer: PhaseTimer, warn: Callable[[str], None]) -> tuple[list[list[Episode]], dict[str, float]]:
+def stream_iteration(
+    stream: ChunkStream,
+    training: TrainingClient,
+    config: RLTrainConfig,
+    it: int,
+    timer: PhaseTimer,
+    warn: Callable[[str], None],
+) -> tuple[list[list[Episode]], dict[str, float]]:
     """Take iteration ``it``'s chunks from ``stream`` and train on them; its groups and metrics."""
     used: list[Chunk] = []
     pending: list[Pending] = []
@@ -220,8 +237,10 @@ def stream_iteration(stream: ChunkStream, training: TrainingClient, config: RLTr
             if staleness > config.max_steps_off_policy:
                 stream.drop()
                 discarded += len(chunk.groups)
-                warn(f"iteration {it}: dropped {len(chunk.groups)} groups sampled with the weights of iteration "
-                     f"{chunk.version}, {staleness} steps old (max_steps_off_policy={config.max_steps_off_policy})")
+                warn(
+                    f"iteration {it}: dropped {len(chunk.groups)} groups sampled with the weights of iteration "
+                    f"{chunk.version}, {staleness} steps old (max_steps_off_policy={config.max_steps_off_policy})"
+                )
                 continue
             used.append(chunk)
             if config.num_minibatches:  # streaming: train this minibatch now
@@ -246,11 +265,15 @@ def stream_iteration(stream: ChunkStream, training: TrainingClient, config: RLTr
     sampling_s = interval_union([(c.started, c.finished) for c in used])
     episodes = [ep for g in groups for ep in g]
     staleness = [it - 1 - ep.version for ep in episodes] or [0]
-    metrics.update({
-        "async/staleness_mean": statistics.fmean(staleness), "async/staleness_max": float(max(staleness)),
-        "async/discarded_stale": float(discarded), "async/sampling_s": sampling_s,
-        "async/overlap_fraction": overlap_fraction(sampling_s, waited),
-    })
+    metrics.update(
+        {
+            "async/staleness_mean": statistics.fmean(staleness),
+            "async/staleness_max": float(max(staleness)),
+            "async/discarded_stale": float(discarded),
+            "async/sampling_s": sampling_s,
+            "async/overlap_fraction": overlap_fraction(sampling_s, waited),
+        }
+    )
     return groups, metrics
 
 
@@ -276,5 +299,15 @@ def _rollout_metrics(chunks: Sequence[Chunk]) -> dict[str, float]:
     return out
 
 
-_COUNTS = frozenset({"rollout/groups", "rollout/dropped_groups", "rollout/episodes", "rollout/dropped_episodes",
-                     "rollout/env_errors", "rollout/env_retries", "rollout/step_timeouts", "rollout/engine_calls"})
+_COUNTS = frozenset(
+    {
+        "rollout/groups",
+        "rollout/dropped_groups",
+        "rollout/episodes",
+        "rollout/dropped_episodes",
+        "rollout/env_errors",
+        "rollout/env_retries",
+        "rollout/step_timeouts",
+        "rollout/engine_calls",
+    }
+)

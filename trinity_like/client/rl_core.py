@@ -53,7 +53,9 @@ class RLTrainConfig:
     group_size: int = 8  # episodes per group; their advantages are centred on the group's mean
     num_substeps: int = 1  # optimiser steps per iteration, each over its own disjoint minibatch of episodes
     num_minibatches: int = 0  # streaming: forward_backward calls per substep, each on its share of the groups as soon as they are sampled; 0: sample the whole batch, then train
-    max_steps_off_policy: int = 0  # K: sample with weights up to K iterations old while the learner trains; 0: on-policy (docs/async.md)
+    max_steps_off_policy: int = (
+        0  # K: sample with weights up to K iterations old while the learner trains; 0: on-policy (docs/async.md)
+    )
     loss_fn: str = "importance_sampling"  # a Tinker loss on (logprobs, advantages): see RL_LOSSES
     loss_fn_config: Mapping[str, float] = field(default_factory=dict)  # e.g. ppo's {"clip_high_threshold": 1.28}
     learning_rate: float = 1e-5  # AdamW
@@ -83,8 +85,11 @@ class RLTrainConfig:
             self._check(name, getattr(self, name) >= 0, "must be >= 0 (0: never)")
         self._check("num_minibatches", self.num_minibatches >= 0, "must be >= 0 (0: no streaming)")
         self._check("max_steps_off_policy", self.max_steps_off_policy >= 0, "must be >= 0 (0: on-policy)")
-        self._check("batch_size", self.batch_size >= self.chunks_per_iteration,
-                    f"must be >= num_substeps * num_minibatches = {self.chunks_per_iteration} (a group per minibatch)")
+        self._check(
+            "batch_size",
+            self.batch_size >= self.chunks_per_iteration,
+            f"must be >= num_substeps * num_minibatches = {self.chunks_per_iteration} (a group per minibatch)",
+        )
         self._check("log_path", bool(self.log_path), "must name a folder")
         self._check("learning_rate", self.learning_rate > 0, "must be > 0")
         self._check("kl_penalty_coef", self.kl_penalty_coef >= 0, "must be >= 0")
@@ -110,15 +115,22 @@ class RLTrainConfig:
         return self.num_substeps * self.num_minibatches if self.num_minibatches else 1
 
     def adam(self) -> types.AdamParams:
-        return types.AdamParams(learning_rate=self.learning_rate, beta1=self.beta1, beta2=self.beta2, eps=self.eps,
-                                weight_decay=self.weight_decay, grad_clip_norm=self.grad_clip_norm)
+        return types.AdamParams(
+            learning_rate=self.learning_rate,
+            beta1=self.beta1,
+            beta2=self.beta2,
+            eps=self.eps,
+            weight_decay=self.weight_decay,
+            grad_clip_norm=self.grad_clip_norm,
+        )
 
     def rollout(self, *, greedy: bool = False) -> RolloutParams:
         # Training episodes sample at temperature 1: the losses' importance ratio compares the
         # learner's logprobs (temperature 1) with the sampler's, so any other temperature would
         # make every token's ratio wrong (a sharper sampler inflates the rare tokens' ratios).
-        return RolloutParams(temperature=1.0, greedy=greedy, max_turns=self.max_turns,
-                             max_total_tokens=self.max_total_tokens)
+        return RolloutParams(
+            temperature=1.0, greedy=greedy, max_turns=self.max_turns, max_total_tokens=self.max_total_tokens
+        )
 
 
 # -- sampling episodes through a SamplingClient ---------------------------------------------------
@@ -130,8 +142,9 @@ class _SamplerEngine:
         self.run = sampler.run_requests
 
 
-def sample_episodes(sampler: SamplingClient, builders: Sequence[EnvGroupBuilder], *, seed: int,
-                    params: RolloutParams) -> RolloutResult:
+def sample_episodes(
+    sampler: SamplingClient, builders: Sequence[EnvGroupBuilder], *, seed: int, params: RolloutParams
+) -> RolloutResult:
     """Every episode of ``builders`` sampled from ``sampler``'s weights (see :mod:`trinity_like.envs.rollout`)."""
     return rollout_groups(builders, engine=_SamplerEngine(sampler), seed=seed, params=params)
 
@@ -160,8 +173,7 @@ def group_episodes(group: GroupRollout, version: int = 0) -> list[Episode]:
         spans = [(len(t.observation), len(t.observation) + len(t.action)) for t in trajectory.transitions]
         rewards = [t.reward for t in trajectory.transitions]
         rewards[-1] += group_reward
-        out.append(Episode(row.tokens, [0.0] * row.prompt_length + list(row.logprobs), spans, rewards,
-                           version=version))
+        out.append(Episode(row.tokens, [0.0] * row.prompt_length + list(row.logprobs), spans, rewards, version=version))
     return out
 
 
@@ -213,11 +225,14 @@ def episode_datum(episode: Episode, advantages: Sequence[float]) -> _Row:
     for (start, end), a in zip(episode.spans, advantages, strict=True):
         adv_T[start:end], policy[start:end] = a, True
     lp_T = np.asarray(episode.logprobs_T, dtype=np.float32)
-    datum = types.Datum(model_input=types.ModelInput.from_ints(episode.tokens_T[:-1]), loss_fn_inputs={
-        "target_tokens": types.TensorData.from_numpy(np.asarray(episode.tokens_T[1:], dtype=np.int64)),
-        "logprobs": types.TensorData.from_numpy(lp_T[1:]),
-        "advantages": types.TensorData.from_numpy(adv_T[1:]),
-    })
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(episode.tokens_T[:-1]),
+        loss_fn_inputs={
+            "target_tokens": types.TensorData.from_numpy(np.asarray(episode.tokens_T[1:], dtype=np.int64)),
+            "logprobs": types.TensorData.from_numpy(lp_T[1:]),
+            "advantages": types.TensorData.from_numpy(adv_T[1:]),
+        },
+    )
     positions = np.flatnonzero(policy[1:])
     return _Row(datum, positions, lp_T[1:][positions], adv_T[1:][positions])
 
@@ -265,8 +280,11 @@ def build_rows(groups: Sequence[Sequence[Episode]], config: RLTrainConfig) -> tu
             continue
         rows += [episode_datum(ep, adv) for ep, adv in zip(episodes, advantages, strict=True)]
     policy = sum(len(r.policy_P) for r in rows)
-    metrics = {"train/skipped_groups": float(skipped), "train/datums": float(len(rows)),
-               "train/policy_tokens": float(policy)}
+    metrics = {
+        "train/skipped_groups": float(skipped),
+        "train/datums": float(len(rows)),
+        "train/policy_tokens": float(policy),
+    }
     if shaped:
         metrics["reward/shaped_mean"] = statistics.fmean(shaped)
     if policy:
@@ -283,8 +301,7 @@ class Pending:
     opt: Any = None  # future of the OptimStepResponse; None: the substep goes on with another minibatch
 
 
-def submit_minibatch(training: TrainingClient, rows: Sequence[_Row], config: RLTrainConfig, *,
-                     step: bool) -> Pending:
+def submit_minibatch(training: TrainingClient, rows: Sequence[_Row], config: RLTrainConfig, *, step: bool) -> Pending:
     """Queue ``forward_backward`` on ``rows`` (then ``optim_step`` if ``step``) without waiting."""
     fwd = training.forward_backward([r.datum for r in rows], config.loss_fn, dict(config.loss_fn_config) or None)
     return Pending(list(rows), fwd, training.optim_step(config.adam()) if step else None)
@@ -308,8 +325,13 @@ def collect(pending: Sequence[Pending], config: RLTrainConfig) -> dict[str, floa
         if f"train/kl_sample_train_{estimator}" in metrics:
             metrics[f"kl/sample_train_{estimator}"] = metrics.pop(f"train/kl_sample_train_{estimator}")
     policy = sum(len(r.policy_P) for part in pending for r in part.rows)
-    metrics.update({"train/substeps": float(sum(p.opt is not None for p in pending)), "loss/sum": sums["loss:sum"],
-                    "loss": sums["loss:sum"] / max(policy, 1)})
+    metrics.update(
+        {
+            "train/substeps": float(sum(p.opt is not None for p in pending)),
+            "loss/sum": sums["loss:sum"],
+            "loss": sums["loss:sum"] / max(policy, 1),
+        }
+    )
     if config.loss_fn == "ppo":  # the loss's own clip_frac also counts the observation tokens between turns
         metrics["train/clip_frac"] = clipped / max(policy, 1)
     if "train/entropy" in metrics:
@@ -322,8 +344,13 @@ def train_step(training: TrainingClient, rows: Sequence[_Row], config: RLTrainCo
     if not rows:
         return {"train/substeps": 0.0}  # every group skipped or dropped: no step this iteration
     # All queued at once: the client runs them in order.
-    return collect([submit_minibatch(training, [rows[i] for i in part], config, step=True)
-                    for part in minibatches(len(rows), config.num_substeps)], config)
+    return collect(
+        [
+            submit_minibatch(training, [rows[i] for i in part], config, step=True)
+            for part in minibatches(len(rows), config.num_substeps)
+        ],
+        config,
+    )
 
 
 def _clipped(row: _Row, learner_P: np.ndarray, config: RLTrainConfig) -> int:
@@ -335,16 +362,22 @@ def _clipped(row: _Row, learner_P: np.ndarray, config: RLTrainConfig) -> int:
     return int((high | low).sum())
 
 
-def evaluate(sampler: SamplingClient, factory: EnvFactory, tasks: Sequence[Task],
-             config: RLTrainConfig) -> dict[str, float]:
+def evaluate(
+    sampler: SamplingClient, factory: EnvFactory, tasks: Sequence[Task], config: RLTrainConfig
+) -> dict[str, float]:
     """Greedy episodes of ``tasks``, one each: accuracy = mean episode return (a dropped one scores 0)."""
-    result = sample_episodes(sampler, [factory.group_builder(t, 1) for t in tasks], seed=0,
-                             params=config.rollout(greedy=True))
+    result = sample_episodes(
+        sampler, [factory.group_builder(t, 1) for t in tasks], seed=0, params=config.rollout(greedy=True)
+    )
     returns = [g.total_rewards()[0] for g in result.groups] + [0.0] * len(result.dropped)
     accuracy = statistics.fmean(returns)
     stderr = statistics.pstdev(returns) / math.sqrt(len(returns))  # sqrt(p(1-p)/n) for 0/1 rewards
-    metrics = {"eval/accuracy": accuracy, "eval/accuracy_stderr": stderr, "eval/tasks": float(len(returns)),
-               "eval/dropped": float(len(result.dropped))}
+    metrics = {
+        "eval/accuracy": accuracy,
+        "eval/accuracy_stderr": stderr,
+        "eval/tasks": float(len(returns)),
+        "eval/dropped": float(len(result.dropped)),
+    }
     metrics.update({f"eval/{k}": v for k, v in result.metrics.items() if k.startswith(("env/", "rollout/turns"))})
     return metrics
 

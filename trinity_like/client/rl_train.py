@@ -90,15 +90,37 @@ from trinity_like.explorer.engine import sample_seed
 from trinity_like.monitor.logger import MetricsLogger, PhaseTimer
 
 __all__ = [
-    "CHECKPOINTS", "RL_LOSSES", "Episode", "Pending", "RLTrainConfig", "TrainResult", "build_rows",
-    "centred", "collect", "episode_datum", "evaluate", "group_episodes", "minibatches",
-    "reference_kl", "resume", "sample_episodes", "save_checkpoint", "submit_minibatch", "train",
-    "train_step", "turn_advantages",
+    "CHECKPOINTS",
+    "RL_LOSSES",
+    "Episode",
+    "Pending",
+    "RLTrainConfig",
+    "TrainResult",
+    "build_rows",
+    "centred",
+    "collect",
+    "episode_datum",
+    "evaluate",
+    "group_episodes",
+    "minibatches",
+    "reference_kl",
+    "resume",
+    "sample_episodes",
+    "save_checkpoint",
+    "submit_minibatch",
+    "train",
+    "train_step",
+    "turn_advantages",
 ]
 
 
-def train(config: RLTrainConfig, training: TrainingClient, factory: EnvFactory, train_tasks: Sequence[Task],
-          eval_tasks: Sequence[Task] = ()) -> TrainResult:
+def train(
+    config: RLTrainConfig,
+    training: TrainingClient,
+    factory: EnvFactory,
+    train_tasks: Sequence[Task],
+    eval_tasks: Sequence[Task] = (),
+) -> TrainResult:
     """Train ``training`` on ``factory``'s envs of ``train_tasks`` (batches in order, cycled);
     evaluate on ``eval_tasks``; resume from ``config.log_path``'s last checkpoint if it has one."""
     dataset = TaskEnvDataset(train_tasks, factory, batch_size=config.batch_size, group_size=config.group_size)
@@ -106,8 +128,14 @@ def train(config: RLTrainConfig, training: TrainingClient, factory: EnvFactory, 
     log_path.mkdir(parents=True, exist_ok=True)
     start = resume(training, log_path)
     reference = SamplingClient(training.base_model) if config.kl_penalty_coef > 0 else None  # frozen base weights
-    logger = MetricsLogger(str(log_path), ("jsonl",), total_steps=config.iterations, start_step=start,
-                           progress=config.progress, desc="rl_train")
+    logger = MetricsLogger(
+        str(log_path),
+        ("jsonl",),
+        total_steps=config.iterations,
+        start_step=start,
+        progress=config.progress,
+        desc="rl_train",
+    )
     result = TrainResult(start, [])
 
     def log(step: int, metrics: dict[str, float]) -> None:
@@ -132,8 +160,12 @@ def train(config: RLTrainConfig, training: TrainingClient, factory: EnvFactory, 
                 groups, metrics = stream_iteration(stream, training, config, it, timer, logger.write)
             else:  # the synchronous loop: sample the whole batch, then train on it
                 with timer("rollout"):
-                    rollout = sample_episodes(sampler, dataset.get_batch((it - 1) % len(dataset)),
-                                              seed=sample_seed(config.seed, it, 0), params=config.rollout())
+                    rollout = sample_episodes(
+                        sampler,
+                        dataset.get_batch((it - 1) % len(dataset)),
+                        seed=sample_seed(config.seed, it, 0),
+                        params=config.rollout(),
+                    )
                 groups = [group_episodes(g, it - 1) for g in rollout.groups]
                 metrics = dict(rollout.metrics)
                 if reference is not None:
@@ -164,8 +196,9 @@ def train(config: RLTrainConfig, training: TrainingClient, factory: EnvFactory, 
     return result
 
 
-def _speed(timer: PhaseTimer, t0: float, groups: Sequence[Sequence[Episode]],
-           metrics: Mapping[str, float]) -> dict[str, float]:
+def _speed(
+    timer: PhaseTimer, t0: float, groups: Sequence[Sequence[Episode]], metrics: Mapping[str, float]
+) -> dict[str, float]:
     """Per-stage seconds and tokens per second (sampled, trained, whole iteration)."""
     out = timer.metrics()
     out["time/step"] = time.perf_counter() - t0

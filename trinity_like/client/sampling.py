@@ -340,15 +340,18 @@ class SamplingClient:
             prompt_lps.append(prompt_logprobs(model, ids, last_n) if with_prompt else None)
         groups = engine.run(requests, sampling)
         return [
-            types.SampleResponse(sequences=[
-                types.SampledSequence(
-                    stop_reason=s.finish_reason,  # type: ignore[arg-type]  # "stop" or "length"
-                    sequence_id=uuid.uuid4().hex,
-                    tokens_np=np.asarray(s.token_ids, dtype=np.int32),
-                    logprobs_np=np.asarray(s.logprobs, dtype=np.float32),
-                )
-                for s in group
-            ], prompt_logprobs_np=lp)
+            types.SampleResponse(
+                sequences=[
+                    types.SampledSequence(
+                        stop_reason=s.finish_reason,  # type: ignore[arg-type]  # "stop" or "length"
+                        sequence_id=uuid.uuid4().hex,
+                        tokens_np=np.asarray(s.token_ids, dtype=np.int32),
+                        logprobs_np=np.asarray(s.logprobs, dtype=np.float32),
+                    )
+                    for s in group
+                ],
+                prompt_logprobs_np=lp,
+            )
             for group, lp in zip(groups, prompt_lps, strict=True)
         ]
 
@@ -396,7 +399,13 @@ class SamplingClient:
                 sampling_params = sampling_params.model_copy(update={"seed": secrets.randbits(63)})
             key = self._batch_key(sampling_params, include_prompt_logprobs)
         return _queue().submit(
-            key, self._sample, self, prompt, num_samples, sampling_params, include_prompt_logprobs,
+            key,
+            self._sample,
+            self,
+            prompt,
+            num_samples,
+            sampling_params,
+            include_prompt_logprobs,
             prompt_logprobs_last_n,
         )
 

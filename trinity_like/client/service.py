@@ -53,8 +53,9 @@ def client_dir() -> Path:
 
 def model_entry(name: str, folder: Path) -> types.SupportedModel:
     config = json.loads((folder / "config.json").read_text())
-    return types.SupportedModel(model_name=name, max_context_length=config.get("max_position_embeddings"),
-                                trainable=True, sampleable=True)
+    return types.SupportedModel(
+        model_name=name, max_context_length=config.get("max_position_embeddings"), trainable=True, sampleable=True
+    )
 
 
 class ServiceClient:
@@ -68,11 +69,21 @@ class ServiceClient:
     ``api_key``) have nothing to connect to here and are errors when set.
     """
 
-    def __init__(self, user_metadata: dict[str, str] | None = None, project_id: str | None = None, *,
-                 log_dir: str | os.PathLike[str] | None = None, train_engine: str = "local",
-                 trainer_workers: int = 1, micro_batch_size: int = 8, dtype: str = "float32",
-                 base_url: str | None = None, api_key: str | None = None, backend: str = "local",
-                 ray: Any = None) -> None:
+    def __init__(
+        self,
+        user_metadata: dict[str, str] | None = None,
+        project_id: str | None = None,
+        *,
+        log_dir: str | os.PathLike[str] | None = None,
+        train_engine: str = "local",
+        trainer_workers: int = 1,
+        micro_batch_size: int = 8,
+        dtype: str = "float32",
+        base_url: str | None = None,
+        api_key: str | None = None,
+        backend: str = "local",
+        ray: Any = None,
+    ) -> None:
         if base_url is not None or api_key is not None:
             raise ValueError("this ServiceClient runs in-process: base_url / api_key have no server to reach")
         if train_engine not in ENGINES:
@@ -82,8 +93,10 @@ class ServiceClient:
         if backend == "local" and ray is not None:
             raise ValueError("ray= places Ray actors: it needs backend='ray'")
         if backend == "ray" and train_engine != "local":
-            raise ValueError("backend='ray' runs the local train engine in its learner actor; "
-                             f"train_engine={train_engine!r} is for the in-process backend")
+            raise ValueError(
+                "backend='ray' runs the local train engine in its learner actor; "
+                f"train_engine={train_engine!r} is for the in-process backend"
+            )
         load_plugins()  # the named losses live in the registry a recipe uses, plugins included
         self.log_dir = Path(log_dir) if log_dir is not None else client_dir()
         self.train_engine = train_engine
@@ -126,11 +139,19 @@ class ServiceClient:
         return types.GetServerCapabilitiesResponse(supported_models=models)
 
     # -- training clients --------------------------------------------------------------------
-    def create_lora_training_client(self, base_model: str, rank: int = 32, seed: int | None = None,
-                                    train_mlp: bool = True, train_attn: bool = True, train_unembed: bool = True,
-                                    user_metadata: dict[str, str] | None = None,
-                                    optimizer: types.OptimizerConfig | None = None, *,
-                                    run_name: str | None = None) -> TrainingClient:
+    def create_lora_training_client(
+        self,
+        base_model: str,
+        rank: int = 32,
+        seed: int | None = None,
+        train_mlp: bool = True,
+        train_attn: bool = True,
+        train_unembed: bool = True,
+        user_metadata: dict[str, str] | None = None,
+        optimizer: types.OptimizerConfig | None = None,
+        *,
+        run_name: str | None = None,
+    ) -> TrainingClient:
         """A training client over ``base_model`` with a fresh LoRA adapter of ``rank``.
 
         ``rank=0`` (ours) trains every weight instead: a full fine-tune. ``run_name`` (ours):
@@ -144,12 +165,24 @@ class ServiceClient:
         lora = None
         if rank > 0:  # seed None: a fresh adapter draw (without reseeding torch's global generator)
             seed = seed if seed is not None else secrets.randbits(31)
-            lora = LoraParams(rank=rank, train_attn=train_attn, train_mlp=train_mlp, train_unembed=train_unembed,
-                              seed=seed)
+            lora = LoraParams(
+                rank=rank, train_attn=train_attn, train_mlp=train_mlp, train_unembed=train_unembed, seed=seed
+            )
         if self._ray is not None:
-            return self._ray_client(base_model, lora, "create_lora_training_client", {
-                "base_model": base_model, "rank": rank, "seed": seed, "train_mlp": train_mlp,
-                "train_attn": train_attn, "train_unembed": train_unembed, "run_name": run_name})
+            return self._ray_client(
+                base_model,
+                lora,
+                "create_lora_training_client",
+                {
+                    "base_model": base_model,
+                    "rank": rank,
+                    "seed": seed,
+                    "train_mlp": train_mlp,
+                    "train_attn": train_attn,
+                    "train_unembed": train_unembed,
+                    "run_name": run_name,
+                },
+            )
         return self._training_client(base_model, folder, lora, run_name)
 
     def _ray_client(self, base_model: str, lora: LoraParams | None, create: str, args: dict[str, Any]) -> Any:
@@ -162,37 +195,53 @@ class ServiceClient:
         self._clients.append(client)
         return client
 
-    def create_training_client_from_state(self, path: str, base_model: str | None = None,
-                                          user_metadata: dict[str, str] | None = None,
-                                          weights_access_token: str | None = None,
-                                          optimizer: types.OptimizerConfig | None = None, *,
-                                          run_name: str | None = None) -> TrainingClient:
+    def create_training_client_from_state(
+        self,
+        path: str,
+        base_model: str | None = None,
+        user_metadata: dict[str, str] | None = None,
+        weights_access_token: str | None = None,
+        optimizer: types.OptimizerConfig | None = None,
+        *,
+        run_name: str | None = None,
+    ) -> TrainingClient:
         """A training client resumed from ``save_state``'s folder: its weights, a fresh optimiser."""
         return self._from_state(path, base_model, with_optimizer=False, run_name=run_name)
 
-    def create_training_client_from_state_with_optimizer(self, path: str, base_model: str | None = None,
-                                                         user_metadata: dict[str, str] | None = None,
-                                                         weights_access_token: str | None = None,
-                                                         optimizer: types.OptimizerConfig | None = None, *,
-                                                         run_name: str | None = None) -> TrainingClient:
+    def create_training_client_from_state_with_optimizer(
+        self,
+        path: str,
+        base_model: str | None = None,
+        user_metadata: dict[str, str] | None = None,
+        weights_access_token: str | None = None,
+        optimizer: types.OptimizerConfig | None = None,
+        *,
+        run_name: str | None = None,
+    ) -> TrainingClient:
         """A training client resumed from ``save_state``'s folder: weights and optimiser state."""
         return self._from_state(path, base_model, with_optimizer=True, run_name=run_name)
 
-    def _from_state(self, path: str, base_model: str | None, *, with_optimizer: bool,
-                    run_name: str | None) -> TrainingClient:
+    def _from_state(
+        self, path: str, base_model: str | None, *, with_optimizer: bool, run_name: str | None
+    ) -> TrainingClient:
         saved_base, lora = read_base_note(path)
         base = base_model or saved_base
         if self._ray is not None:
-            create = ("create_training_client_from_state_with_optimizer" if with_optimizer
-                      else "create_training_client_from_state")
-            return self._ray_client(base, lora, create, {"path": str(path), "base_model": base_model,
-                                                         "run_name": run_name})
+            create = (
+                "create_training_client_from_state_with_optimizer"
+                if with_optimizer
+                else "create_training_client_from_state"
+            )
+            return self._ray_client(
+                base, lora, create, {"path": str(path), "base_model": base_model, "run_name": run_name}
+            )
         client = self._training_client(base, resolve_model_path(base), lora, run_name)
         client._load(str(path), with_optimizer)
         return client
 
-    def _training_client(self, base_model: str, folder: Path, lora: LoraParams | None,
-                         run_name: str | None = None) -> TrainingClient:
+    def _training_client(
+        self, base_model: str, folder: Path, lora: LoraParams | None, run_name: str | None = None
+    ) -> TrainingClient:
         """``lora``: the adapter's params, None for a full fine-tune."""
         if run_name is not None and (not re.fullmatch(r"[A-Za-z0-9_.:-]+", run_name) or run_name in (".", "..")):
             raise ValueError(f"run_name {run_name!r} must be a plain folder name (letters, digits, _ . : -)")
@@ -206,15 +255,26 @@ class ServiceClient:
 
             engine = VerlEngine(model, OptimParams(), VerlParams(num_workers=self.trainer_workers))
         model_id = run_name or f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', Path(base_model).name)}-{os.getpid()}-{next(_ids)}"
-        client = TrainingClient(engine, base_model=base_model, model_id=model_id, run_dir=self.log_dir / model_id,
-                                lora=lora, tokenizer=load_tokenizer(folder),
-                                exact_targets=self.train_engine == "local")
+        client = TrainingClient(
+            engine,
+            base_model=base_model,
+            model_id=model_id,
+            run_dir=self.log_dir / model_id,
+            lora=lora,
+            tokenizer=load_tokenizer(folder),
+            exact_targets=self.train_engine == "local",
+        )
         self._clients.append(client)
         return client
 
     # -- sampling clients --------------------------------------------------------------------
-    def create_sampling_client(self, model_path: str | None = None, base_model: str | None = None,
-                               retry_config: Any = None, record_stability_info: bool = False) -> SamplingClient:
+    def create_sampling_client(
+        self,
+        model_path: str | None = None,
+        base_model: str | None = None,
+        retry_config: Any = None,
+        record_stability_info: bool = False,
+    ) -> SamplingClient:
         """A sampler over ``model_path`` (a ``save_weights_for_sampler`` folder) or ``base_model``'s own weights."""
         if model_path is None and base_model is None:
             raise ValueError("Either model_path or base_model must be provided")
@@ -223,7 +283,9 @@ class ServiceClient:
 
             if model_path is None:
                 resolve_model_path(base_model)
-            return base_sampler(self._ray, base_model or str(model_path), None if model_path is None else str(model_path))
+            return base_sampler(
+                self._ray, base_model or str(model_path), None if model_path is None else str(model_path)
+            )
         if model_path is not None:
             return SamplingClient(base_model or model_path, model_path=model_path)
         resolve_model_path(base_model)  # an unknown model fails here, at call time

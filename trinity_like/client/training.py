@@ -96,8 +96,17 @@ class TrainingClient(TrainingAsyncSpellings):
     requests queue and the folder its checkpoints go to.
     """
 
-    def __init__(self, engine: TrainEngine, *, base_model: str, model_id: str, run_dir: Path,
-                 lora: Any, tokenizer: Any, exact_targets: bool = True) -> None:
+    def __init__(
+        self,
+        engine: TrainEngine,
+        *,
+        base_model: str,
+        model_id: str,
+        run_dir: Path,
+        lora: Any,
+        tokenizer: Any,
+        exact_targets: bool = True,
+    ) -> None:
         self._engine = engine
         self._lora = lora  # the engine's LoraParams, None for a full fine-tune
         self._queue = RequestQueue(f"training-{model_id}")
@@ -108,9 +117,13 @@ class TrainingClient(TrainingAsyncSpellings):
         self.base_model = base_model
         self.model_id = model_id
         self._info = types.GetInfoResponse(
-            model_data=types.ModelData(arch=type(getattr(engine, "model", None)).__name__, model_name=base_model,
-                                       tokenizer_id=base_model),
-            model_id=model_id, is_lora=lora is not None, lora_rank=lora.rank if lora else None, model_name=base_model,
+            model_data=types.ModelData(
+                arch=type(getattr(engine, "model", None)).__name__, model_name=base_model, tokenizer_id=base_model
+            ),
+            model_id=model_id,
+            is_lora=lora is not None,
+            lora_rank=lora.rank if lora else None,
+            model_name=base_model,
         )
 
     # -- the SDK's 0.38 transitional future: a created client is also its own future --------
@@ -123,21 +136,31 @@ class TrainingClient(TrainingAsyncSpellings):
         return self
 
     # -- forward / backward ---------------------------------------------------------------
-    def forward(self, data: list[types.Datum], loss_fn: types.LossFnType,
-                loss_fn_config: Mapping[str, float | str] | None = None,
-                ) -> AwaitableConcurrentFuture[types.ForwardBackwardOutput]:
+    def forward(
+        self,
+        data: list[types.Datum],
+        loss_fn: types.LossFnType,
+        loss_fn_config: Mapping[str, float | str] | None = None,
+    ) -> AwaitableConcurrentFuture[types.ForwardBackwardOutput]:
         """The loss and per-datum logprobs, without gradients."""
         return self._queue.submit(self._run, data, loss_fn, loss_fn_config, backward=False)
 
-    def forward_backward(self, data: list[types.Datum], loss_fn: types.LossFnType,
-                         loss_fn_config: Mapping[str, float | str] | None = None,
-                         ) -> AwaitableConcurrentFuture[types.ForwardBackwardOutput]:
+    def forward_backward(
+        self,
+        data: list[types.Datum],
+        loss_fn: types.LossFnType,
+        loss_fn_config: Mapping[str, float | str] | None = None,
+    ) -> AwaitableConcurrentFuture[types.ForwardBackwardOutput]:
         """Accumulate the gradient of the named loss (token sum) over ``data``; ``optim_step`` applies it."""
         return self._queue.submit(self._run, data, loss_fn, loss_fn_config, backward=True)
 
-    def forward_backward_custom(self, data: list[types.Datum], loss_fn: CustomLossFn, *,
-                                loss_type_input: str | None = None,
-                                ) -> AwaitableConcurrentFuture[types.ForwardBackwardOutput]:
+    def forward_backward_custom(
+        self,
+        data: list[types.Datum],
+        loss_fn: CustomLossFn,
+        *,
+        loss_type_input: str | None = None,
+    ) -> AwaitableConcurrentFuture[types.ForwardBackwardOutput]:
         """Accumulate the gradient of ``loss_fn(data, logprobs_list) -> (loss, metrics)``.
 
         As in Tinker: a forward pass gives each datum's logprobs, ``loss_fn`` runs on them
@@ -150,11 +173,14 @@ class TrainingClient(TrainingAsyncSpellings):
             raise TypeError(f"loss_fn must be callable (data, logprobs_list) -> (loss, metrics), got {loss_fn!r}")
         return self._queue.submit(self._run_custom, data, loss_fn)
 
-    def _run(self, data: Sequence[types.Datum], loss_fn: str, config: Mapping[str, Any] | None, *,
-             backward: bool) -> types.ForwardBackwardOutput:
+    def _run(
+        self, data: Sequence[types.Datum], loss_fn: str, config: Mapping[str, Any] | None, *, backward: bool
+    ) -> types.ForwardBackwardOutput:
         if not isinstance(loss_fn, str):
-            raise TypeError(f"loss_fn must be a loss name (str), got {type(loss_fn).__name__}; "
-                            "a callable goes to forward_backward_custom")
+            raise TypeError(
+                f"loss_fn must be a loss name (str), got {type(loss_fn).__name__}; "
+                "a callable goes to forward_backward_custom"
+            )
         loss = ClientLoss(loss_fn, loss_spec(loss_fn, config))
         batch, layout = self._batch(data, required_arrays(loss_fn), what=repr(loss_fn), score_all=not backward)
         started = time.perf_counter()
@@ -179,22 +205,37 @@ class TrainingClient(TrainingAsyncSpellings):
             raise ValueError(f"the custom loss must return (scalar tensor, metrics), got {type(value).__name__}")
         value.backward()
         linear = [  # cross-entropy's -(w * logprob) has gradient -w: weights = -dloss/dlogprob
-            types.Datum(model_input=d.model_input, loss_fn_inputs={
-                "target_tokens": d.loss_fn_inputs["target_tokens"],
-                "weights": -leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)})
+            types.Datum(
+                model_input=d.model_input,
+                loss_fn_inputs={
+                    "target_tokens": d.loss_fn_inputs["target_tokens"],
+                    "weights": -leaf.grad if leaf.grad is not None else torch.zeros_like(leaf),
+                },
+            )
             for d, leaf in zip(data, leaves, strict=True)
         ]
-        batch, layout = self._batch(linear, ("target_tokens", "weights"), what="forward_backward_custom",
-                                    score_all=False)
+        batch, layout = self._batch(
+            linear, ("target_tokens", "weights"), what="forward_backward_custom", score_all=False
+        )
         surrogate = ClientLoss("cross_entropy", loss_spec("cross_entropy"))
         outputs: dict[str, torch.Tensor] = {}
         metrics = self._engine.forward_backward(batch, surrogate, need_entropy=True, out=outputs)
-        metrics = {"surrogate_loss:sum": metrics.pop("loss"), **{f"{k}:mean": v for k, v in metrics.items()},
-                   **{k: float(v) for k, v in dict(user_metrics).items()}}
+        metrics = {
+            "surrogate_loss:sum": metrics.pop("loss"),
+            **{f"{k}:mean": v for k, v in metrics.items()},
+            **{k: float(v) for k, v in dict(user_metrics).items()},
+        }
         return self._output(batch, layout, outputs, metrics, float(value.detach()), time.perf_counter() - started)
 
-    def _batch(self, data: Sequence[types.Datum], keys: Sequence[str], *, what: str, extra_ok: bool = False,
-               score_all: bool = True) -> tuple[dict[str, torch.Tensor], Layout]:
+    def _batch(
+        self,
+        data: Sequence[types.Datum],
+        keys: Sequence[str],
+        *,
+        what: str,
+        extra_ok: bool = False,
+        score_all: bool = True,
+    ) -> tuple[dict[str, torch.Tensor], Layout]:
         batch, layout = to_batch(data, keys, what=what, extra_ok=extra_ok, score_all=score_all)
         if not self._exact_targets:
             check_next_token_targets(batch)
@@ -216,16 +257,22 @@ class TrainingClient(TrainingAsyncSpellings):
         )
 
     # -- optimiser --------------------------------------------------------------------------
-    def optim_step(self, optim_params: types.AdamParams | None = None, *,
-                   adam_params: types.AdamParams | None = None) -> AwaitableConcurrentFuture[types.OptimStepResponse]:
+    def optim_step(
+        self, optim_params: types.AdamParams | None = None, *, adam_params: types.AdamParams | None = None
+    ) -> AwaitableConcurrentFuture[types.OptimStepResponse]:
         """Apply the accumulated gradients with AdamW at ``optim_params``' values, then zero them."""
         if optim_params is not None and adam_params is not None:
             raise ValueError("Specify optim_params or legacy adam_params, not both")
         params = optim_params if optim_params is not None else adam_params
         if not isinstance(params, types.AdamParams):
             raise TypeError(f"Expected AdamParams (the only optimizer here), got {type(params).__name__}")
-        adam = AdamStep(lr=params.learning_rate, betas=(params.beta1, params.beta2), eps=params.eps,
-                        weight_decay=params.weight_decay, grad_clip=params.grad_clip_norm)
+        adam = AdamStep(
+            lr=params.learning_rate,
+            betas=(params.beta1, params.beta2),
+            eps=params.eps,
+            weight_decay=params.weight_decay,
+            grad_clip=params.grad_clip_norm,
+        )
         return self._queue.submit(self._optim_step, adam)
 
     def _optim_step(self, adam: AdamStep) -> types.OptimStepResponse:
@@ -234,8 +281,13 @@ class TrainingClient(TrainingAsyncSpellings):
         return types.OptimStepResponse(metrics={"grad_norm": stats["grad_norm"], "learning_rate": stats["lr"]})
 
     # -- checkpoints and sampling ----------------------------------------------------------
-    def save_state(self, name: str, ttl_seconds: int | None = None, overwrite: bool = False,
-                   user_metadata: dict[str, str] | None = None) -> AwaitableConcurrentFuture[types.SaveWeightsResponse]:
+    def save_state(
+        self,
+        name: str,
+        ttl_seconds: int | None = None,
+        overwrite: bool = False,
+        user_metadata: dict[str, str] | None = None,
+    ) -> AwaitableConcurrentFuture[types.SaveWeightsResponse]:
         """Weights (adapter or full), optimiser state and RNG as safetensors under ``<run>/state/<name>``;
         the response's ``path`` is that folder (resume with ``load_state*``, merge with ``trinity-like export``)."""
         return self._queue.submit(self._save, "state", name, overwrite)
@@ -274,9 +326,12 @@ class TrainingClient(TrainingAsyncSpellings):
         self._engine.load(str(path), with_optimizer=with_optimizer)
         return types.LoadWeightsResponse(path=str(path))
 
-    def save_weights_for_sampler(self, name: str, ttl_seconds: int | None = None,
-                                 user_metadata: dict[str, str] | None = None,
-                                 ) -> AwaitableConcurrentFuture[types.SaveWeightsForSamplerResponse]:
+    def save_weights_for_sampler(
+        self,
+        name: str,
+        ttl_seconds: int | None = None,
+        user_metadata: dict[str, str] | None = None,
+    ) -> AwaitableConcurrentFuture[types.SaveWeightsForSamplerResponse]:
         """The merged weights as a plain Hugging Face folder under ``<run>/sampler_weights/<name>``."""
         return self._queue.submit(self._save_for_sampler, name)
 
@@ -285,9 +340,13 @@ class TrainingClient(TrainingAsyncSpellings):
         SamplingClient(self.base_model, weights=self._engine.state_dict()).save_weights(folder)
         return types.SaveWeightsForSamplerResponse(path=str(folder))
 
-    def save_weights_and_get_sampling_client(self, name: str | None = None, retry_config: Any = None,
-                                             record_stability_info: bool = False,
-                                             kind: str = "snapshot") -> SamplingClient:
+    def save_weights_and_get_sampling_client(
+        self,
+        name: str | None = None,
+        retry_config: Any = None,
+        record_stability_info: bool = False,
+        kind: str = "snapshot",
+    ) -> SamplingClient:
         """A sampler over the current (merged) weights, handed over in memory: no disk write.
 
         Returns the client itself once every earlier request has run (it also answers

@@ -44,12 +44,18 @@ def describe_plan(plan: RunPlan) -> str:
     for i, st in enumerate(plan.stages, 1):
         c, a = st.config, st.algorithm
         lines.append(f"stage {i}/{len(plan.stages)}: {c.name}  mode={c.mode}  seed={c.seed}  run_dir={c.run_dir()}")
-        lines.append(f"  model: {c.model.path} ({c.model.dtype}), prompt <= {c.model.max_prompt_tokens}, response <= {c.model.max_response_tokens} tokens")
+        lines.append(
+            f"  model: {c.model.path} ({c.model.dtype}), prompt <= {c.model.max_prompt_tokens}, response <= {c.model.max_response_tokens} tokens"
+        )
         flags = [f for f in ("use_rollout", "use_reference", "use_critic") if getattr(a, f)]
         flags += ["dynamic_sampling"] if st.dynamic_sampling else []
-        lines.append(f"  algorithm: {c.algorithm.type} - {a.description}  [{', '.join(flags) or 'offline'}; schema={a.schema}]")
+        lines.append(
+            f"  algorithm: {c.algorithm.type} - {a.description}  [{', '.join(flags) or 'offline'}; schema={a.schema}]"
+        )
         lines += _slot_lines(st)
-        lines.append(f"    batch inputs: {', '.join(sorted(st.needs))}; reference model: {'yes' if st.needs_reference else 'no'}")
+        lines.append(
+            f"    batch inputs: {', '.join(sorted(st.needs))}; reference model: {'yes' if st.needs_reference else 'no'}"
+        )
         b = c.buffer
         for key in ("tasks", "eval_tasks", "train_data", "eval_data", "expert_data"):
             ds = getattr(b, key)
@@ -57,8 +63,10 @@ def describe_plan(plan: RunPlan) -> str:
                 args = f" {ds.generator_args}" if ds.generator_args else ""
                 src = ds.path or f"generator {ds.generator}{args} split={ds.split}"
                 lines.append(f"  {key}: {src}" + (f" size={ds.size}" if ds.size else ""))
-        lines.append(f"  experience storage: {b.experience.storage}; {st.train_batch_size} "
-                     f"{'pairs' if a.schema == 'pair' else 'rows'} per train step")
+        lines.append(
+            f"  experience storage: {b.experience.storage}; {st.train_batch_size} "
+            f"{'pairs' if a.schema == 'pair' else 'rows'} per train step"
+        )
         if a.use_rollout:
             e = c.explorer
             s = e.sampling
@@ -67,7 +75,9 @@ def describe_plan(plan: RunPlan) -> str:
                 f"reward={e.reward_fn}, T={s.temperature}, top_k={s.top_k}, top_p={s.top_p}, "
                 f"max_new_tokens={s.max_new_tokens or c.model.max_response_tokens}"
             )
-            lines.append(f"  synchronizer: {c.sync_method()} every {c.synchronizer.interval} step(s), offset {c.synchronizer.offset}")
+            lines.append(
+                f"  synchronizer: {c.sync_method()} every {c.synchronizer.interval} step(s), offset {c.synchronizer.offset}"
+            )
         t, o = c.trainer, c.trainer.optimizer
         lines.append(
             f"  trainer: {t.engine} ({c.cluster.workers} workers)" if t.engine == "verl" else f"  trainer: {t.engine}"
@@ -76,7 +86,9 @@ def describe_plan(plan: RunPlan) -> str:
             f"    {t.total_steps} steps, micro batch {t.micro_batch_size}, AdamW lr={o.lr} wd={o.weight_decay} "
             f"clip={o.grad_clip} warmup={o.warmup_steps} {o.scheduler}"
         )
-        lines.append(f"  checkpoints: every {c.checkpoint.interval} steps, keep {c.checkpoint.keep_last}, resume={c.checkpoint.resume}")
+        lines.append(
+            f"  checkpoints: every {c.checkpoint.interval} steps, keep {c.checkpoint.keep_last}, resume={c.checkpoint.resume}"
+        )
         lines.append(f"  monitor: {', '.join(c.monitor.backends)}; eval every {c.monitor.eval_interval or 'start/end'}")
         ray = c.cluster.ray_address or "local"
         lines.append(f"  cluster: ray={ray}, verl workers on {'GPU' if c.cluster.num_gpus else 'CPU'}")

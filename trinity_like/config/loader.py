@@ -9,11 +9,11 @@ read as floats (YAML 1.2), not as strings.
 from __future__ import annotations
 
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tomllib
 import yaml
 
 from trinity_like.errors import ConfigError
@@ -220,7 +220,9 @@ def apply_overrides(raw: RawRecipe, overrides: list[str]) -> RawRecipe:
         for i, part in enumerate(parts[:-1]):
             if isinstance(node, list):
                 if not isinstance(part, int) or part >= len(node):
-                    raise ConfigError(f"override {item!r}: {'.'.join(map(str, parts[: i + 1]))} is not an index of a list of {len(node)}")
+                    raise ConfigError(
+                        f"override {item!r}: {'.'.join(map(str, parts[: i + 1]))} is not an index of a list of {len(node)}"
+                    )
                 node = node[part]
                 continue
             nxt = node.get(part)
@@ -230,9 +232,8 @@ def apply_overrides(raw: RawRecipe, overrides: list[str]) -> RawRecipe:
                 raise ConfigError(f"override {item!r}: {'.'.join(map(str, parts[: i + 1]))} is not a section")
             node = nxt
         last = parts[-1]
-        if isinstance(node, list):
-            if not isinstance(last, int) or last >= len(node):
-                raise ConfigError(f"override {item!r}: bad list index {last!r}")
+        if isinstance(node, list) and (not isinstance(last, int) or last >= len(node)):
+            raise ConfigError(f"override {item!r}: bad list index {last!r}")
         node[last] = parse_scalar(value)
         for k in [k for k in lines if k[: len(parts)] == tuple(parts)]:
             del lines[k]

@@ -180,26 +180,39 @@ def _resolve_components(cfg: Config, algo: AlgorithmType, loc: Locator) -> dict[
         if not spec:
             continue
         if "name" not in spec:
-            raise loc.error(("algorithm", slot), f"set `name` (algorithm {cfg.algorithm.type!r} does not fill this slot)")
+            raise loc.error(
+                ("algorithm", slot), f"set `name` (algorithm {cfg.algorithm.type!r} does not fill this slot)"
+            )
         name = spec.pop("name")
         if not isinstance(name, str):
-            raise loc.error(("algorithm", slot, "name"), f"must be a registered name, or {OFF!r} to switch the slot off (got {name!r})")
+            raise loc.error(
+                ("algorithm", slot, "name"),
+                f"must be a registered name, or {OFF!r} to switch the slot off (got {name!r})",
+            )
         if name == OFF:  # off: the slot's other keys have nothing to configure
             if slot in REQUIRED_SLOTS or (slot == "value_loss" and algo.use_critic):
-                raise loc.error(("algorithm", slot, "name"), f"cannot be {OFF!r}: algorithm {cfg.algorithm.type!r} needs a {slot}")
+                raise loc.error(
+                    ("algorithm", slot, "name"), f"cannot be {OFF!r}: algorithm {cfg.algorithm.type!r} needs a {slot}"
+                )
             continue
         fn = _resolve_name(REGISTRIES[reg_name], name, loc, ("algorithm", slot, "name"))
         coef = None
         if slot in WEIGHTED_SLOTS:
             coef = spec.pop("coef", None)
             if coef is None:
-                raise loc.error(("algorithm", slot, "coef"), f"set the weight of the {name!r} {slot} "
-                                f"(or name: {OFF} to switch it off)", at=("algorithm", slot, "name"))
+                raise loc.error(
+                    ("algorithm", slot, "coef"),
+                    f"set the weight of the {name!r} {slot} (or name: {OFF} to switch it off)",
+                    at=("algorithm", slot, "name"),
+                )
             if isinstance(coef, bool) or not isinstance(coef, (int, float)) or coef < 0:
                 raise loc.error(("algorithm", slot, "coef"), f"must be a number >= 0 (got {coef!r})")
             coef = float(coef)
         if slot == "value_loss" and not algo.use_critic:
-            raise loc.error(("algorithm", slot, "name"), f"algorithm {cfg.algorithm.type!r} trains no critic: nothing would use a value loss")
+            raise loc.error(
+                ("algorithm", slot, "name"),
+                f"algorithm {cfg.algorithm.type!r} trains no critic: nothing would use a value loss",
+            )
         params = _build(fn, spec, f"algorithm.{slot}", loc)
         out[slot] = ComponentSpec(reg_name, name, params, coef)
     return out
@@ -250,7 +263,8 @@ def _check_inputs(algo: AlgorithmType, comps: dict[str, ComponentSpec], loc: Loc
             raise loc.error(
                 ("algorithm", slot, "name"),
                 f"{comp.name!r} needs {sorted(missing)}, which algorithm {algo_name!r} does not provide"
-                + (f" ({how})" if how else "") + (f": {sources}" if sources else "")
+                + (f" ({how})" if how else "")
+                + (f": {sources}" if sources else "")
                 + f"; it provides {', '.join(sorted(provided))}",
             )
         needs |= req
@@ -283,15 +297,23 @@ def _check_expert_data(cfg: Config, comps: dict[str, ComponentSpec], loc: Locato
     strategy = comps["sample_strategy"]
     mixes = bool(getattr(strategy.fn, "uses_expert_data", False))
     if mixes and cfg.buffer.expert_data is None:
-        raise loc.error(("buffer", "expert_data"), f"the sample strategy {strategy.name!r} mixes expert rows into "
-                        "each batch: set buffer.expert_data")
+        raise loc.error(
+            ("buffer", "expert_data"),
+            f"the sample strategy {strategy.name!r} mixes expert rows into each batch: set buffer.expert_data",
+        )
     if not mixes and cfg.buffer.expert_data is not None:
-        raise loc.error(("buffer", "expert_data"), f"the sample strategy {strategy.name!r} uses no expert data; "
-                        "pick one that does (e.g. algorithm.type: mix) or remove buffer.expert_data")
+        raise loc.error(
+            ("buffer", "expert_data"),
+            f"the sample strategy {strategy.name!r} uses no expert data; "
+            "pick one that does (e.g. algorithm.type: mix) or remove buffer.expert_data",
+        )
     loss = comps["policy_loss"]
     if mixes and "is_expert" not in required_inputs(loss.fn) | optional_inputs(loss.fn):
-        raise loc.error(("algorithm", "policy_loss", "name"), f"{loss.name!r} cannot tell the expert rows that "
-                        f"the sample strategy {strategy.name!r} mixes in from sampled ones (it takes no is_expert)")
+        raise loc.error(
+            ("algorithm", "policy_loss", "name"),
+            f"{loss.name!r} cannot tell the expert rows that "
+            f"the sample strategy {strategy.name!r} mixes in from sampled ones (it takes no is_expert)",
+        )
 
 
 def _check_sections(cfg: Config, algo: AlgorithmType, loc: Locator) -> Any:
@@ -303,16 +325,29 @@ def _check_sections(cfg: Config, algo: AlgorithmType, loc: Locator) -> Any:
     if algo.use_rollout and cfg.mode in ("explore", "train"):
         # explorer and trainer run as two processes: they share the buffer file and the weights folder
         if cfg.synchronizer.method == "memory":
-            raise loc.error(("synchronizer", "method"), f"mode {cfg.mode!r} runs explorer and trainer as separate "
-                            "processes: weights cannot travel in memory; use 'checkpoint' (or 'auto')")
+            raise loc.error(
+                ("synchronizer", "method"),
+                f"mode {cfg.mode!r} runs explorer and trainer as separate "
+                "processes: weights cannot travel in memory; use 'checkpoint' (or 'auto')",
+            )
         if cfg.buffer.experience.storage != "sqlite":
-            raise loc.error(("buffer", "experience", "storage"), f"mode {cfg.mode!r}: the explorer and trainer "
-                            f"processes share the buffer; {cfg.buffer.experience.storage!r} cannot, use 'sqlite'")
+            raise loc.error(
+                ("buffer", "experience", "storage"),
+                f"mode {cfg.mode!r}: the explorer and trainer "
+                f"processes share the buffer; {cfg.buffer.experience.storage!r} cannot, use 'sqlite'",
+            )
     for key in _DATA_KEYS:
         ds = getattr(cfg.buffer, key)
-        if ds is not None and ds.pairs_from_samples is not None and (key not in ("train_data", "eval_data") or algo.schema != "pair"):
-            raise loc.error(("buffer", key, "pairs_from_samples"), "builds preference pairs from tasks: only for "
-                            "buffer.train_data / buffer.eval_data of a pair algorithm (dpo, rm)")
+        if (
+            ds is not None
+            and ds.pairs_from_samples is not None
+            and (key not in ("train_data", "eval_data") or algo.schema != "pair")
+        ):
+            raise loc.error(
+                ("buffer", key, "pairs_from_samples"),
+                "builds preference pairs from tasks: only for "
+                "buffer.train_data / buffer.eval_data of a pair algorithm (dpo, rm)",
+            )
     for key in _DATA_KEYS:
         ds = getattr(cfg.buffer, key)
         if ds is not None and ds.generator is not None:  # a bad generator fails here, before anything runs
@@ -358,8 +393,11 @@ def _check_data_paths(cfg: Config, loc: Locator, base: Path) -> None:
         if ds is None or ds.path is None:
             continue
         if not Path(ds.path).expanduser().exists():
-            where = "" if Path(ds.path).expanduser().is_absolute() else \
-                f" (looked in the recipe's folder {base.resolve()} and the working directory {Path.cwd()})"
+            where = (
+                ""
+                if Path(ds.path).expanduser().is_absolute()
+                else f" (looked in the recipe's folder {base.resolve()} and the working directory {Path.cwd()})"
+            )
             raise loc.error(("buffer", key, "path"), f"{ds.path}: no such data file or folder{where}")
         try:
             data_files(ds.path)
@@ -422,7 +460,10 @@ def declared_run_dirs(path: str | Path, overrides: list[str] | None = None) -> l
     left out: :func:`load_plan` reports it. Raises :class:`ConfigError` as :func:`load_plan` would."""
     out = []
     for data, _, _ in _stage_datas(apply_overrides(load_recipe(path), list(overrides or []))):
-        name, root = data.get("name", field_default(Config, "name")), data.get("run_root", field_default(Config, "run_root"))
+        name, root = (
+            data.get("name", field_default(Config, "name")),
+            data.get("run_root", field_default(Config, "run_root")),
+        )
         mode = data.get("mode", field_default(Config, "mode"))
         if all(isinstance(v, str) for v in (name, root, mode)):
             out.append((Path(root) / name, mode))

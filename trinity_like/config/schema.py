@@ -39,8 +39,12 @@ class ModelConfig(Section):
     max_response_tokens: PosInt = 64  # upper bound on generated / trained response tokens
     critic_path: str | None = None  # initial weights of the value model (PPO); None: same as `path`
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"  # attention kernel for HF models
-    lora_rank: NonNegInt = 0  # LoRA adapter rank of the policy (Hu et al. 2021); 0: train every weight (a critic always does)
-    lora_alpha: PosFloat = 32.0  # LoRA scale: updates are (alpha / rank) * B A; fixed 32 as Tinker, so lr barely moves with rank
+    lora_rank: NonNegInt = (
+        0  # LoRA adapter rank of the policy (Hu et al. 2021); 0: train every weight (a critic always does)
+    )
+    lora_alpha: PosFloat = (
+        32.0  # LoRA scale: updates are (alpha / rank) * B A; fixed 32 as Tinker, so lr barely moves with rank
+    )
     lora_train_attn: bool = True  # LoRA on the attention projections (q, k, v, o)
     lora_train_mlp: bool = True  # LoRA on the MLP projections (gate, up, down)
     lora_train_unembed: bool = True  # LoRA on the output layer (lm_head); a tied one is untied in the merged weights
@@ -50,7 +54,9 @@ class DatasetConfig(Section):
     """A data source: a file/folder read through `datasets`, or a built-in generator."""
 
     path: str | None = None  # JSONL / parquet file or folder; relative to the recipe's folder
-    generator: str | None = None  # TASK_SOURCE name (`trinity-like list task_source`); "<name>:<x>" sets generator_args.dataset
+    generator: str | None = (
+        None  # TASK_SOURCE name (`trinity-like list task_source`); "<name>:<x>" sets generator_args.dataset
+    )
     generator_args: dict[str, Any] = {}  # params of the task source (checked against its params dataclass)
     split: Literal["train", "eval"] = "train"  # generator split; "eval" never overlaps "train"
     size: PosInt | None = None  # number of rows to generate / keep (None: all, or the generator's default)
@@ -64,7 +70,9 @@ class DatasetConfig(Section):
     shuffle: bool = True  # shuffle each epoch with `seed`
     seed: int = 0  # shuffling seed, and the seed a task source draws with
     epochs: PosInt = 1  # passes over the data before it is exhausted (offline algorithms)
-    pairs_from_samples: PosInt | None = None  # tasks -> pairs: N samples per task, answer vs the model's commonest wrong one
+    pairs_from_samples: PosInt | None = (
+        None  # tasks -> pairs: N samples per task, answer vs the model's commonest wrong one
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> DatasetConfig:
@@ -85,7 +93,9 @@ class BufferConfig(Section):
     eval_data: DatasetConfig | None = None  # held-out offline data (SFT loss, pair accuracy)
     expert_data: DatasetConfig | None = None  # expert SFT rows mixed into RL batches (MIX)
     experience: StorageConfig = StorageConfig()  # where explored experiences wait for the trainer
-    train_batch_size: PosInt | None = None  # experiences (or pairs) per train step; None: explorer batch x group (offline algorithm types preset their own)
+    train_batch_size: PosInt | None = (
+        None  # experiences (or pairs) per train step; None: explorer batch x group (offline algorithm types preset their own)
+    )
 
 
 class SamplingConfig(Section):
@@ -109,7 +119,9 @@ class ExplorerConfig(Section):
     reward_args: dict[str, Any] = {}  # params of the reward fn
     eval_reward_fn: str | None = None  # REWARD_FN of held-out evaluation; None: reward_fn (accuracy needs 0/1)
     eval_reward_args: dict[str, Any] = {}  # params of eval_reward_fn
-    gold_reward_fn: str | None = None  # REWARD_FN of the true reward logged beside the trained one (reward/gold_mean), never trained on; None: eval_reward_fn when set and not reward_fn; "": off
+    gold_reward_fn: str | None = (
+        None  # REWARD_FN of the true reward logged beside the trained one (reward/gold_mean), never trained on; None: eval_reward_fn when set and not reward_fn; "": off
+    )
     gold_reward_args: dict[str, Any] = {}  # params of gold_reward_fn (gold_reward_fn None: eval_reward_args)
     reward_timeout_s: PosFloat = 10.0  # a reward call slower than this fails (and is retried)
     reward_retries: NonNegInt = 1  # retries before the task is skipped and counted
@@ -129,11 +141,17 @@ class OptimizerConfig(Section):
 
 
 class TrainerConfig(Section):
-    engine: Literal["verl", "local"] = "verl"  # train engine: "verl" (FSDP workers via Ray) | "local" (in-process torch)
+    engine: Literal["verl", "local"] = (
+        "verl"  # train engine: "verl" (FSDP workers via Ray) | "local" (in-process torch)
+    )
     total_steps: PosInt = 20  # training steps of this stage
     micro_batch_size: PosInt = 8  # rows per forward/backward (gradient accumulation inside a step)
-    share_prompts: bool = True  # run each distinct prompt of a micro-batch once, its responses packed after it (same result)
-    gradient_checkpointing: bool = False  # keep only each layer's input, recompute the rest in backward: less memory, ~1/3 more compute
+    share_prompts: bool = (
+        True  # run each distinct prompt of a micro-batch once, its responses packed after it (same result)
+    )
+    gradient_checkpointing: bool = (
+        False  # keep only each layer's input, recompute the rest in backward: less memory, ~1/3 more compute
+    )
     update_epochs: PosInt = 1  # passes over each batch (PPO epochs)
     optimizer: OptimizerConfig = OptimizerConfig()  # policy optimizer
     critic_optimizer: OptimizerConfig = OptimizerConfig(lr=1e-5)  # value model optimizer (PPO)
@@ -141,10 +159,14 @@ class TrainerConfig(Section):
 
 
 class SynchronizerConfig(Section):
-    method: Literal["auto", "memory", "checkpoint"] = "auto"  # weights in memory (one process) or through files (<run_dir>/sync); auto: files in modes explore/train
+    method: Literal["auto", "memory", "checkpoint"] = (
+        "auto"  # weights in memory (one process) or through files (<run_dir>/sync); auto: files in modes explore/train
+    )
     interval: PosInt = 1  # sync weights to the explorer every `interval` train steps
     offset: NonNegInt = 0  # explorer may run this many steps ahead of the trainer (off-policy); >= 1 in mode both: it explores while the trainer trains
-    sync_style: Literal["fixed", "explorer_driven"] = "fixed"  # fixed: batch t uses the weights of step t-1-offset; explorer_driven: the newest when the explorer starts a batch (needs offset >= 1); docs/async.md
+    sync_style: Literal["fixed", "explorer_driven"] = (
+        "fixed"  # fixed: batch t uses the weights of step t-1-offset; explorer_driven: the newest when the explorer starts a batch (needs offset >= 1); docs/async.md
+    )
     concurrent: bool = True  # offset >= 1 in mode both: explore in the background while the trainer trains; false: in turn (the reference loop)
 
     @model_validator(mode="after")
@@ -152,7 +174,9 @@ class SynchronizerConfig(Section):
         if self.sync_style == "explorer_driven" and self.offset == 0:
             raise ValueError("sync_style: explorer_driven lets the explorer run ahead of the trainer: set offset >= 1")
         if self.sync_style == "explorer_driven" and not self.concurrent:
-            raise ValueError("sync_style: explorer_driven needs concurrent: true (in turn, the explorer never waits on newer weights)")
+            raise ValueError(
+                "sync_style: explorer_driven needs concurrent: true (in turn, the explorer never waits on newer weights)"
+            )
         return self
 
 
@@ -167,7 +191,9 @@ class MonitorConfig(Section):
     eval_interval: NonNegInt = 0  # evaluate every N steps; 0: only at start and end
     eval_at_start: bool = True  # evaluate before the first step
     progress: bool = True  # progress bar with the latest figures on the terminal
-    reward_hacking_window: PosInt = 3  # K: the gold reward falling over K steps while the learned one rises is a warning
+    reward_hacking_window: PosInt = (
+        3  # K: the gold reward falling over K steps while the learned one rises is a warning
+    )
     stop_on_reward_hacking: bool = False  # then stop the run; the best-by-gold weights are kept in <run_dir>/best_gold
     rm_check_tasks: NonNegInt = 0  # RL with a gold reward: before step 1, answer this many held-out tasks and log the trained reward's AUC against the gold one (rm_check/*); 0: off
 
@@ -179,16 +205,22 @@ class ClusterConfig(Section):
     ray_address: str | None = None  # existing Ray cluster ("ray://host:10001" or "auto"); None: start locally
     num_cpus: PosInt | None = None  # CPUs for a locally started Ray; None: all
     num_gpus: NonNegInt = 0  # GPUs of the `verl` engine's workers, one each (0 or trainer_workers); 0: CPU workers over gloo; more than the machine (or cluster) has: an error at start
-    trainer_workers: PosInt | None = None  # FSDP world size of the `verl` engine; None: num_gpus on GPUs, 1 on CPU (see `workers`)
-    placement: Literal["pack", "spread"] = "pack"  # `verl` workers: pack: all on one node; spread: each on a node of its own (a multi-node cluster)
+    trainer_workers: PosInt | None = (
+        None  # FSDP world size of the `verl` engine; None: num_gpus on GPUs, 1 on CPU (see `workers`)
+    )
+    placement: Literal["pack", "spread"] = (
+        "pack"  # `verl` workers: pack: all on one node; spread: each on a node of its own (a multi-node cluster)
+    )
     explorer_threads: PosInt | None = None  # torch threads of the explorer actor; None: auto (Config.cpu_threads)
     trainer_threads: PosInt | None = None  # torch threads of each CPU `verl` worker; None: auto (Config.cpu_threads)
 
     @model_validator(mode="after")
     def _one_gpu_per_worker(self) -> ClusterConfig:
         if self.trainer_workers is not None and self.num_gpus not in (0, self.trainer_workers):
-            raise ValueError(f"num_gpus must be 0 (CPU workers) or trainer_workers ({self.trainer_workers}): "
-                             f"each verl worker takes one GPU (got {self.num_gpus})")
+            raise ValueError(
+                f"num_gpus must be 0 (CPU workers) or trainer_workers ({self.trainer_workers}): "
+                f"each verl worker takes one GPU (got {self.num_gpus})"
+            )
         return self
 
     @property
@@ -283,8 +315,14 @@ class Config(Section):
         cpus = os.cpu_count() or 1
         cores = min(self.cluster.num_cpus or cpus, cpus)  # Ray's logical CPUs may be more than the machine's
         sync, c = self.synchronizer, self.cluster
-        beside = (self.mode == "both" and sync.offset >= 1 and sync.concurrent and self.trainer.engine == "verl"
-                  and c.num_gpus == 0 and c.ray_address is None)
+        beside = (
+            self.mode == "both"
+            and sync.offset >= 1
+            and sync.concurrent
+            and self.trainer.engine == "verl"
+            and c.num_gpus == 0
+            and c.ray_address is None
+        )
         explorer = max(1, cores // 2) if beside else cores
         trainer = max(1, (cores - explorer if beside else cores) // c.workers)
         if c.explorer_threads is not None or c.trainer_threads is not None:

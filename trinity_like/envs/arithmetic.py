@@ -73,7 +73,12 @@ class ArithmeticEnvs(EnvFactory):
         prompt = render_prompt(self.tokenizer, task.messages())  # once per group: the envs share it
 
         def make_env() -> Env:
-            return AnswerEnv(task=task, prompt=prompt, reward=self.reward, tokenizer=self.tokenizer,
-                             max_tokens=self.params.max_tokens)
+            return AnswerEnv(
+                task=task,
+                prompt=prompt,
+                reward=self.reward,
+                tokenizer=self.tokenizer,
+                max_tokens=self.params.max_tokens,
+            )
 
         return TaskGroupBuilder(task, group_size, make_env)

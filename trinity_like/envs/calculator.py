@@ -202,8 +202,9 @@ class CalculatorParams:
 class CalculatorEnv(Env):
     """One problem; the model may call the calculator before it answers."""
 
-    def __init__(self, *, task: Task, messages: list[Message], prompt: list[int], tokenizer: Any,
-                 params: CalculatorParams) -> None:
+    def __init__(
+        self, *, task: Task, messages: list[Message], prompt: list[int], tokenizer: Any, params: CalculatorParams
+    ) -> None:
         self.task = task
         self.messages = list(messages)  # the conversation so far, for the chat template's context
         self.history = list(prompt)  # every token so far; only ever appended to
@@ -251,8 +252,9 @@ class CalculatorEnvs(EnvFactory):
         prompt = render_prompt(self.tokenizer, messages)  # once per group: the envs share it
 
         def make_env() -> Env:
-            return CalculatorEnv(task=task, messages=messages, prompt=prompt, tokenizer=self.tokenizer,
-                                 params=self.params)
+            return CalculatorEnv(
+                task=task, messages=messages, prompt=prompt, tokenizer=self.tokenizer, params=self.params
+            )
 
         return TaskGroupBuilder(task, group_size, make_env)
 

@@ -49,9 +49,9 @@ def message_tokens(
     text = tokenizer.apply_chat_template([*turn, *new_messages], tokenize=False, add_generation_prompt=True)
     if text.count(_PLACEHOLDER) != 1:
         raise TrinityError("message_tokens: the chat template does not write an assistant message's content verbatim")
-    delta = text[text.index(_PLACEHOLDER) + len(_PLACEHOLDER):]
+    delta = text[text.index(_PLACEHOLDER) + len(_PLACEHOLDER) :]
     if action_tokens and int(action_tokens[-1]) in set(tokenizer.all_special_ids):
         closing = tokenizer.decode([int(action_tokens[-1])])
         if delta.startswith(closing):  # the action stopped at the end-of-turn token: it is there already
-            delta = delta[len(closing):]
+            delta = delta[len(closing) :]
     return list(tokenizer.encode(delta, add_special_tokens=False))

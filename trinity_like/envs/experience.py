@@ -85,8 +85,9 @@ def group_rows(group: GroupRollout, *, task_id: str = "", answer: str | None = N
         info = {"group_reward": group_reward, "tags": list(tags)}
         if answer is not None:
             info["answer"] = answer
-        rows.append(trajectory_experience(trajectory, reward=total, group_id=group.group_id, task_id=task_id,
-                                          info=info))
+        rows.append(
+            trajectory_experience(trajectory, reward=total, group_id=group.group_id, task_id=task_id, info=info)
+        )
     return rows
 
 

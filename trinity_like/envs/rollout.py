@@ -42,8 +42,8 @@ from __future__ import annotations
 import hashlib
 import statistics
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,8 +92,14 @@ class RolloutParams:
         carries its own seeds)."""
         stop = stop or StopCondition()
         return SamplingParams(
-            n=1, max_new_tokens=max_new_tokens, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-            greedy=self.greedy, stop_token_ids=stop.stop_token_ids, stop_strings=stop.stop_strings,
+            n=1,
+            max_new_tokens=max_new_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            greedy=self.greedy,
+            stop_token_ids=stop.stop_token_ids,
+            stop_strings=stop.stop_strings,
         )
 
 
@@ -195,8 +201,10 @@ def _sample(
             sample = out[r][s]
             cut = len(sample.token_ids) > cap
             actions[k] = _Action(
-                list(sample.token_ids[:cap]), list(sample.logprobs[:cap]),
-                "length" if cut else sample.finish_reason, sample.model_version,
+                list(sample.token_ids[:cap]),
+                list(sample.logprobs[:cap]),
+                "length" if cut else sample.finish_reason,
+                sample.model_version,
             )
     return [a for a in actions if a is not None], len(by_stop)
 
@@ -221,8 +229,10 @@ def _start(ep: _Episode, params: RolloutParams, calls: EnvCalls) -> str:
     if not ep.observation:
         raise TrinityError(f"{ep.name}: the initial observation is empty")
     if len(ep.observation) >= params.max_total_tokens:
-        return (f"{ep.name}: the initial observation has {len(ep.observation)} tokens, no room under "
-                f"max_total_tokens={params.max_total_tokens}")
+        return (
+            f"{ep.name}: the initial observation has {len(ep.observation)} tokens, no room under "
+            f"max_total_tokens={params.max_total_tokens}"
+        )
     return ""
 
 
@@ -230,7 +240,9 @@ def _step(ep: _Episode, action: _Action, params: RolloutParams, calls: EnvCalls)
     """Apply one action; ``""``, or why the episode failed (its group is then dropped)."""
     turn = len(ep.transitions)
     result, error = call_env(
-        lambda: ep.env.step(list(action.tokens)), timeout_s=params.step_timeout_s, retries=params.step_retries,
+        lambda: ep.env.step(list(action.tokens)),
+        timeout_s=params.step_timeout_s,
+        retries=params.step_retries,
         counts=calls,
     )
     if error:
@@ -248,10 +260,18 @@ def _step(ep: _Episode, action: _Action, params: RolloutParams, calls: EnvCalls)
     if not isinstance(result.next_stop_condition, StopCondition):
         raise TrinityError(f"{ep.name}: next_stop_condition must be a StopCondition at turn {turn}")
     metrics = {str(k): check_reward(v, f"{ep.name}: metric {k!r}") for k, v in dict(result.metrics).items()}
-    ep.transitions.append(Transition(
-        list(ep.observation), action.tokens, action.logprobs, reward, bool(result.episode_done), metrics,
-        action.finish_reason, action.model_version,
-    ))
+    ep.transitions.append(
+        Transition(
+            list(ep.observation),
+            action.tokens,
+            action.logprobs,
+            reward,
+            bool(result.episode_done),
+            metrics,
+            action.finish_reason,
+            action.model_version,
+        )
+    )
     if result.episode_done:
         ep.end_reason, ep.final_observation = "done", nxt or history
     elif len(ep.transitions) >= params.max_turns:
@@ -275,9 +295,7 @@ def rollout_groups(
             raise TrinityError(f"rollout_groups: builder {g} is a {type(builder).__name__}, not an EnvGroupBuilder")
         envs = list(builder.make_envs())
         if not envs or not all(isinstance(env, Env) for env in envs):
-            raise TrinityError(
-                f"{type(builder).__name__} (group {g}): make_envs() must return a non-empty list of Env"
-            )
+            raise TrinityError(f"{type(builder).__name__} (group {g}): make_envs() must return a non-empty list of Env")
         episodes.append([_Episode(g, i, env) for i, env in enumerate(envs)])
     dropped: dict[int, str] = {}
     for group in episodes:
@@ -350,15 +368,17 @@ def _metrics(
     tokens = [len(t.transitions[-1].observation) + len(t.transitions[-1].action) for t in trajectories]
     actions = [sum(len(x.action) for x in t.transitions) for t in trajectories]
     returns = [r for g in kept for r in g.total_rewards()]
-    metrics.update({
-        "rollout/turns/mean": statistics.fmean(turns),
-        "rollout/turns/max": float(max(turns)),
-        "rollout/tokens/mean": statistics.fmean(tokens),
-        "rollout/tokens/max": float(max(tokens)),
-        "rollout/action_tokens/mean": statistics.fmean(actions),
-        "reward/mean": statistics.fmean(returns),
-        "reward/std": statistics.pstdev(returns),
-    })
+    metrics.update(
+        {
+            "rollout/turns/mean": statistics.fmean(turns),
+            "rollout/turns/max": float(max(turns)),
+            "rollout/tokens/mean": statistics.fmean(tokens),
+            "rollout/tokens/max": float(max(tokens)),
+            "rollout/action_tokens/mean": statistics.fmean(actions),
+            "reward/mean": statistics.fmean(returns),
+            "reward/std": statistics.pstdev(returns),
+        }
+    )
     for reason in END_REASONS:
         metrics[f"rollout/end/{reason}"] = sum(t.end_reason == reason for t in trajectories) / len(trajectories)
     metrics.update(_env_metrics("env/", trajectories))

@@ -63,23 +63,59 @@ from trinity_like.models.resolve import render_prompt
 from trinity_like.registry import ENV, TASK_SOURCE
 
 TRAIN_WORDS = (
-    "cat", "dog", "horse", "cow", "bird", "fish", "apple", "banana", "orange", "bread", "cheese", "egg",
-    "car", "bus", "boat", "train", "chair", "table", "bed", "lamp", "book", "pen", "cup", "phone",
+    "cat",
+    "dog",
+    "horse",
+    "cow",
+    "bird",
+    "fish",
+    "apple",
+    "banana",
+    "orange",
+    "bread",
+    "cheese",
+    "egg",
+    "car",
+    "bus",
+    "boat",
+    "train",
+    "chair",
+    "table",
+    "bed",
+    "lamp",
+    "book",
+    "pen",
+    "cup",
+    "phone",
 )
 HELD_OUT_WORDS = (
-    "lion", "duck", "sheep", "frog", "grape", "lemon", "cake", "rice",
-    "bike", "truck", "plane", "door", "clock", "shoe", "hat", "key",
+    "lion",
+    "duck",
+    "sheep",
+    "frog",
+    "grape",
+    "lemon",
+    "cake",
+    "rice",
+    "bike",
+    "truck",
+    "plane",
+    "door",
+    "clock",
+    "shoe",
+    "hat",
+    "key",
 )
 WORDS = {"train": TRAIN_WORDS, "eval": HELD_OUT_WORDS}
 
 PLAYER_SYSTEM_PROMPT = (
     "You are playing a guessing game. The host is thinking of one word from a list. Each turn, ask one "
-    "yes/no question or guess with \"Is it a WORD?\". Find the word in as few turns as you can."
+    'yes/no question or guess with "Is it a WORD?". Find the word in as few turns as you can.'
 )
 EXAMPLE_WORDS = ("sun", "milk", "rock", "shirt")
 """The list of the worked example (``TwentyQuestionsParams.example``); none is in either pool."""
 ANSWERER_PROMPT = (
-    "You are the host of a guessing game. The secret word is \"{word}\". Answer the player's yes/no "
+    'You are the host of a guessing game. The secret word is "{word}". Answer the player\'s yes/no '
     "question about the secret word truthfully, with Yes or No."
 )
 
@@ -171,8 +207,10 @@ class Answerer:
 
     def prompt(self, word: str, question: str) -> list[int]:
         """The answerer's prompt: the secret word in the system message, the question as the user's."""
-        return render_prompt(self.tokenizer, [{"role": "system", "content": ANSWERER_PROMPT.format(word=word)},
-                                              {"role": "user", "content": question}])
+        return render_prompt(
+            self.tokenizer,
+            [{"role": "system", "content": ANSWERER_PROMPT.format(word=word)}, {"role": "user", "content": question}],
+        )
 
     @staticmethod
     def reply(text: str) -> str:
@@ -243,7 +281,9 @@ class TwentyQuestionsParams:
         if self.repeat_penalty < 0:
             raise TrinityError(f"TwentyQuestionsParams.repeat_penalty must be >= 0, got {self.repeat_penalty}")
         if self.answerer_max_tokens < 1:
-            raise TrinityError(f"TwentyQuestionsParams.answerer_max_tokens must be >= 1, got {self.answerer_max_tokens}")
+            raise TrinityError(
+                f"TwentyQuestionsParams.answerer_max_tokens must be >= 1, got {self.answerer_max_tokens}"
+            )
         StopCondition(max_tokens=self.max_tokens)
 
 
@@ -252,8 +292,17 @@ class TwentyQuestionsEnv(Env):
 
     concurrent_steps = True  # the games of a batch ask the answerer together: one engine call per turn
 
-    def __init__(self, *, word: str, candidates: list[str], messages: list[Message], prompt: list[int],
-                 tokenizer: Any, answerer: Answerer, params: TwentyQuestionsParams) -> None:
+    def __init__(
+        self,
+        *,
+        word: str,
+        candidates: list[str],
+        messages: list[Message],
+        prompt: list[int],
+        tokenizer: Any,
+        answerer: Answerer,
+        params: TwentyQuestionsParams,
+    ) -> None:
         self.word = word
         self.candidates = candidates
         self.messages = list(messages)
@@ -323,8 +372,15 @@ class TwentyQuestionsEnvs(EnvFactory):
         answerer = self.answerer()
 
         def make_env() -> Env:
-            return TwentyQuestionsEnv(word=task.answer, candidates=candidates, messages=messages, prompt=prompt,
-                                      tokenizer=self.tokenizer, answerer=answerer, params=self.params)
+            return TwentyQuestionsEnv(
+                word=task.answer,
+                candidates=candidates,
+                messages=messages,
+                prompt=prompt,
+                tokenizer=self.tokenizer,
+                answerer=answerer,
+                params=self.params,
+            )
 
         return TaskGroupBuilder(task, group_size, make_env)
 
@@ -363,8 +419,14 @@ def twenty_questions_tasks(
             others = rng.sample([w for w in pool if w != word], params.candidates - 1)
             candidates = others + [word]
             rng.shuffle(candidates)
-            tasks.append(Task(prompt=word_list(candidates), answer=word,
-                              task_id=f"20q-{split}-{seed}-{len(tasks)}", info={"candidates": candidates}))
+            tasks.append(
+                Task(
+                    prompt=word_list(candidates),
+                    answer=word,
+                    task_id=f"20q-{split}-{seed}-{len(tasks)}",
+                    info={"candidates": candidates},
+                )
+            )
     return tasks
 
 

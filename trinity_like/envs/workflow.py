@@ -33,8 +33,8 @@ from trinity_like.envs.dataset import build_env_factory
 from trinity_like.envs.experience import group_rows
 from trinity_like.envs.rollout import RolloutParams, rollout_groups
 from trinity_like.envs.types import EnvFactory
-from trinity_like.explorer.workflows import SkippedTask, WorkflowResult, workflow_metrics
 from trinity_like.errors import ConfigError
+from trinity_like.explorer.workflows import SkippedTask, WorkflowResult, workflow_metrics
 from trinity_like.registry import ENV, WORKFLOW, UnknownNameError
 
 if TYPE_CHECKING:
@@ -59,8 +59,12 @@ class EnvWorkflowParams:
         except UnknownNameError as exc:
             raise ConfigError(f"explorer.workflow_args.env: {exc.args[0]}") from None
         build_params(env, self.env_args, where="explorer.workflow_args.env_args")
-        RolloutParams(max_turns=self.max_turns, max_total_tokens=self.max_total_tokens,
-                      step_timeout_s=self.step_timeout_s, step_retries=self.step_retries)
+        RolloutParams(
+            max_turns=self.max_turns,
+            max_total_tokens=self.max_total_tokens,
+            step_timeout_s=self.step_timeout_s,
+            step_retries=self.step_retries,
+        )
 
 
 @WORKFLOW.register_module("env")
@@ -77,8 +81,9 @@ class EnvWorkflow:
     def factory(self, tokenizer: Any) -> EnvFactory:
         """The env factory, built once per tokenizer (envs render their prompts with it)."""
         if self._factory is None or self._tokenizer is not tokenizer:
-            self._factory = build_env_factory(self.params.env, self.params.env_args, tokenizer=tokenizer,
-                                              where="explorer.workflow_args.env_args")
+            self._factory = build_env_factory(
+                self.params.env, self.params.env_args, tokenizer=tokenizer, where="explorer.workflow_args.env_args"
+            )
             self._tokenizer = tokenizer
         return self._factory
 
@@ -86,16 +91,25 @@ class EnvWorkflow:
         factory = self.factory(engine.tokenizer)
         builders = [factory.group_builder(task, sampling.n) for task in tasks]
         params = RolloutParams(
-            temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, greedy=sampling.greedy,
-            max_turns=self.params.max_turns, max_total_tokens=self.params.max_total_tokens,
-            step_timeout_s=self.params.step_timeout_s, step_retries=self.params.step_retries,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            greedy=sampling.greedy,
+            max_turns=self.params.max_turns,
+            max_total_tokens=self.params.max_total_tokens,
+            step_timeout_s=self.params.step_timeout_s,
+            step_retries=self.params.step_retries,
         )
         result = rollout_groups(builders, engine=engine, seed=sampling.seed, params=params)
-        experiences = [row for group in result.groups
-                       for row in group_rows(group, task_id=tasks[group.index].task_id,
-                                             answer=tasks[group.index].answer)]
+        experiences = [
+            row
+            for group in result.groups
+            for row in group_rows(group, task_id=tasks[group.index].task_id, answer=tasks[group.index].answer)
+        ]
         skipped = [SkippedTask(tasks[d.index].task_id, d.reason) for d in result.dropped]
         # No reward function here: the env scores its own steps (rollout/env_errors count its failures).
-        metrics = {**result.metrics,
-                   **workflow_metrics(experiences, len(tasks), skipped, {"timeout": 0, "error": 0}, retried=0)}
+        metrics = {
+            **result.metrics,
+            **workflow_metrics(experiences, len(tasks), skipped, {"timeout": 0, "error": 0}, retried=0),
+        }
         return WorkflowResult(experiences, skipped, metrics)

@@ -32,6 +32,7 @@ the trust model. Example::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -137,13 +138,17 @@ class CodeExecReward:
 
     def __init__(self, *, params: CodeExecParams) -> None:
         if params.cpu_s < 1 or params.wall_s <= 0 or params.memory_mb < 64 or params.file_mb < 0:
-            raise TrinityError(f"code_exec: cpu_s >= 1, wall_s > 0, memory_mb >= 64 and file_mb >= 0 needed, got {params}")
+            raise TrinityError(
+                f"code_exec: cpu_s >= 1, wall_s > 0, memory_mb >= 64 and file_mb >= 0 needed, got {params}"
+            )
         self.params = params
         jail = namespaces(params.network_isolation)
         if jail is None and params.network_isolation:
-            raise TrinityError("code_exec: cannot isolate the network here (`unshare -n` and `unshare -rn` both "
-                               "failed: no util-linux, or user namespaces disabled); set network_isolation: false "
-                               "in the reward's args to run the model's code with the network")
+            raise TrinityError(
+                "code_exec: cannot isolate the network here (`unshare -n` and `unshare -rn` both "
+                "failed: no util-linux, or user namespaces disabled); set network_isolation: false "
+                "in the reward's args to run the model's code with the network"
+            )
         self.jail: tuple[str, ...] = jail or ()  # () without unshare: processes the code detaches may outlive it
 
     def run(self, code: str, tests: list[str]) -> RunResult:
@@ -154,9 +159,17 @@ class CodeExecReward:
         limits = [str(self.params.cpu_s), str(self.params.memory_mb * mb), str(self.params.file_mb * mb)]
         cmd = [*self.jail, self.params.python or sys.executable, "-I", "-S", "-c", CHILD, *limits]
         with tempfile.TemporaryDirectory(prefix="code-exec-") as cwd:
-            child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     cwd=cwd, env={"PATH": os.defpath}, close_fds=True, text=True,
-                                     start_new_session=True)  # its own process group, killed whole below
+            child = subprocess.Popen(
+                cmd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                cwd=cwd,
+                env={"PATH": os.defpath},
+                close_fds=True,
+                text=True,
+                start_new_session=True,
+            )  # its own process group, killed whole below
             try:
                 child.stdin.write(job)
                 child.stdin.close()
@@ -188,8 +201,6 @@ class CodeExecReward:
 
 
 def _kill_group(child: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     child.wait()

@@ -187,11 +187,17 @@ class RolloutEngine:
         self._pad_id = int(pad) if pad is not None else (self.default_stop_ids or (0,))[0]
         self.prefix_cache = PrefixCache(params.prefix_cache_tokens)
         self._shared: set[str] = set()  # parameters that are the caller's tensors (update_weights(share=True))
-        self.pace: Callable[[], object] | None = None  # called before every decode step (cpu_share: the threads to take)
+        self.pace: Callable[[], object] | None = (
+            None  # called before every decode step (cpu_share: the threads to take)
+        )
 
     # -- weights ----------------------------------------------------------------------
     def update_weights(
-        self, state_dict: Mapping[str, torch.Tensor], *, version: int | None = None, strict: bool = True,
+        self,
+        state_dict: Mapping[str, torch.Tensor],
+        *,
+        version: int | None = None,
+        strict: bool = True,
         share: bool = False,
     ) -> int:
         """Copy ``state_dict`` into the model in place; returns the new model version.
@@ -207,8 +213,13 @@ class RolloutEngine:
         elif ties_output_again(self.model, state_dict):
             retie_output_embeddings(self.model)  # the base model's weights after those
         params = dict(self.model.named_parameters())  # a tied parameter once, under its first name
-        shared = {n for n, t in state_dict.items() if share and n in params and (t.dtype, t.shape, t.device) == (
-            params[n].dtype, params[n].shape, params[n].device)}
+        shared = {
+            n
+            for n, t in state_dict.items()
+            if share
+            and n in params
+            and (t.dtype, t.shape, t.device) == (params[n].dtype, params[n].shape, params[n].device)
+        }
         with torch.no_grad():
             for name in self._shared - shared:  # the caller's memory is never written: own a copy again
                 params[name].data = params[name].data.clone()

@@ -195,8 +195,9 @@ class SlotCache:
     def read(self, slot: int, length: int) -> torch.Tensor:
         """A copy of the first ``length`` positions of ``slot``: ``[layers, 2, H, length, D]``."""
         first = self.keys[0]
-        out = torch.empty((len(self.keys), 2, first.shape[1], length, first.shape[3]), dtype=first.dtype,
-                          device=first.device)
+        out = torch.empty(
+            (len(self.keys), 2, first.shape[1], length, first.shape[3]), dtype=first.dtype, device=first.device
+        )
         for layer, (k, v) in enumerate(zip(self.keys, self.values)):
             out[layer, 0] = k[slot, :, :length]
             out[layer, 1] = v[slot, :, :length]

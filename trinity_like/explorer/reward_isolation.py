@@ -62,8 +62,10 @@ class IsolatedParams:
         if not self.fn:
             raise TrinityError("isolated: fn is empty (the REWARD_FN name to run in a child process)")
         if self.memory_mb < 1 or self.cpu_s < 1 or self.wall_s <= 0:
-            raise TrinityError(f"isolated: memory_mb and cpu_s must be >= 1 and wall_s > 0 "
-                               f"(got {self.memory_mb}, {self.cpu_s}, {self.wall_s})")
+            raise TrinityError(
+                f"isolated: memory_mb and cpu_s must be >= 1 and wall_s > 0 "
+                f"(got {self.memory_mb}, {self.cpu_s}, {self.wall_s})"
+            )
 
 
 class RewardProcessError(RuntimeError):
@@ -94,8 +96,14 @@ class IsolatedReward:
             raise type(exc)(f"isolated.fn: {exc}") from None
         self.params = params
 
-    def __call__(self, *, response: str, answer: str | None = None, task: Task | None = None,
-                 messages: list[dict[str, str]] | None = None) -> float:
+    def __call__(
+        self,
+        *,
+        response: str,
+        answer: str | None = None,
+        task: Task | None = None,
+        messages: list[dict[str, str]] | None = None,
+    ) -> float:
         given = {"response": response, "answer": answer, "task": task, "messages": messages}
         return self.call({k: v for k, v in given.items() if v is not None})
 
@@ -113,9 +121,13 @@ class IsolatedReward:
             os.close(read_fd)
             status = _reap(pid, grace_s=0.0 if raw is None else 1.0)
         if raw is None:
-            raise RewardProcessError(f"{self.params.fn}: no result within wall_s={self.params.wall_s:g} s (child killed)")
+            raise RewardProcessError(
+                f"{self.params.fn}: no result within wall_s={self.params.wall_s:g} s (child killed)"
+            )
         if not raw:
-            raise RewardProcessError(f"{self.params.fn}: the reward process died ({_describe(status)}) before answering")
+            raise RewardProcessError(
+                f"{self.params.fn}: the reward process died ({_describe(status)}) before answering"
+            )
         ok, value = json.loads(raw)
         if not ok:
             raise RewardProcessError(f"{self.params.fn}: {value}")

@@ -96,7 +96,9 @@ class CompositeParams:
             try:
                 build_params(REWARD_FN.get(term.name), term.args, where=f"composite.terms.{i}.args")
             except TrinityError as exc:  # an unknown name, a bad arg: say which term
-                raise ConfigError(f"composite.terms.{i}: {exc}" if not str(exc).startswith("composite.") else str(exc)) from None
+                raise ConfigError(
+                    f"composite.terms.{i}: {exc}" if not str(exc).startswith("composite.") else str(exc)
+                ) from None
 
 
 @REWARD_FN.register_module("composite")
@@ -108,8 +110,14 @@ class CompositeReward:
 
         self.terms = [(term.weight, build_reward_fn(term.name, term.args)) for term in params.terms]
 
-    def __call__(self, *, response: str, answer: str | None = None, task: Task | None = None,
-                 messages: list[dict[str, str]] | None = None) -> float:
+    def __call__(
+        self,
+        *,
+        response: str,
+        answer: str | None = None,
+        task: Task | None = None,
+        messages: list[dict[str, str]] | None = None,
+    ) -> float:
         given = {"response": response, "answer": answer, "task": task, "messages": messages}
         inputs: Mapping[str, Any] = {k: v for k, v in given.items() if v is not None}
         return sum(weight * fn(inputs) for weight, fn in self.terms)

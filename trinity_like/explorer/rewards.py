@@ -230,7 +230,7 @@ def call_with_deadline(fn: Callable[[], Any], timeout_s: float, *, what: str) ->
     def target() -> None:
         try:
             box.put((True, fn()))
-        except BaseException as exc:  # delivered to the caller below, never swallowed here
+        except BaseException as exc:  # noqa: BLE001 -- delivered to the caller below, never swallowed here
             box.put((False, exc))
 
     threading.Thread(target=target, daemon=True, name=what).start()

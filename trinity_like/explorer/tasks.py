@@ -136,7 +136,12 @@ def iter_arithmetic_tasks(
 
 
 def arithmetic_tasks(
-    params: ArithmeticParams, split: str, count: int | None, *, seed: int = 0, system_prompt: str = CALCULATOR_PROMPT,
+    params: ArithmeticParams,
+    split: str,
+    count: int | None,
+    *,
+    seed: int = 0,
+    system_prompt: str = CALCULATOR_PROMPT,
 ) -> list[Task]:
     """The first ``count`` problems of ``split`` (None, or a larger count: the whole split); ``""``: no system prompt."""
     tasks = iter_arithmetic_tasks(params, split, seed=seed, system_prompt=system_prompt)
@@ -150,8 +155,10 @@ def arithmetic_source(
     """Seeded 'What is 47 + 8?' problems; the eval split never overlaps train (size None: the whole split)."""
     space = _space_size(params)
     if size is None and space > MAX_UNSIZED_SPACE:  # drawing a whole split of this size takes minutes
-        raise TrinityError(f"size is unset (the whole split), but this problem space holds {space:,} problems, "
-                           f"more than the {MAX_UNSIZED_SPACE:,} drawn without a size: set size")
+        raise TrinityError(
+            f"size is unset (the whole split), but this problem space holds {space:,} problems, "
+            f"more than the {MAX_UNSIZED_SPACE:,} drawn without a size: set size"
+        )
     prompt = CALCULATOR_PROMPT if system_prompt is None else system_prompt
     return arithmetic_tasks(params, split, size, seed=seed, system_prompt=prompt)
 
@@ -216,8 +223,13 @@ def reasoning_gym_source(
 ) -> list[Task]:
     """reasoning-gym's procedural tasks (GSM8K-style gsm_symbolic, ...): pip install reasoning-gym."""
     seed = seed + (EVAL_SEED_OFFSET if split == "eval" else 0)
-    return reasoning_gym_tasks(params.dataset, count=params.unsized_count if size is None else size, seed=seed,
-                               config=params.config, system_prompt=system_prompt)
+    return reasoning_gym_tasks(
+        params.dataset,
+        count=params.unsized_count if size is None else size,
+        seed=seed,
+        config=params.config,
+        system_prompt=system_prompt,
+    )
 
 
 # -- looking a source up ----------------------------------------------------------------------

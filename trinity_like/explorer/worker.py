@@ -121,8 +121,9 @@ def _state_dict(weights: Weights) -> tuple[dict, bool]:
 class ExplorerWorker:
     """Rollout engine + workflow over a model folder; in-process, or the body of the Ray actor."""
 
-    def __init__(self, config: Config, model_path: str, num_threads: int | None = None,
-                 cores: CoreShare | None = None) -> None:
+    def __init__(
+        self, config: Config, model_path: str, num_threads: int | None = None, cores: CoreShare | None = None
+    ) -> None:
         """``num_threads``: torch threads of this process (None: leave them); ``cores``: the
         board shared with the trainer (:mod:`trinity_like.cpu_share`), which sets them before
         every decode step instead."""
@@ -141,12 +142,16 @@ class ExplorerWorker:
         # ~0.4 GB for SmolLM2) until the next sync.
         wf_cls = WORKFLOW.get(config.explorer.workflow)
         multi_turn = getattr(wf_cls, "reuses_prefixes", False)
-        params = EngineParams(max_batch_size=config.explorer.max_concurrent,
-                              prefix_cache_tokens=EngineParams.prefix_cache_tokens if multi_turn else 0)
+        params = EngineParams(
+            max_batch_size=config.explorer.max_concurrent,
+            prefix_cache_tokens=EngineParams.prefix_cache_tokens if multi_turn else 0,
+        )
         self.engine = RolloutEngine(model, tokenizer, params)
         self.workflow = wf_cls(params=workflow_params(config, wf_cls))
         self.eval_workflow = (
-            wf_cls(params=workflow_params(config, wf_cls, evaluation=True)) if config.explorer.eval_reward_fn else self.workflow
+            wf_cls(params=workflow_params(config, wf_cls, evaluation=True))
+            if config.explorer.eval_reward_fn
+            else self.workflow
         )
         self.restarts = 0  # in-process: a crash is the driver's
         self.cores = cores

@@ -111,7 +111,11 @@ class BatchTransform:
         self.params = build_params(self.fn, values, where="explorer.workflow_args.reward_transform_args")
 
     def __call__(self, rewards: list[float]) -> list[float]:
-        out = self.fn(rewards=list(rewards), params=self.params) if self.params is not None else self.fn(rewards=list(rewards))
+        out = (
+            self.fn(rewards=list(rewards), params=self.params)
+            if self.params is not None
+            else self.fn(rewards=list(rewards))
+        )
         if len(out) != len(rewards):
             raise TrinityError(f"reward transform {self.name!r} returned {len(out)} rewards for {len(rewards)}")
         return [float(x) for x in out]
@@ -158,8 +162,9 @@ class MathWorkflow:
                     break
                 info: dict[str, Any] = {"response_text": text, "answer": task.answer}
                 if self.gold is not None:
-                    gold = score_with_retries(self.gold, inputs, retries=self.params.reward_retries,
-                                              timeout_s=self.params.reward_timeout_s)
+                    gold = score_with_retries(
+                        self.gold, inputs, retries=self.params.reward_retries, timeout_s=self.params.reward_timeout_s
+                    )
                     failures["gold"] += gold.reward is None
                     info["gold_reward"] = gold.reward
                 rows.append(
@@ -195,8 +200,9 @@ class MathWorkflow:
 def gold_metrics(experiences: list[Experience], errors: int) -> dict[str, float]:
     """``reward/gold_mean`` and ``reward/gold_corr`` (Pearson's r of the trained reward and the
     gold one over the batch; absent when either is constant) of the rows with a gold reward."""
-    pairs = [(float(e.reward), float(e.info["gold_reward"])) for e in experiences
-             if e.info.get("gold_reward") is not None]
+    pairs = [
+        (float(e.reward), float(e.info["gold_reward"])) for e in experiences if e.info.get("gold_reward") is not None
+    ]
     out = {"workflow/gold_errors": float(errors)}
     if pairs:
         learned, gold = zip(*pairs)

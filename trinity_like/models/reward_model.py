@@ -50,7 +50,9 @@ class RewardModel(torch.nn.Module):
 
     def forward(self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor) -> torch.Tensor:
         """Scores [B]; works with left or right padding (the last 1 of the mask is read)."""
-        hidden_BTH = self.backbone.base_model(input_ids=input_ids_BT, attention_mask=attention_mask_BT).last_hidden_state
+        hidden_BTH = self.backbone.base_model(
+            input_ids=input_ids_BT, attention_mask=attention_mask_BT
+        ).last_hidden_state
         positions_T = torch.arange(attention_mask_BT.shape[1], device=attention_mask_BT.device)
         last_B = (attention_mask_BT.long() * (positions_T + 1)).argmax(dim=1)
         last_BH = hidden_BTH[torch.arange(hidden_BTH.shape[0]), last_B]
@@ -62,7 +64,10 @@ def save_reward_model(model: RewardModel, tokenizer: PreTrainedTokenizerBase, pa
     path = Path(path)
     model.backbone.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
-    head = {"weight": model.head.weight.detach().cpu().contiguous(), "bias": model.head.bias.detach().cpu().contiguous()}
+    head = {
+        "weight": model.head.weight.detach().cpu().contiguous(),
+        "bias": model.head.bias.detach().cpu().contiguous(),
+    }
     save_file(head, str(path / HEAD_FILE))
     return path
 
@@ -93,7 +98,9 @@ def load_reward_model(path: str | os.PathLike[str]) -> tuple[torch.nn.Module, Pr
     """Load a reward model folder (either layout) or a run directory's latest one, in eval mode."""
     path = _model_folder(Path(path).expanduser())
     if not (path / "config.json").is_file():
-        raise TrinityError(f"reward model {str(path)!r}: no config.json (expected a reward-model folder or an rm run directory)")
+        raise TrinityError(
+            f"reward model {str(path)!r}: no config.json (expected a reward-model folder or an rm run directory)"
+        )
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -34,8 +34,11 @@ def gives_tied_output_its_own(model: nn.Module, state_dict: Mapping[str, torch.T
     inputs, output = model.get_input_embeddings(), model.get_output_embeddings()
     if inputs is None or output is None or output.weight is not inputs.weight:
         return False
-    values = [state_dict[n] for n, p in model.named_parameters(remove_duplicate=False)
-              if p is inputs.weight and n in state_dict]
+    values = [
+        state_dict[n]
+        for n, p in model.named_parameters(remove_duplicate=False)
+        if p is inputs.weight and n in state_dict
+    ]
     return len(values) == 2 and not torch.equal(values[0], values[1])
 
 
@@ -54,7 +57,12 @@ def ties_output_again(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) 
     """Whether ``model``, once tied and untied by :func:`untie_output_embeddings`, is given a
     tied model's weights: the input embedding and no output layer."""
     inputs, output = model.get_input_embeddings(), model.get_output_embeddings()
-    if inputs is None or output is None or output.weight is inputs.weight or not getattr(model, "_trinity_untied", False):
+    if (
+        inputs is None
+        or output is None
+        or output.weight is inputs.weight
+        or not getattr(model, "_trinity_untied", False)
+    ):
         return False
     names = {id(p): n for n, p in model.named_parameters()}
     return names[id(inputs.weight)] in state_dict and names[id(output.weight)] not in state_dict

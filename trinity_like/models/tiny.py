@@ -33,9 +33,7 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Qwen2's pre-tokenizer split (digits one by one). The saved folder says `model_type:
 # qwen2`, so `AutoTokenizer` reloads it as `Qwen2Tokenizer`, which rebuilds this exact
 # pipeline around our vocabulary and merges: encodings survive the round trip.
-QWEN2_SPLIT_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+QWEN2_SPLIT_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 _WORDS = (
     "zero one two three four five six seven eight nine ten eleven twelve twenty thirty "
@@ -57,7 +55,7 @@ def _training_text() -> list[str]:
     return lines
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _trained_tokenizer_json(vocab_size: int) -> str:
     """Train the BPE once per process and size; the JSON is immutable so it caches safely."""
     tok = Tokenizer(models.BPE(unk_token=None))

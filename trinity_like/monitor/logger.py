@@ -42,8 +42,9 @@ class PhaseTimer:
 class MetricsLogger:
     """Sends each step's metrics to every configured monitor and updates the progress bar."""
 
-    def __init__(self, run_dir: str, backends: Sequence[str], *, total_steps: int, start_step: int,
-                 progress: bool, desc: str) -> None:
+    def __init__(
+        self, run_dir: str, backends: Sequence[str], *, total_steps: int, start_step: int, progress: bool, desc: str
+    ) -> None:
         self.sinks = []
         for name in backends:
             cls = MONITOR.get(name)

@@ -18,7 +18,15 @@ PANELS = (
     ("loss", ("loss", "policy_loss", "kl", "entropy")),
     ("response length (tokens)", ("response_length/mean",)),
 )
-PHASES = ("time/rollout", "time/reference", "time/old_logprob", "time/update", "time/sync", "time/eval", "time/checkpoint")
+PHASES = (
+    "time/rollout",
+    "time/reference",
+    "time/old_logprob",
+    "time/update",
+    "time/sync",
+    "time/eval",
+    "time/checkpoint",
+)
 
 
 def phase_rows(rows: list[dict]) -> list[dict]:
@@ -105,8 +113,15 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
 
 # Colours of the timeline's phases (any other phase gets the next free colour).
-PHASE_COLOURS = {"rollout": "tab:blue", "update": "tab:orange", "sync": "tab:green", "checkpoint": "tab:red",
-                 "eval": "tab:purple", "buffer_write": "tab:brown", "wait": "0.85"}
+PHASE_COLOURS = {
+    "rollout": "tab:blue",
+    "update": "tab:orange",
+    "sync": "tab:green",
+    "checkpoint": "tab:red",
+    "eval": "tab:purple",
+    "buffer_write": "tab:brown",
+    "wait": "0.85",
+}
 
 
 def plot_timeline(run_dir: str | Path, out: str | Path | None = None, last_s: float | None = None) -> Path:
@@ -145,15 +160,25 @@ def plot_timeline(run_dir: str | Path, out: str | Path | None = None, last_s: fl
             if s.actor != actor:
                 continue
             colour = colours.setdefault(s.phase, f"C{len(colours) % 10}")
-            ax.broken_barh([(s.start - t0, max(s.end - s.start, 1e-3))], (row - 0.4, 0.8), facecolors=colour,
-                           edgecolors="white", linewidth=0.8)
+            ax.broken_barh(
+                [(s.start - t0, max(s.end - s.start, 1e-3))],
+                (row - 0.4, 0.8),
+                facecolors=colour,
+                edgecolors="white",
+                linewidth=0.8,
+            )
             if s.busy and s.end - s.start > 0.04 * width:  # the step of a wide bar, inside it
                 ax.text((s.start + s.end) / 2 - t0, row, str(s.step), ha="center", va="center", fontsize=8)
     ax.set_yticks(range(len(actors)), actors)
     ax.set_xlabel("seconds")
     shown = sorted({s.phase for s in spans}, key=list(colours).index)
-    ax.legend(handles=[Patch(color=colours[p], label=p) for p in shown],
-              loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(actors) < 3 else -0.2), ncol=len(shown), fontsize=8)
+    ax.legend(
+        handles=[Patch(color=colours[p], label=p) for p in shown],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.35 if len(actors) < 3 else -0.2),
+        ncol=len(shown),
+        fontsize=8,
+    )
     hidden = overlap_fraction(spans)
     note = "no rollouts" if hidden is None else f"{hidden:.0%} of rollout time hidden behind training"
     ax.set_title(f"{run_dir}: {note}")

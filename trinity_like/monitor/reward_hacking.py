@@ -83,7 +83,7 @@ class RewardHackingGuard:
         new_best = self.best is None or gold > self.best["gold_mean"]
         if new_best:
             self.best = {"step": step, "version": version, "gold_mean": gold, "learned_mean": learned, "kept": False}
-        recent = self.history[-(self.window + 1):]
+        recent = self.history[-(self.window + 1) :]
         diverging = False
         if len(recent) == self.window + 1:
             golds, learns = [g for _, g, _ in recent], [r for _, _, r in recent]
@@ -91,8 +91,10 @@ class RewardHackingGuard:
         message = ""
         if diverging:
             (s0, g0, l0), (_, g1, l1) = recent[0], recent[-1]
-            message = (f"step {step}: reward hacking? the gold reward fell over the last {self.window} steps "
-                       f"({g0:.3g} at step {s0} -> {g1:.3g}) while the learned reward rose ({l0:.3g} -> {l1:.3g})")
+            message = (
+                f"step {step}: reward hacking? the gold reward fell over the last {self.window} steps "
+                f"({g0:.3g} at step {s0} -> {g1:.3g}) while the learned reward rose ({l0:.3g} -> {l1:.3g})"
+            )
         return Verdict(new_best, diverging, message)
 
     def keep_best(self, save_weights: Callable[[str], None], model_folder: Path) -> None:
@@ -103,7 +105,11 @@ class RewardHackingGuard:
         shutil.rmtree(tmp, ignore_errors=True)
         save_weights(str(tmp))
         for f in model_folder.iterdir():
-            if f.is_file() and not f.name.endswith((".safetensors", ".bin", ".pt")) and f.name != "model.safetensors.index.json":
+            if (
+                f.is_file()
+                and not f.name.endswith((".safetensors", ".bin", ".pt"))
+                and f.name != "model.safetensors.index.json"
+            ):
                 shutil.copy2(f, tmp / f.name)
         self.best["kept"] = True
         (tmp / BEST_FILE).write_text(json.dumps(self.best, indent=1))
@@ -112,8 +118,10 @@ class RewardHackingGuard:
 
     def stop_message(self, verdict: Verdict) -> str:
         if self.best is not None and self.best.get("kept"):
-            best = (f"best-by-gold weights: those after step {self.best['version']} (gold_mean "
-                    f"{self.best['gold_mean']:.3g} on step {self.best['step']}'s rollouts), kept in {self.best_dir}")
+            best = (
+                f"best-by-gold weights: those after step {self.best['version']} (gold_mean "
+                f"{self.best['gold_mean']:.3g} on step {self.best['step']}'s rollouts), kept in {self.best_dir}"
+            )
         else:
             best = "no best-by-gold weights could be kept (they are kept only with synchronizer.offset: 0)"
         return f"{verdict.message}; stopped (monitor.stop_on_reward_hacking); {best}"
@@ -140,8 +148,9 @@ def guard_for(config: Any, run_dir: Path, role: str) -> RewardHackingGuard | Non
     return RewardHackingGuard(m.reward_hacking_window, m.stop_on_reward_hacking and role == "both", run_dir / BEST_DIR)
 
 
-def watch_rollouts(guard: RewardHackingGuard, stage: Any, step: int, metrics: dict[str, float],
-                   versions: list[int]) -> dict[str, float]:
+def watch_rollouts(
+    guard: RewardHackingGuard, stage: Any, step: int, metrics: dict[str, float], versions: list[int]
+) -> dict[str, float]:
     """Feed one explored batch to ``guard`` on behalf of a stage; returns metrics to log.
 
     Keeps the best weights (stop on, the rollouts sampled by the actor's current weights),
@@ -154,8 +163,11 @@ def watch_rollouts(guard: RewardHackingGuard, stage: Any, step: int, metrics: di
     verdict = guard.observe(step, version=version, gold=metrics["reward/gold_mean"], learned=learned)
     # Only in turn (offset 0): the actor then holds exactly the weights that sampled the batch, and
     # no optimiser step runs while they are read (with offset >= 1 the explorer may run in a thread).
-    on_policy = (stage.actor is not None and stage.config.synchronizer.offset == 0
-                 and min(versions) == version == stage.model_version)
+    on_policy = (
+        stage.actor is not None
+        and stage.config.synchronizer.offset == 0
+        and min(versions) == version == stage.model_version
+    )
     if guard.stop and verdict.new_best and on_policy:
         guard.keep_best(stage._save_weights, stage.model_path)
     if verdict.diverging and not guard.warned:

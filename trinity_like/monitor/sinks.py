@@ -30,11 +30,13 @@ class JsonlMonitor:
     def __init__(self, *, run_dir: str, params: JsonlParams) -> None:
         self.path = Path(run_dir) / params.filename
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "a", encoding="utf-8")
+        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 -- held open for the run, closed by close()
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        clean = {k: (v if isinstance(v, (int, float)) and math.isfinite(v) else None if isinstance(v, float) else v)
-                 for k, v in metrics.items()}
+        clean = {
+            k: (v if isinstance(v, (int, float)) and math.isfinite(v) else None if isinstance(v, float) else v)
+            for k, v in metrics.items()
+        }
         self._fh.write(json.dumps({"step": step, "time": time.time(), **clean}) + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())

@@ -52,8 +52,15 @@ class Timeline:
         self._lock = threading.Lock()
 
     def add(self, span: Span) -> None:
-        line = json.dumps({"actor": span.actor, "phase": span.phase, "step": span.step,
-                           "start": round(span.start, 4), "end": round(span.end, 4)})
+        line = json.dumps(
+            {
+                "actor": span.actor,
+                "phase": span.phase,
+                "step": span.step,
+                "start": round(span.start, 4),
+                "end": round(span.end, 4),
+            }
+        )
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.path, "a", encoding="utf-8") as f:
@@ -91,8 +98,9 @@ def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return out
 
 
-def overlap_fraction(spans: list[Span], hidden: str = "explorer", behind: str = "trainer",
-                     phase: str = "rollout") -> float | None:
+def overlap_fraction(
+    spans: list[Span], hidden: str = "explorer", behind: str = "trainer", phase: str = "rollout"
+) -> float | None:
     """The fraction of ``hidden``'s ``phase`` time during which ``behind`` was busy: the
     rollout time hidden behind training. None when there is no such time.
 

@@ -311,11 +311,23 @@ def run_concurrent(stage: Stage, learn: Learn, end_step: EndStep) -> dict[str, f
                     with stage.span("trainer", "wait", step):
                         batch = explorer.take()
                     put([batch], metrics)
-            with stage.span("trainer", "update", step), stage.cores.computing(TRAINER) if stage.cores else nullcontext():
+            with (
+                stage.span("trainer", "update", step),
+                stage.cores.computing(TRAINER) if stage.cores else nullcontext(),
+            ):
                 learned, batch_trained = learn(stage, step, timer)
             metrics.update(learned)
-            end_step(stage, step, timer, t0, metrics, batch_trained, evaluate=evaluate, sync=explorer.publish,
-                     before_checkpoint=quiesce)
+            end_step(
+                stage,
+                step,
+                timer,
+                t0,
+                metrics,
+                batch_trained,
+                evaluate=evaluate,
+                sync=explorer.publish,
+                before_checkpoint=quiesce,
+            )
             explorer.resume()
             last = metrics
         explorer.pause()

@@ -83,8 +83,14 @@ def trained_records(rows: Sequence[Experience], batch: Batch, outputs: Batch) ->
     ``logprob`` from ``outputs`` (``forward_backward``'s ``out``), whichever the step has."""
     fields = {"advantages": batch.get("advantages"), "trainer_logprob": outputs.get("logprob")}
     lists = {name: t.tolist() for name, t in fields.items() if t is not None}
-    return [TrainedRecord(row.eid, {name: values[i][: row.response_length] for name, values in lists.items()})
-            for i, row in enumerate(rows)] if lists else []
+    return (
+        [
+            TrainedRecord(row.eid, {name: values[i][: row.response_length] for name, values in lists.items()})
+            for i, row in enumerate(rows)
+        ]
+        if lists
+        else []
+    )
 
 
 def pair_batch(rows: Sequence[PairExperience], pad_id: int) -> Batch:
@@ -100,7 +106,8 @@ def pair_batch(rows: Sequence[PairExperience], pad_id: int) -> Batch:
     batch = _pad_rows(prompts, responses, pad_id)
     R = batch["input_ids"].shape[1] - max(len(p) for p in prompts)
     masks = [
-        m for r in rows
+        m
+        for r in rows
         for m in (r.chosen_mask or [1] * len(r.chosen_tokens), r.rejected_mask or [1] * len(r.rejected_tokens))
     ]
     batch["response_mask"] = _per_token(masks, R)

@@ -123,8 +123,11 @@ class CheckpointManager:
         if tmp.exists():
             shutil.rmtree(tmp)
         previous = self.latest()
-        intact = (f"nothing of it was kept and the previous checkpoint {previous.name} is intact" if previous
-                  else "nothing of it was kept (no earlier checkpoint)")
+        intact = (
+            f"nothing of it was kept and the previous checkpoint {previous.name} is intact"
+            if previous
+            else "nothing of it was kept (no earlier checkpoint)"
+        )
         try:
             with disk_full_as_error(f"checkpoint {name} in {self.root}", intact):
                 tmp.mkdir()
@@ -153,8 +156,12 @@ class CheckpointManager:
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
         manifest = {str(p.relative_to(tmp)): _sha256(p) for p in files}
         weights = [v for k, v in manifest.items() if k.endswith(".safetensors")]
-        body = {"step": step, "files": manifest, "sizes": {str(p.relative_to(tmp)): p.stat().st_size for p in files},
-                "weights_sha256": hashlib.sha256("".join(weights).encode()).hexdigest()}
+        body = {
+            "step": step,
+            "files": manifest,
+            "sizes": {str(p.relative_to(tmp)): p.stat().st_size for p in files},
+            "weights_sha256": hashlib.sha256("".join(weights).encode()).hexdigest(),
+        }
         (tmp / MANIFEST).write_text(json.dumps(body, indent=1, sort_keys=True))
         _fsync_tree(tmp)
 
@@ -200,9 +207,12 @@ class CheckpointManager:
 
     def _corrupt(self, path: Path, rel: str, what: str) -> TrinityError:
         earlier = [p for p in self.list() if p.name < path.name]
-        way_back = (f"to resume from the checkpoint before it ({earlier[-1].name}), move this one aside "
-                    f"(mv {path} {path.parent / ('corrupt-' + path.name)}) and run the same command"
-                    if earlier else "no earlier checkpoint is left: move it aside to start the run over")
+        way_back = (
+            f"to resume from the checkpoint before it ({earlier[-1].name}), move this one aside "
+            f"(mv {path} {path.parent / ('corrupt-' + path.name)}) and run the same command"
+            if earlier
+            else "no earlier checkpoint is left: move it aside to start the run over"
+        )
         return TrinityError(f"checkpoint {path}: {rel} {what}; {way_back}")
 
     @staticmethod

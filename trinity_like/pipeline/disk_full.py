@@ -70,5 +70,7 @@ def disk_full_as_error(what: str, intact: str) -> Iterator[None]:
         cause = disk_full_cause(exc)
         if cause is None:
             raise
-        raise DiskFullError(f"disk full: could not write {what} ({describe(cause)}); {intact}: "
-                            f"free space and run the same command to resume") from exc
+        raise DiskFullError(
+            f"disk full: could not write {what} ({describe(cause)}); {intact}: "
+            f"free space and run the same command to resume"
+        ) from exc

@@ -13,8 +13,8 @@ from trinity_like.monitor.evals import EVALS_FILE
 from trinity_like.monitor.logger import MetricsLogger
 from trinity_like.pipeline.checkpoint import CheckpointManager
 from trinity_like.pipeline.data_sources import StageData, task_set
-from trinity_like.trainer.lora import export_checkpoint, is_adapter_folder
 from trinity_like.pipeline.stage import Stage
+from trinity_like.trainer.lora import export_checkpoint, is_adapter_folder
 
 
 def run_bench(spec: ResolvedStage) -> dict[str, float]:
@@ -30,8 +30,14 @@ def run_bench(spec: ResolvedStage) -> dict[str, float]:
     if not found:
         raise TrinityError(f"mode bench: no checkpoints in {run_dir / 'checkpoints'}")
     data = StageData(eval_tasks=list(task_set(cfg.buffer.eval_tasks, "buffer.eval_tasks", train=False)))
-    logger = MetricsLogger(str(run_dir / "bench"), cfg.monitor.backends, total_steps=len(found), start_step=0,
-                           progress=cfg.monitor.progress, desc=f"bench {cfg.name}")
+    logger = MetricsLogger(
+        str(run_dir / "bench"),
+        cfg.monitor.backends,
+        total_steps=len(found),
+        start_step=0,
+        progress=cfg.monitor.progress,
+        desc=f"bench {cfg.name}",
+    )
     last: dict[str, float] = {}
     merged = Path(tempfile.mkdtemp(prefix="bench-merged-"))
     try:
@@ -40,9 +46,18 @@ def run_bench(spec: ResolvedStage) -> dict[str, float]:
             model = path / "model"
             if is_adapter_folder(model):  # a LoRA run's checkpoint: evaluate adapter merged into its base
                 model = export_checkpoint(model, merged / path.name)
-            stage = Stage(spec=spec, role="explore", run_dir=run_dir, model_path=model, tokenizer=load_tokenizer(model),
-                          data=data, logger=logger, checkpoints=checkpoints, explorer=ExplorerWorker(cfg, str(model)),
-                          eval_log=run_dir / "bench" / EVALS_FILE)
+            stage = Stage(
+                spec=spec,
+                role="explore",
+                run_dir=run_dir,
+                model_path=model,
+                tokenizer=load_tokenizer(model),
+                data=data,
+                logger=logger,
+                checkpoints=checkpoints,
+                explorer=ExplorerWorker(cfg, str(model)),
+                eval_log=run_dir / "bench" / EVALS_FILE,
+            )
             step = int(CheckpointManager.read_state(path)["step"])
             last = stage.evaluate(step)
             logger.log(step, last)

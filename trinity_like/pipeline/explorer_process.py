@@ -84,8 +84,10 @@ class ExplorerProcess:
                 self.version = latest
                 return time.perf_counter() - t0
             if time.perf_counter() >= notice:
-                self.ctx.logger.write(f"waiting for trainer weights v{version} in {self.channel.root} "
-                                      f"(newest: {'none' if latest is None else f'v{latest}'})")
+                self.ctx.logger.write(
+                    f"waiting for trainer weights v{version} in {self.channel.root} "
+                    f"(newest: {'none' if latest is None else f'v{latest}'})"
+                )
                 notice += WAIT_NOTICE_S
             time.sleep(self.poll_s)
 
@@ -127,10 +129,14 @@ class ExplorerProcess:
             self.state.save({"step": step, "tasks": ctx.data.train.state_dict(), "version": self.version})
             rewards = [float(r.reward or 0.0) for r in rows]
             metrics.update(timer.metrics())
-            metrics.update({
-                "explorer/model_version": float(self.version), "explorer/rows": float(len(rows)),
-                "reward/mean": sum(rewards) / max(len(rewards), 1), "time/step": time.perf_counter() - t0,
-            })
+            metrics.update(
+                {
+                    "explorer/model_version": float(self.version),
+                    "explorer/rows": float(len(rows)),
+                    "reward/mean": sum(rewards) / max(len(rewards), 1),
+                    "time/step": time.perf_counter() - t0,
+                }
+            )
             ctx.log(step, metrics)
             ctx.logger.advance()
             last = metrics

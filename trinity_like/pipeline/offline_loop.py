@@ -29,8 +29,8 @@ import torch
 
 from trinity_like.config import ResolvedStage
 from trinity_like.errors import TrinityError
-from trinity_like.monitor.logger import PhaseTimer
 from trinity_like.monitor.evals import TRAINED_PAIRS_FILE, append_evals
+from trinity_like.monitor.logger import PhaseTimer
 from trinity_like.ops import normalizers
 from trinity_like.pipeline.batching import experience_batch, pair_batch, split_rows
 from trinity_like.pipeline.rl_loop import end_step, update
@@ -97,7 +97,11 @@ class OfflineTrainer:
 
     def batch(self, rows: list[Any]) -> Batch:
         stage = self.stage
-        batch = pair_batch(rows, stage.pad_id) if stage.spec.algorithm.schema == "pair" else experience_batch(rows, stage.pad_id)
+        batch = (
+            pair_batch(rows, stage.pad_id)
+            if stage.spec.algorithm.schema == "pair"
+            else experience_batch(rows, stage.pad_id)
+        )
         if self.cache is not None:
             batch["ref_logprob"] = _pair_ref_logprob(stage, rows, batch, self.cache)
         return batch
@@ -105,7 +109,11 @@ class OfflineTrainer:
     def free_reference(self) -> None:
         """Every training pair's reference logprobs are cached: the reference model can go."""
         stage = self.stage
-        if self.cache is not None and stage.reference is not None and not self.cache.missing(_row_keys(stage.data.train.rows)):
+        if (
+            self.cache is not None
+            and stage.reference is not None
+            and not self.cache.missing(_row_keys(stage.data.train.rows))
+        ):
             stage.reference.close()
             stage.reference = None
 
@@ -138,18 +146,34 @@ class OfflineTrainer:
         alone.update(normalizers(alone["response_mask"]))
         mine = split_rows(outputs, two)
         _, m = self.stage.objective(mine, alone)
-        m.update({f"{k}_{side}": float(v[i]) for k, v in mine.items() if v.dim() == 1  # per-row outputs: RM scores
-                  for i, side in enumerate(("chosen", "rejected"))})
+        m.update(
+            {
+                f"{k}_{side}": float(v[i])
+                for k, v in mine.items()
+                if v.dim() == 1  # per-row outputs: RM scores
+                for i, side in enumerate(("chosen", "rejected"))
+            }
+        )
         prompt, chosen, rejected = self.stage.tokenizer.batch_decode(
-            [row.prompt_tokens, row.chosen_tokens, row.rejected_tokens], skip_special_tokens=True)
-        return {"kind": "pair", "task_id": row.task_id or row.eid, "prompt": prompt, "chosen": chosen,
-                "rejected": rejected, "metrics": m}
+            [row.prompt_tokens, row.chosen_tokens, row.rejected_tokens], skip_special_tokens=True
+        )
+        return {
+            "kind": "pair",
+            "task_id": row.task_id or row.eid,
+            "prompt": prompt,
+            "chosen": chosen,
+            "rejected": rejected,
+            "metrics": m,
+        }
 
     def record(self, step: int, rows: list[Any], batch: Batch, outputs: Batch) -> None:
         """Each training pair of ``step`` with what the loss saw of it, to ``trained_pairs.jsonl``
         (:mod:`trinity_like.monitor.evals`): the outputs of the step's own forward, no extra pass."""
-        append_evals(self.stage.run_dir / TRAINED_PAIRS_FILE, step,
-                     [self.pair_item(row, j, outputs, batch) for j, row in enumerate(rows)])
+        append_evals(
+            self.stage.run_dir / TRAINED_PAIRS_FILE,
+            step,
+            [self.pair_item(row, j, outputs, batch) for j, row in enumerate(rows)],
+        )
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Held-out rows, and answer accuracy on held-out tasks with the current weights."""
@@ -162,8 +186,10 @@ class OfflineTrainer:
 def run_offline(spec: ResolvedStage) -> dict[str, float]:
     """Train an offline stage (SFT, DPO, RM) to ``trainer.total_steps``; returns the last metrics."""
     if spec.config.buffer.eval_tasks is not None and "scores" in spec.needs:
-        raise TrinityError("buffer.eval_tasks: answer accuracy needs a language model; a reward model reports "
-                           "pairwise accuracy on buffer.eval_data")
+        raise TrinityError(
+            "buffer.eval_tasks: answer accuracy needs a language model; a reward model reports "
+            "pairwise accuracy on buffer.eval_data"
+        )
     stage = build_stage(spec, "offline")
     try:
         cfg, total = stage.config, stage.config.trainer.total_steps

@@ -120,12 +120,15 @@ def learn(stage: Stage, step: int, timer: PhaseTimer) -> tuple[dict[str, float],
             stage.model_version = step
             return {"skipped/empty_batch": 1.0}, None
         if available < size:
-            stage.logger.write(f"step {step}: {available} rows explored for a batch of {size} "
-                               f"(buffer.train_batch_size); training on them")
+            stage.logger.write(
+                f"step {step}: {available} rows explored for a batch of {size} "
+                f"(buffer.train_batch_size); training on them"
+            )
             size, short = available, {"skipped/short_batch_rows": float(size - available)}
     with timer("sample"):
-        rows = stage.strategy.sample(experiences=stage.storage, batch_size=size,
-                                     model_version=stage.model_version, expert=stage.data.expert)
+        rows = stage.strategy.sample(
+            experiences=stage.storage, batch_size=size, model_version=stage.model_version, expert=stage.data.expert
+        )
     if not rows:
         raise TrinityError(f"step {step}: the buffer gave no experiences (explorer produced none?)")
     batch: Batch | None = experience_batch(rows, stage.pad_id)
@@ -160,9 +163,12 @@ def rollout_stats(batch: Batch, model_version: int) -> dict[str, float]:
     staleness = (model_version - batch["model_version"][sampled]).float()
     return {
         **out,
-        "reward/mean": float(rewards.mean()), "reward/std": float(rewards.std(unbiased=False)),
-        "response_length/mean": float(lengths.mean()), "response_length/max": float(lengths.max()),
-        "staleness/mean": float(staleness.mean()), "staleness/max": float(staleness.max()),
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std(unbiased=False)),
+        "response_length/mean": float(lengths.mean()),
+        "response_length/max": float(lengths.max()),
+        "staleness/mean": float(staleness.mean()),
+        "staleness/max": float(staleness.max()),
     }
 
 
@@ -216,7 +222,9 @@ def compute_advantages(stage: Stage, batch: Batch) -> dict[str, float]:
         comp = comps["kl_penalty"]
         sampler = batch.get("old_logprob", batch["rollout_logprob"])
         kl_BR = call_component(comp.fn, {"logprob": sampler, "ref_logprob": batch["ref_logprob"]})
-        batch["token_level_rewards"], m = apply_kl_penalty(batch["token_level_rewards"], kl_BR, mask, coef=float(comp.coef or 0.0))
+        batch["token_level_rewards"], m = apply_kl_penalty(
+            batch["token_level_rewards"], kl_BR, mask, coef=float(comp.coef or 0.0)
+        )
         metrics.update(m)
     if "advantage" not in comps:
         return metrics
@@ -231,8 +239,15 @@ def compute_advantages(stage: Stage, batch: Batch) -> dict[str, float]:
 
 
 # -- shared by every loop ------------------------------------------------------------------------
-def update(stage: Stage, step: int, batch: Batch, timer: PhaseTimer, *, prepare: Prepare | None = None,
-           outputs: Batch | None = None) -> dict[str, float]:
+def update(
+    stage: Stage,
+    step: int,
+    batch: Batch,
+    timer: PhaseTimer,
+    *,
+    prepare: Prepare | None = None,
+    outputs: Batch | None = None,
+) -> dict[str, float]:
     """``trainer.update_epochs`` optimiser steps of the actor (then one of the critic) on ``batch``.
 
     ``prepare(stage, batch, timer)`` first adds what the losses read (reference logprobs,
@@ -245,8 +260,12 @@ def update(stage: Stage, step: int, batch: Batch, timer: PhaseTimer, *, prepare:
         metrics = prepare(stage, batch, timer) if prepare is not None else {}
         with timer("update"):
             for epoch in range(stage.config.trainer.update_epochs):
-                out = stage.actor.forward_backward(batch, stage.objective, need_entropy=stage.objective.need_entropy,
-                                                   out=outputs if epoch == 0 else None)
+                out = stage.actor.forward_backward(
+                    batch,
+                    stage.objective,
+                    need_entropy=stage.objective.need_entropy,
+                    out=outputs if epoch == 0 else None,
+                )
                 if out.get("nonfinite_loss", 0.0) > 0 or not math.isfinite(out.get("loss", 0.0)):
                     stage.actor.zero_grad()  # drop what the finite micro-batches accumulated
                     raise FloatingPointError("non-finite loss")
@@ -261,16 +280,26 @@ def update(stage: Stage, step: int, batch: Batch, timer: PhaseTimer, *, prepare:
         stage.logger.write(f"step {step}: {exc}; step skipped ({stage.nan_streak} in a row)")
         limit = stage.config.trainer.max_nan_steps
         if stage.nan_streak > limit:
-            raise TrinityError(f"step {step}: {stage.nan_streak} non-finite losses in a row (trainer.max_nan_steps="
-                               f"{limit}); stopping with the weights of the last good step") from None
+            raise TrinityError(
+                f"step {step}: {stage.nan_streak} non-finite losses in a row (trainer.max_nan_steps="
+                f"{limit}); stopping with the weights of the last good step"
+            ) from None
         return {"skipped/nan_loss": 1.0}
     stage.nan_streak = 0
     return metrics
 
 
-def end_step(stage: Stage, step: int, timer: PhaseTimer, t0: float, metrics: dict[str, float],
-             batch: Batch | None, evaluate: Callable[[int], dict[str, float]] | None = None,
-             sync: Callable[[int], None] | None = None, before_checkpoint: Callable[[int], None] | None = None) -> None:
+def end_step(
+    stage: Stage,
+    step: int,
+    timer: PhaseTimer,
+    t0: float,
+    metrics: dict[str, float],
+    batch: Batch | None,
+    evaluate: Callable[[int], dict[str, float]] | None = None,
+    sync: Callable[[int], None] | None = None,
+    before_checkpoint: Callable[[int], None] | None = None,
+) -> None:
     """Sync weights, evaluate, log and checkpoint the end of ``step``.
 
     Weights go to the explorer every ``synchronizer.interval`` steps of an online stage, and
@@ -287,7 +316,9 @@ def end_step(stage: Stage, step: int, timer: PhaseTimer, t0: float, metrics: dic
     """
     cfg = stage.config
     total = cfg.trainer.total_steps
-    if stage.spec.algorithm.use_rollout and (step % cfg.synchronizer.interval == 0 or (step == total and cfg.mode == "train")):
+    if stage.spec.algorithm.use_rollout and (
+        step % cfg.synchronizer.interval == 0 or (step == total and cfg.mode == "train")
+    ):
         with timer("sync"), stage.span("trainer", "sync", step):
             (sync or stage.sync_weights)(step)
     if cfg.monitor.eval_interval and step % cfg.monitor.eval_interval == 0 and step != total:

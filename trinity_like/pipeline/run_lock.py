@@ -37,8 +37,12 @@ from pathlib import Path
 
 from trinity_like.errors import TrinityError
 
-LOCKS_OF_ROLE = {"both": ("trainer", "explorer"), "explore": ("explorer",), "train": ("trainer",),
-                 "offline": ("trainer",)}
+LOCKS_OF_ROLE = {
+    "both": ("trainer", "explorer"),
+    "explore": ("explorer",),
+    "train": ("trainer",),
+    "offline": ("trainer",),
+}
 
 
 class RunInUseError(TrinityError):
@@ -110,13 +114,20 @@ def _take(path: Path, role: str, run_dir: Path) -> int:
     except BlockingIOError:
         os.close(fd)
         raise _in_use(path, run_dir) from None
-    info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "role": role,
-            "command": " ".join(sys.argv)}
+    info = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "since": time.time(),
+        "role": role,
+        "command": " ".join(sys.argv),
+    }
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(info).encode(), 0)
     return fd
 
 
 def _in_use(path: Path, run_dir: Path) -> RunInUseError:
-    return RunInUseError(f"{run_dir}: in use by another run ({_holder(path)}); two runs on one run directory would "
-                         f"train steps twice: wait for it to end, or give this run another name (name=...)")
+    return RunInUseError(
+        f"{run_dir}: in use by another run ({_holder(path)}); two runs on one run directory would "
+        f"train steps twice: wait for it to end, or give this run another name (name=...)"
+    )

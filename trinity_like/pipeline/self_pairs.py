@@ -63,7 +63,6 @@ def _pair(task: Any, samples: list[Any]) -> dict[str, Any] | None:
     return {"prompt": task.messages(), "chosen": task.answer, "rejected": rejected}
 
 
-
 # kind -> (format of chosen, format of rejected); each kind gives at most one pair per task
 PAIR_KINDS = {
     "number": ("number", "number"),  # right vs wrong bare number
@@ -131,8 +130,14 @@ def _signature(cfg: Any, source: DatasetConfig, tasks: list[Any]) -> dict[str, A
 
 
 def build_self_pairs(
-    stage: Any, source: DatasetConfig, where: str, tasks: list[Any], out_dir: Path,
-    get_explorer: Callable[[], Any], *, resuming: bool,
+    stage: Any,
+    source: DatasetConfig,
+    where: str,
+    tasks: list[Any],
+    out_dir: Path,
+    get_explorer: Callable[[], Any],
+    *,
+    resuming: bool,
 ) -> tuple[DatasetConfig, dict[str, Any], bool]:
     """The pairs of ``source``: read back from ``out_dir``, or sampled and written there.
 
@@ -152,11 +157,15 @@ def build_self_pairs(
             return pair_config, meta["summary"], False
         if resuming:
             changed = sorted(k for k in signature if meta.get("signature", {}).get(k) != signature[k])
-            raise TrinityError(f"{where}.pairs_from_samples: {cfg.run_dir()} has checkpoints trained on pairs built "
-                               f"with other settings (changed: {', '.join(changed)}); use a new run name")
+            raise TrinityError(
+                f"{where}.pairs_from_samples: {cfg.run_dir()} has checkpoints trained on pairs built "
+                f"with other settings (changed: {', '.join(changed)}); use a new run name"
+            )
     elif resuming:
-        raise TrinityError(f"{where}.pairs_from_samples: {cfg.run_dir()} has checkpoints but its pairs "
-                           f"({path}) are gone; use a new run name")
+        raise TrinityError(
+            f"{where}.pairs_from_samples: {cfg.run_dir()} has checkpoints but its pairs "
+            f"({path}) are gone; use a new run name"
+        )
     pairs, summary = _sample_pairs(stage, source, where, tasks, get_explorer())
     out_dir.mkdir(parents=True, exist_ok=True)
     meta_path.unlink(missing_ok=True)  # no summary may vouch for a pair file being replaced
@@ -193,12 +202,19 @@ def _sample_pairs(
                     pairs.append(pair)
                 right += bool(samples) and pair is None
             bar.update(len(chunk))
-    summary = {"tasks": len(tasks), "samples": sampled, "pairs": len(pairs), "all_right": right,
-               "skipped": len(skipped)}
+    summary = {
+        "tasks": len(tasks),
+        "samples": sampled,
+        "pairs": len(pairs),
+        "all_right": right,
+        "skipped": len(skipped),
+    }
     if not pairs:
         why = f"; first reward failure: {skipped[0]}" if skipped else ""
-        raise TrinityError(f"{where}.pairs_from_samples: no pair from {len(tasks)} tasks x {n} samples "
-                           f"({right} always answered right, {len(skipped)} skipped{why})")
+        raise TrinityError(
+            f"{where}.pairs_from_samples: no pair from {len(tasks)} tasks x {n} samples "
+            f"({right} always answered right, {len(skipped)} skipped{why})"
+        )
     return pairs, summary
 
 
@@ -210,8 +226,9 @@ def add_self_pairs(stage: Any) -> None:
     resuming = cfg.checkpoint.resume and stage.checkpoints.latest() is not None
     for key, tasks in data.pair_tasks.items():
         source = getattr(cfg.buffer, key)
-        ds, summary, built = build_self_pairs(stage, source, f"buffer.{key}", tasks, stage.run_dir / "self_pairs",
-                                              explorer, resuming=resuming)
+        ds, summary, built = build_self_pairs(
+            stage, source, f"buffer.{key}", tasks, stage.run_dir / "self_pairs", explorer, resuming=resuming
+        )
         if built:  # cached reference logprobs are keyed by pair-file line: stale for new pairs
             (stage.run_dir / "ref_cache.safetensors").unlink(missing_ok=True)
         rows = offline_rows(stage.spec, key, ds, stage.tokenizer)

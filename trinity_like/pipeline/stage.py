@@ -97,9 +97,15 @@ class Stage:
     extra_state: dict[str, Any] = field(default_factory=dict)  # loop-specific state saved with checkpoints
     eval_log: Path | None = None  # where evaluate() appends each held-out answer (None: nowhere)
     run_lock: RunLock | None = None  # this stage's claim on its run directory (:mod:`.run_lock`), freed by close()
-    timeline: Timeline | None = None  # when each actor was busy (<run_dir>/timeline.jsonl, :mod:`~trinity_like.monitor.timeline`)
-    reward_guard: RewardHackingGuard | None = None  # watches gold vs learned reward (:mod:`~trinity_like.monitor.reward_hacking`)
-    cores: CoreShare | None = None  # the CPU cores the explorer actor and verl's workers share (:mod:`~trinity_like.cpu_share`)
+    timeline: Timeline | None = (
+        None  # when each actor was busy (<run_dir>/timeline.jsonl, :mod:`~trinity_like.monitor.timeline`)
+    )
+    reward_guard: RewardHackingGuard | None = (
+        None  # watches gold vs learned reward (:mod:`~trinity_like.monitor.reward_hacking`)
+    )
+    cores: CoreShare | None = (
+        None  # the CPU cores the explorer actor and verl's workers share (:mod:`~trinity_like.cpu_share`)
+    )
 
     @property
     def config(self) -> Config:
@@ -131,7 +137,9 @@ class Stage:
             self.logger.write(f"step {step}: task {sk.task_id} skipped: {sk.reason}")
         metrics = {**result.metrics, "explorer/restarts": float(self.explorer.restarts)}
         if self.reward_guard is not None:  # the gold reward falling while the learned one rises (issue 22)
-            metrics.update(watch_rollouts(self.reward_guard, self, step, metrics, [e.model_version for e in result.experiences]))
+            metrics.update(
+                watch_rollouts(self.reward_guard, self, step, metrics, [e.model_version for e in result.experiences])
+            )
         return result.experiences, metrics
 
     def put_rows(self, rows: list[Experience], step: int) -> None:
@@ -173,8 +181,12 @@ class Stage:
         acc = sum(rewards) / n
         stderr = (sum((x - acc) ** 2 for x in rewards) / n / n) ** 0.5  # sqrt(p(1-p)/n) for 0/1 rewards
         lengths = [len(r.response_tokens) for r in result.experiences]
-        return {"eval/accuracy": acc, "eval/accuracy_stderr": stderr, "eval/tasks": float(n),
-                "eval/response_length": sum(lengths) / max(len(lengths), 1)}
+        return {
+            "eval/accuracy": acc,
+            "eval/accuracy_stderr": stderr,
+            "eval/tasks": float(n),
+            "eval/response_length": sum(lengths) / max(len(lengths), 1),
+        }
 
     def sync_weights(self, version: int) -> None:
         """Explorer weights <- trainer weights, in memory or through the file channel (:mod:`.weight_channel`).
@@ -195,16 +207,24 @@ class Stage:
         from safetensors.torch import save_file
 
         Path(folder).mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in self.actor.state_dict().items()}, str(Path(folder) / "model.safetensors"))
+        save_file(
+            {k: v.contiguous() for k, v in self.actor.state_dict().items()}, str(Path(folder) / "model.safetensors")
+        )
 
     # -- checkpoints ---------------------------------------------------------------------
     def _positions(self) -> dict[str, Any]:
         """Everything besides the weights that a resumed stage needs to continue exactly."""
+
         def state(x: Any) -> Any:
             return x.state_dict() if x is not None else None
 
-        return {"model_version": self.model_version, "tasks": state(self.data.train),
-                "strategy": state(self.strategy), "expert": state(self.data.expert), **self.extra_state}
+        return {
+            "model_version": self.model_version,
+            "tasks": state(self.data.train),
+            "strategy": state(self.strategy),
+            "expert": state(self.data.expert),
+            **self.extra_state,
+        }
 
     def checkpoint(self, step: int) -> Path:
         """Weights, optimiser and positions of ``step``; then the buffer marks what it trained consumed."""
@@ -287,13 +307,25 @@ class Stage:
             self.run_lock.release()
 
 
-def answer_items(tasks: list[Task], answered: list[Experience], tokenizer: PreTrainedTokenizerBase) -> list[dict[str, Any]]:
+def answer_items(
+    tasks: list[Task], answered: list[Experience], tokenizer: PreTrainedTokenizerBase
+) -> list[dict[str, Any]]:
     """The ``evals.jsonl`` items (:mod:`trinity_like.monitor.evals`) of one held-out evaluation."""
     by_id = {t.task_id: t for t in tasks}
     texts = tokenizer.batch_decode([e.response_tokens for e in answered], skip_special_tokens=True)
-    return [{"kind": "answer", "task_id": e.task_id, "prompt": by_id[e.task_id].messages()[-1]["content"],
-             "answer": by_id[e.task_id].answer, "response": text, "reward": e.reward,
-             "finish_reason": e.finish_reason, "length": e.response_length} for e, text in zip(answered, texts)]
+    return [
+        {
+            "kind": "answer",
+            "task_id": e.task_id,
+            "prompt": by_id[e.task_id].messages()[-1]["content"],
+            "answer": by_id[e.task_id].answer,
+            "response": text,
+            "reward": e.reward,
+            "finish_reason": e.finish_reason,
+            "length": e.response_length,
+        }
+        for e, text in zip(answered, texts)
+    ]
 
 
 def resident_bytes(pids: list[int]) -> int:
@@ -353,8 +385,10 @@ def start_ray_for(spec: ResolvedStage, engines: int) -> bool:
     if cfg.trainer.engine == "verl" and cfg.cluster.num_gpus > gpus:
         if started:
             ray.shutdown()
-        raise TrinityError(f"cluster.num_gpus: {cfg.cluster.num_gpus} GPUs asked for the verl workers, but the Ray "
-                           f"cluster at {cfg.cluster.ray_address} has {gpus:g}; set cluster.num_gpus: 0 to train on CPU")
+        raise TrinityError(
+            f"cluster.num_gpus: {cfg.cluster.num_gpus} GPUs asked for the verl workers, but the Ray "
+            f"cluster at {cfg.cluster.ray_address} has {gpus:g}; set cluster.num_gpus: 0 to train on CPU"
+        )
     return started
 
 
@@ -365,8 +399,10 @@ def check_gpus(cfg: Config) -> None:
         return
     found = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if found < cfg.cluster.num_gpus:
-        raise TrinityError(f"cluster.num_gpus: {cfg.cluster.num_gpus} GPUs asked for the verl workers, but this "
-                           f"machine has {found} usable by torch; set cluster.num_gpus: 0 to train on CPU")
+        raise TrinityError(
+            f"cluster.num_gpus: {cfg.cluster.num_gpus} GPUs asked for the verl workers, but this "
+            f"machine has {found} usable by torch; set cluster.num_gpus: 0 to train on CPU"
+        )
 
 
 def one_update(spec: ResolvedStage) -> bool:
@@ -380,9 +416,14 @@ def _open_run_dir(cfg: Config, role: str) -> tuple[Path, MetricsLogger, RunLock]
     lock = RunLock.acquire(run_dir, role)  # before anything is written: a second run on the directory stops here
     (run_dir / "config.json").write_text(cfg.model_dump_json(indent=1))
     explorer_only = role == "explore"  # an explorer process logs beside the trainer, not over it
-    logger = MetricsLogger(str(run_dir / "explorer" if explorer_only else run_dir), cfg.monitor.backends,
-                           total_steps=cfg.trainer.total_steps, start_step=0, progress=cfg.monitor.progress,
-                           desc=f"{cfg.name} explorer" if explorer_only else cfg.name)
+    logger = MetricsLogger(
+        str(run_dir / "explorer" if explorer_only else run_dir),
+        cfg.monitor.backends,
+        total_steps=cfg.trainer.total_steps,
+        start_step=0,
+        progress=cfg.monitor.progress,
+        desc=f"{cfg.name} explorer" if explorer_only else cfg.name,
+    )
     return run_dir, logger, lock
 
 
@@ -423,10 +464,21 @@ def build_stage(spec: ResolvedStage, role: str) -> Stage:
     data = load_stage_data(spec, role, tokenizer)
     objective = objective_from_stage(spec, one_update=one_update(spec)) if trains else None
     run_dir, logger, lock = _open_run_dir(cfg, role)
-    stage = Stage(spec=spec, role=role, run_dir=run_dir, model_path=model_path, tokenizer=tokenizer, data=data, run_lock=lock,
-                  logger=logger, checkpoints=CheckpointManager(run_dir, cfg.checkpoint.keep_last), objective=objective,
-                  eval_log=run_dir / EVALS_FILE, timeline=Timeline(run_dir / TIMELINE_FILE),
-                  batch_needs=frozenset(spec.needs | objective.inputs_needed()) if objective else frozenset())
+    stage = Stage(
+        spec=spec,
+        role=role,
+        run_dir=run_dir,
+        model_path=model_path,
+        tokenizer=tokenizer,
+        data=data,
+        run_lock=lock,
+        logger=logger,
+        checkpoints=CheckpointManager(run_dir, cfg.checkpoint.keep_last),
+        objective=objective,
+        eval_log=run_dir / EVALS_FILE,
+        timeline=Timeline(run_dir / TIMELINE_FILE),
+        batch_needs=frozenset(spec.needs | objective.inputs_needed()) if objective else frozenset(),
+    )
     try:
         if role != "offline":
             stage.storage = open_storage(cfg.buffer.experience.storage, cfg.buffer.experience.args, run_dir=run_dir)
@@ -438,10 +490,14 @@ def build_stage(spec: ResolvedStage, role: str) -> Stage:
             if remote and role == "both":
                 stage.cores = CoreShare.for_threads(threads)
             if stage.cores is not None:
-                stage.logger.write(f"the explorer explores beside the trainer on the same cores: each takes all {threads.explorer_alone} "
-                                   f"while the other waits, {threads.explorer} (explorer) and {threads.trainer} (each trainer "
-                                   f"worker) while both compute (cluster.explorer_threads / trainer_threads fix them)")
-            stage.explorer = RemoteExplorer(cfg, str(model_path), stage.cores) if remote else ExplorerWorker(cfg, str(model_path))
+                stage.logger.write(
+                    f"the explorer explores beside the trainer on the same cores: each takes all {threads.explorer_alone} "
+                    f"while the other waits, {threads.explorer} (explorer) and {threads.trainer} (each trainer "
+                    f"worker) while both compute (cluster.explorer_threads / trainer_threads fix them)"
+                )
+            stage.explorer = (
+                RemoteExplorer(cfg, str(model_path), stage.cores) if remote else ExplorerWorker(cfg, str(model_path))
+            )
             stage.reward_guard = guard_for(cfg, run_dir, role)
         if role == "offline":
             add_self_pairs(stage)  # the starting model answers before any train engine takes memory
@@ -460,4 +516,3 @@ def build_stage(spec: ResolvedStage, role: str) -> Stage:
         stage.close()
         raise
     return stage
-

@@ -58,8 +58,16 @@ class CheckSetup:
     source: str  # where the tasks came from (for the report)
 
 
-def check_setup(tasks: str, *, num_tasks: int, model: str | None = None, verifier: str | None = None,
-                plugins: list[str] | None = None, key: str = "eval_tasks", overrides: list[str] | None = None) -> CheckSetup:
+def check_setup(
+    tasks: str,
+    *,
+    num_tasks: int,
+    model: str | None = None,
+    verifier: str | None = None,
+    plugins: list[str] | None = None,
+    key: str = "eval_tasks",
+    overrides: list[str] | None = None,
+) -> CheckSetup:
     """The check's setup from a recipe (its first RL stage: model, sampling, ``buffer.<key>``
     and verifier) or from a task file (JSONL/parquet with ``prompt``/``answer``; default model and
     sampling, verifier ``exact_match``). ``model``/``verifier`` override either; ``overrides``
@@ -102,9 +110,16 @@ def sample_policy(setup: CheckSetup, samples: int, seed_step: int = CHECK_SEED_S
     cfg = setup.config
     # The workflow scores with the verifier alone: no gold reward beside it, no batch transform of it.
     workflow_args = {k: v for k, v in cfg.explorer.workflow_args.items() if k not in TRANSFORM_KEYS}
-    explorer_cfg = cfg.explorer.model_copy(update={"reward_fn": setup.verifier, "reward_args": setup.verifier_args,
-                                                    "eval_reward_fn": None, "eval_reward_args": {},
-                                                    "gold_reward_fn": "", "workflow_args": workflow_args})
+    explorer_cfg = cfg.explorer.model_copy(
+        update={
+            "reward_fn": setup.verifier,
+            "reward_args": setup.verifier_args,
+            "eval_reward_fn": None,
+            "eval_reward_args": {},
+            "gold_reward_fn": "",
+            "workflow_args": workflow_args,
+        }
+    )
     cfg = cfg.model_copy(update={"explorer": explorer_cfg})
     worker = ExplorerWorker(cfg, str(resolve_model_path(cfg.model.path)))
     try:
@@ -114,8 +129,9 @@ def sample_policy(setup: CheckSetup, samples: int, seed_step: int = CHECK_SEED_S
         worker.close()
     by_id = {t.task_id: t for t in setup.tasks}
     if result.skipped:
-        raise TrinityError(f"verifier {setup.verifier}: failed on task {result.skipped[0].task_id} "
-                           f"({result.skipped[0].reason})")
+        raise TrinityError(
+            f"verifier {setup.verifier}: failed on task {result.skipped[0].task_id} ({result.skipped[0].reason})"
+        )
     return [(by_id[e.task_id], e) for e in result.experiences]
 
 
@@ -127,8 +143,9 @@ def _rate(wins: list[float]) -> dict[str, Any]:
     return {"rate": statistics.fmean(wins) if wins else None, "n": len(wins)}
 
 
-def run_check(setup: CheckSetup, scorer: RewardCall, scorer_name: str, *, samples: int,
-              warn_margin: float = 0.1) -> dict[str, Any]:
+def run_check(
+    setup: CheckSetup, scorer: RewardCall, scorer_name: str, *, samples: int, warn_margin: float = 0.1
+) -> dict[str, Any]:
     """Sample, score and measure; returns the report (what the JSON file holds)."""
     sampled = sample_policy(setup, samples)
     scores, right, groups, lengths, formats, rows = [], [], [], [], [], []
@@ -141,8 +158,16 @@ def run_check(setup: CheckSetup, scorer: RewardCall, scorer_name: str, *, sample
         groups.append(task.task_id)
         lengths.append(float(e.response_length))
         formats.append(fmt)
-        rows.append({"task_id": task.task_id, "response": text, "format": fmt, "right": right[-1], "score": score,
-                     "length": e.response_length})
+        rows.append(
+            {
+                "task_id": task.task_id,
+                "response": text,
+                "format": fmt,
+                "right": right[-1],
+                "score": score,
+                "length": e.response_length,
+            }
+        )
     by_format = {}
     for fmt in FORMATS:
         idx = [i for i, f in enumerate(formats) if f == fmt]
@@ -169,8 +194,12 @@ def run_check(setup: CheckSetup, scorer: RewardCall, scorer_name: str, *, sample
         "samples_per_task": samples,
         "samples": len(scores),
         "right_frac": sum(right) / len(right) if right else 0.0,
-        "auc": {"overall": auc(scores, right), "within_group": within, "groups_with_both": n_groups,
-                "by_format": by_format},
+        "auc": {
+            "overall": auc(scores, right),
+            "within_group": within,
+            "groups_with_both": n_groups,
+            "by_format": by_format,
+        },
         "probes": {name: _rate(wins) for name, wins in probes.items()},
         "length": {"spearman": spearman(scores, lengths), "pearson": pearson(scores, lengths)},
         "warnings": [],
@@ -179,8 +208,10 @@ def run_check(setup: CheckSetup, scorer: RewardCall, scorer_name: str, *, sample
     if within is None:
         report["warnings"].append("within-group AUC: no prompt has both right and wrong samples (more --samples?)")
     elif abs(within - 0.5) <= warn_margin:
-        report["warnings"].append(f"within-group AUC {within:.3f} is within {warn_margin} of chance (0.5): "
-                                  f"GRPO on this reward model ranks a prompt's samples no better than a coin")
+        report["warnings"].append(
+            f"within-group AUC {within:.3f} is within {warn_margin} of chance (0.5): "
+            f"GRPO on this reward model ranks a prompt's samples no better than a coin"
+        )
     return report
 
 
@@ -192,15 +223,19 @@ def format_report(report: dict[str, Any]) -> str:
     """The terminal table of a report."""
     a = report["auc"]
     lines = [
-        (f"reward model {report['scorer']} on {report['policy']}'s samples ({report['tasks']} tasks x "
-         f"{report['samples_per_task']}, verifier {report['verifier']}, right {report['right_frac']:.1%})"),
+        (
+            f"reward model {report['scorer']} on {report['policy']}'s samples ({report['tasks']} tasks x "
+            f"{report['samples_per_task']}, verifier {report['verifier']}, right {report['right_frac']:.1%})"
+        ),
         f"  AUC overall        {_f(a['overall'])}",
         f"  AUC within prompt  {_f(a['within_group'])}   ({a['groups_with_both']} prompts with right and wrong samples)",
         "  by format          share   right      n    AUC   mean score",
     ]
     for fmt, row in a["by_format"].items():
-        lines.append(f"    {fmt:<16} {row['share']:6.1%} {row['right']:7d} {row['n']:6d} {_f(row['auc']):>6}   "
-                     f"{_f(row['score_mean'])}")
+        lines.append(
+            f"    {fmt:<16} {row['share']:6.1%} {row['right']:7d} {row['n']:6d} {_f(row['auc']):>6}   "
+            f"{_f(row['score_mean'])}"
+        )
     lines.append("  probes (first preferred)            rate     n")
     for name, row in report["probes"].items():
         lines.append(f"    {name:<34} {_f(row['rate']):>5} {row['n']:5d}")
@@ -226,11 +261,18 @@ def start_check(explorer: Any, tasks: list[Task], config: Config) -> tuple[dict[
     right = [float(e.info["gold_reward"]) >= 1.0 for e in rows]
     overall = auc(scores, right)
     within, n_groups = grouped_auc(scores, right, [e.task_id for e in rows])
-    metrics = {"rm_check/samples": float(len(rows)), "rm_check/right_frac": sum(right) / max(len(rows), 1),
-               "rm_check/prompts_with_both": float(n_groups)}
-    metrics.update({k: v for k, v in (("rm_check/auc", overall), ("rm_check/auc_within_prompt", within)) if v is not None})
-    line = (f"reward check at start ({len(tasks)} held-out tasks x {config.explorer.group_size}, gold right "
-            f"{metrics['rm_check/right_frac']:.1%}): AUC {_f(overall)}, within prompt {_f(within)} ({n_groups} prompts)")
+    metrics = {
+        "rm_check/samples": float(len(rows)),
+        "rm_check/right_frac": sum(right) / max(len(rows), 1),
+        "rm_check/prompts_with_both": float(n_groups),
+    }
+    metrics.update(
+        {k: v for k, v in (("rm_check/auc", overall), ("rm_check/auc_within_prompt", within)) if v is not None}
+    )
+    line = (
+        f"reward check at start ({len(tasks)} held-out tasks x {config.explorer.group_size}, gold right "
+        f"{metrics['rm_check/right_frac']:.1%}): AUC {_f(overall)}, within prompt {_f(within)} ({n_groups} prompts)"
+    )
     if within is not None and abs(within - 0.5) <= 0.1:
         line += " -- warning: within-prompt AUC near chance; see trinity-like rm-check"
     return metrics, line

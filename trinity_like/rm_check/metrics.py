@@ -79,7 +79,9 @@ def auc(scores: Sequence[float], positive: Sequence[bool]) -> float | None:
     return (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
 
 
-def grouped_auc(scores: Sequence[float], positive: Sequence[bool], groups: Sequence[Hashable]) -> tuple[float | None, int]:
+def grouped_auc(
+    scores: Sequence[float], positive: Sequence[bool], groups: Sequence[Hashable]
+) -> tuple[float | None, int]:
     """The mean of per-group AUCs over groups holding both classes, and how many such groups."""
     by_group: dict[Hashable, list[int]] = {}
     for i, g in enumerate(groups):

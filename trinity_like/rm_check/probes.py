@@ -30,8 +30,10 @@ def _sentence(value: int) -> str:
 
 
 def _long(value: int) -> str:
-    return (f"Let me work this out step by step. I add the two numbers carefully and check the result "
-            f"once more, so the final answer is {value}.")
+    return (
+        f"Let me work this out step by step. I add the two numbers carefully and check the result "
+        f"once more, so the final answer is {value}."
+    )
 
 
 PROBES = {

@@ -59,8 +59,14 @@ LossCallable = Callable[[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]]
 class TrainEngine(Protocol):
     """What the trainer, the pipeline and the client API need of a train engine."""
 
-    def forward_backward(self, batch: Batch, loss_fn: LossCallable, *, need_entropy: bool = False,
-                         out: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
+    def forward_backward(
+        self,
+        batch: Batch,
+        loss_fn: LossCallable,
+        *,
+        need_entropy: bool = False,
+        out: dict[str, torch.Tensor] | None = None,
+    ) -> dict[str, float]:
         """Run forward and backward over ``batch`` (in micro-batches); accumulate grads.
 
         Returns the loss callable's metrics reduced over micro-batches (:func:`mean_metrics`:
@@ -247,21 +253,25 @@ def load_optimizer_state(file: Path) -> dict[str, Any]:
     state: dict[str, dict[str, Any]] = {}
     with safe_open(str(file), framework="pt") as f:
         metadata = f.metadata()
-        for key in f.keys():
+        for key in f.keys():  # noqa: SIM118 -- safe_open is no dict
             name, _, entry = key.rpartition(_SEP)
             state.setdefault(name, {})[entry] = f.get_tensor(key)
     for name, entries in json.loads(metadata["scalars"]).items():
         state.setdefault(name, {}).update(entries)
-    groups = [{k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in g.items()}
-              for g in json.loads(metadata["param_groups"])]
+    groups = [
+        {k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in g.items()}
+        for g in json.loads(metadata["param_groups"])
+    ]
     return {"state": state, "param_groups": groups}
 
 
 def check_no_legacy_optimizer(folder: Path) -> None:
     """A checkpoint of the pickled format: one clear error instead of a silently fresh optimiser."""
     if (folder / LEGACY_OPTIMIZER_FILE).is_file() and not (folder / OPTIMIZER_FILE).is_file():
-        raise TrinityError(f"{folder}: optimiser state in the old pickled format ({LEGACY_OPTIMIZER_FILE}) is "
-                           f"not read; load the weights alone (with_optimizer=False)")
+        raise TrinityError(
+            f"{folder}: optimiser state in the old pickled format ({LEGACY_OPTIMIZER_FILE}) is "
+            f"not read; load the weights alone (with_optimizer=False)"
+        )
 
 
 def write_trainer_state(folder: Path, step: int) -> None:

@@ -22,8 +22,15 @@ from trinity_like.trainer.base import TrainEngine
 from trinity_like.trainer.params import model_params, optim_params
 
 
-def build_engine(config: Config, path: str, *, kind: str = "lm", forward_only: bool = False,
-                 critic: bool = False, cores: CoreShare | None = None) -> TrainEngine:
+def build_engine(
+    config: Config,
+    path: str,
+    *,
+    kind: str = "lm",
+    forward_only: bool = False,
+    critic: bool = False,
+    cores: CoreShare | None = None,
+) -> TrainEngine:
     """A train engine of kind ``config.trainer.engine`` holding the model folder ``path``.
 
     ``kind``: "lm" (logprobs), "value" (a critic's values) or "reward" (a reward model's

@@ -104,8 +104,15 @@ def pack(batch: Batch, *, share_prompts: bool = True) -> Packing | None:
         key = tuple(prompt.tolist()) if share_prompts else b
         if key not in by_prompt:
             by_prompt[key] = len(sequences)
-            sequences.append({"ids": [prompt], "pos": [positions[b, prompt_cols]], "seg": [torch.zeros_like(prompt)],
-                              "length": prompt.numel(), "responses": 0})
+            sequences.append(
+                {
+                    "ids": [prompt],
+                    "pos": [positions[b, prompt_cols]],
+                    "seg": [torch.zeros_like(prompt)],
+                    "length": prompt.numel(),
+                    "responses": 0,
+                }
+            )
         seq = sequences[by_prompt[key]]
         seq["responses"] += 1
         cols = response_cols + prompt_len
@@ -155,8 +162,9 @@ def length_order(batch: Batch, *, share_prompts: bool = True, unit: int = 1) -> 
     return torch.tensor([u + i for u in ordered for i in range(unit)], device=input_ids.device)
 
 
-def sorted_micro_batches(batch: Batch, micro_batch_size: int, *,
-                         share_prompts: bool = True) -> tuple[list[Batch], torch.Tensor]:
+def sorted_micro_batches(
+    batch: Batch, micro_batch_size: int, *, share_prompts: bool = True
+) -> tuple[list[Batch], torch.Tensor]:
     """``batch``'s micro-batches (:func:`~trinity_like.trainer.base.micro_batches`) cut from its
     rows in :func:`length_order`, and the permutation that puts the rows of their concatenated
     outputs back in the batch's order."""
@@ -165,8 +173,9 @@ def sorted_micro_batches(batch: Batch, micro_batch_size: int, *,
     return micro_batches(rows, micro_batch_size), torch.argsort(order)
 
 
-def head_outputs(hidden_MH: torch.Tensor, head: nn.Module, targets_M: torch.Tensor,
-                 need_entropy: bool, chunk: int = HEAD_CHUNK) -> dict[str, torch.Tensor]:
+def head_outputs(
+    hidden_MH: torch.Tensor, head: nn.Module, targets_M: torch.Tensor, need_entropy: bool, chunk: int = HEAD_CHUNK
+) -> dict[str, torch.Tensor]:
     """``logprob [M]`` (and ``entropy [M]``) of ``targets`` under ``head(hidden)``, in chunks.
 
     logprob = logit[target] - logsumexp(logits); entropy = logsumexp - sum softmax * logits.
@@ -186,9 +195,12 @@ def head_outputs(hidden_MH: torch.Tensor, head: nn.Module, targets_M: torch.Tens
         parts = [scored(hidden_MH, targets_M)]
     else:
         recompute = torch.is_grad_enabled()
-        parts = [checkpoint(scored, hidden_MH[i:i + chunk], targets_M[i:i + chunk], use_reentrant=False)
-                 if recompute else scored(hidden_MH[i:i + chunk], targets_M[i:i + chunk])
-                 for i in range(0, hidden_MH.shape[0], chunk)]
+        parts = [
+            checkpoint(scored, hidden_MH[i : i + chunk], targets_M[i : i + chunk], use_reentrant=False)
+            if recompute
+            else scored(hidden_MH[i : i + chunk], targets_M[i : i + chunk])
+            for i in range(0, hidden_MH.shape[0], chunk)
+        ]
     names = ("logprob", "entropy") if need_entropy else ("logprob",)
     return {name: torch.cat([p[k] for p in parts]) for k, name in enumerate(names)}
 
@@ -203,8 +215,15 @@ def kernel_of(model: nn.Module) -> str:
     return getattr(model.config, "_attn_implementation", None) or "eager"
 
 
-def model_outputs(model: nn.Module, batch: Batch, kind: str, *, need_entropy: bool = False,
-                  share_prompts: bool = True, stats: dict[str, float] | None = None) -> dict[str, torch.Tensor]:
+def model_outputs(
+    model: nn.Module,
+    batch: Batch,
+    kind: str,
+    *,
+    need_entropy: bool = False,
+    share_prompts: bool = True,
+    stats: dict[str, float] | None = None,
+) -> dict[str, torch.Tensor]:
     """What the model produces for the response columns of one micro-batch (the loss callables'
     ``outputs``, :mod:`~trinity_like.trainer.base`): ``logprob [B, R]`` (and ``entropy``) for
     ``kind="lm"``, ``values [B, R]`` for ``"value"``, ``scores [B]`` for ``"reward"``.
@@ -219,8 +238,10 @@ def model_outputs(model: nn.Module, batch: Batch, kind: str, *, need_entropy: bo
         return padded_outputs(model, batch, kind, need_entropy, stats)
     dtype = next(model.parameters()).dtype
     hidden = model.base_model(
-        input_ids=packing.input_ids, position_ids=packing.position_ids,
-        attention_mask=packing.attention_mask(dtype, kernel_of(model)), use_cache=False,
+        input_ids=packing.input_ids,
+        position_ids=packing.position_ids,
+        attention_mask=packing.attention_mask(dtype, kernel_of(model)),
+        use_cache=False,
     ).last_hidden_state
     if stats is not None:
         stats["tokens"] = stats.get("tokens", 0) + packing.tokens
@@ -254,13 +275,15 @@ def scatter(values_M: torch.Tensor, where_BR: torch.Tensor) -> torch.Tensor:
     return out.masked_scatter(where_BR, values_M)
 
 
-def padded_outputs(model: nn.Module, batch: Batch, kind: str, need_entropy: bool,
-                   stats: dict[str, float] | None = None) -> dict[str, torch.Tensor]:
+def padded_outputs(
+    model: nn.Module, batch: Batch, kind: str, need_entropy: bool, stats: dict[str, float] | None = None
+) -> dict[str, torch.Tensor]:
     """:func:`model_outputs` over the padded ``[B, T]`` layout itself (kernels without 4-D masks)."""
     input_ids, attention = batch["input_ids"], batch["attention_mask"]
     response_len = batch["response_mask"].shape[1]
-    hidden = model.base_model(input_ids=input_ids, attention_mask=attention, position_ids=batch["position_ids"],
-                              use_cache=False).last_hidden_state
+    hidden = model.base_model(
+        input_ids=input_ids, attention_mask=attention, position_ids=batch["position_ids"], use_cache=False
+    ).last_hidden_state
     if stats is not None:
         stats["tokens"] = stats.get("tokens", 0) + int(attention.sum())
         stats["grid"] = stats.get("grid", 0) + attention.numel()

@@ -126,14 +126,28 @@ class LocalEngine:
         return torch.optim.AdamW(self._parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay, eps=o.eps)
 
     # -- forward -------------------------------------------------------------------
-    def _forward(self, batch: Batch, need_entropy: bool, stats: dict[str, float] | None = None) -> dict[str, torch.Tensor]:
+    def _forward(
+        self, batch: Batch, need_entropy: bool, stats: dict[str, float] | None = None
+    ) -> dict[str, torch.Tensor]:
         """What the model produces for the response columns of one micro-batch (:mod:`~trinity_like.trainer.forward`)."""
-        return model_outputs(self.hf_model, batch, self.params.kind, need_entropy=need_entropy,
-                             share_prompts=self.params.share_prompts, stats=stats)
+        return model_outputs(
+            self.hf_model,
+            batch,
+            self.params.kind,
+            need_entropy=need_entropy,
+            share_prompts=self.params.share_prompts,
+            stats=stats,
+        )
 
     # -- the contract --------------------------------------------------------------
-    def forward_backward(self, batch: Batch, loss_fn: LossCallable, *, need_entropy: bool = False,
-                         out: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
+    def forward_backward(
+        self,
+        batch: Batch,
+        loss_fn: LossCallable,
+        *,
+        need_entropy: bool = False,
+        out: dict[str, torch.Tensor] | None = None,
+    ) -> dict[str, float]:
         """Accumulate the gradient of ``loss_fn`` over ``batch``, one micro-batch at a time.
 
         ``out``, when given, receives the model's outputs for every row (``logprob [B, R]``,
@@ -144,7 +158,9 @@ class LocalEngine:
         self.model.train()
         batch = with_normalisers(batch)
         per_micro, total, kept, stats = [], 0.0, [], {}
-        parts, restore = sorted_micro_batches(batch, self.params.micro_batch_size, share_prompts=self.params.share_prompts)
+        parts, restore = sorted_micro_batches(
+            batch, self.params.micro_batch_size, share_prompts=self.params.share_prompts
+        )
         for mb in parts:
             outputs = self._forward(mb, need_entropy, stats)
             loss, metrics = loss_fn(outputs, mb)
@@ -194,7 +210,9 @@ class LocalEngine:
         """
         was_training = self.model.training
         self.model.eval()
-        parts, restore = sorted_micro_batches(batch, self.params.micro_batch_size, share_prompts=self.params.share_prompts)
+        parts, restore = sorted_micro_batches(
+            batch, self.params.micro_batch_size, share_prompts=self.params.share_prompts
+        )
         outputs = [self._forward(mb, need_entropy) for mb in parts]
         self.model.train(was_training)
         return {k: torch.cat([o[k] for o in outputs])[restore] for k in outputs[0]}
@@ -213,8 +231,11 @@ class LocalEngine:
         """The weights for an explorer: views of the live weights (the reader copies them into
         its model; no snapshot of 0.5 GB is made for SmolLM2), merged with LoRA; written into
         ``mailbox`` when one is given."""
-        weights = self.state_dict() if self.params.adapter is not None else {
-            k: v.detach() for k, v in self.model.state_dict().items()}
+        weights = (
+            self.state_dict()
+            if self.params.adapter is not None
+            else {k: v.detach() for k, v in self.model.state_dict().items()}
+        )
         return weights if mailbox is None else mailbox.write(weights)
 
     def save(self, path: str) -> None:
@@ -233,7 +254,9 @@ class LocalEngine:
         lora_lib.write_base_note(out, self.params.path, lora)
         fault_points.reach("after_weights")
         if self.optimizer is not None:
-            save_optimizer_state(get_optimizer_state_dict(self.model, self.optimizer, options=FULL), out / OPTIMIZER_FILE)
+            save_optimizer_state(
+                get_optimizer_state_dict(self.model, self.optimizer, options=FULL), out / OPTIMIZER_FILE
+            )
         fault_points.reach("after_optimizer")
         save_file(rng_state(), str(out / RNG_FILE))
         write_trainer_state(out, self.step)
@@ -277,8 +300,10 @@ def copy_adapter(model: nn.Module, adapter: dict[str, torch.Tensor], where: str)
     missing, unexpected = sorted(set(own) - set(adapter)), sorted(set(adapter) - set(own))
     wrong = sorted(k for k in set(own) & set(adapter) if own[k].shape != adapter[k].shape)
     if missing or unexpected or wrong:
-        raise TrinityError(f"{where}: the adapter does not fit this model (missing {missing[:3]}, unexpected "
-                           f"{unexpected[:3]}, other shapes {wrong[:3]})")
+        raise TrinityError(
+            f"{where}: the adapter does not fit this model (missing {missing[:3]}, unexpected "
+            f"{unexpected[:3]}, other shapes {wrong[:3]})"
+        )
     with torch.no_grad():
         for name, param in own.items():
             param.copy_(adapter[name])

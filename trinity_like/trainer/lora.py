@@ -121,7 +121,7 @@ class LoraParams:
 
 # -- which layers ---------------------------------------------------------------------
 def _group(name: str) -> str | None:
-    """"attn" or "mlp" for a layer under a module named for either, else None."""
+    """ "attn" or "mlp" for a layer under a module named for either, else None."""
     parents = name.split(".")[:-1]
     if any(word in part for part in parents for word in ATTENTION_WORDS):
         return "attn"
@@ -146,8 +146,10 @@ def target_layers(model: nn.Module, params: LoraParams) -> list[str]:
             chosen.append(name)
     missing = [g for g, on in wanted.items() if on and g not in found]
     if missing:
-        raise TrinityError(f"LoRA: {type(model).__name__} has no linear {' or '.join(missing)} layers to adapt "
-                           f"(looked for modules named {ATTENTION_WORDS + MLP_WORDS} and the output embedding)")
+        raise TrinityError(
+            f"LoRA: {type(model).__name__} has no linear {' or '.join(missing)} layers to adapt "
+            f"(looked for modules named {ATTENTION_WORDS + MLP_WORDS} and the output embedding)"
+        )
     return chosen
 
 
@@ -165,8 +167,13 @@ def lora_config(model: nn.Module, params: LoraParams, base_path: str | None = No
     from peft import LoraConfig
 
     return LoraConfig(
-        r=params.rank, lora_alpha=params.alpha, target_modules=target_modules(model, params),
-        lora_dropout=0.0, bias="none", task_type="CAUSAL_LM", base_model_name_or_path=base_path,
+        r=params.rank,
+        lora_alpha=params.alpha,
+        target_modules=target_modules(model, params),
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+        base_model_name_or_path=base_path,
     )
 
 
@@ -236,8 +243,9 @@ def adapter_layers(adapter: Mapping[str, torch.Tensor]) -> list[str]:
     return [k.removeprefix(PEFT_PREFIX).removesuffix(suffix) for k in adapter if k.endswith(suffix)]
 
 
-def merge_adapter(base: Mapping[str, torch.Tensor], adapter: Mapping[str, torch.Tensor],
-                  scaling: float) -> dict[str, torch.Tensor]:
+def merge_adapter(
+    base: Mapping[str, torch.Tensor], adapter: Mapping[str, torch.Tensor], scaling: float
+) -> dict[str, torch.Tensor]:
     """``base`` with ``W + scaling * B A`` in place of each adapted layer's W (in float32, cast back).
 
     Merged tensors are new; the others are ``base``'s own.
@@ -270,8 +278,12 @@ def adapter_to_peft_state(adapter: Mapping[str, torch.Tensor]) -> dict[str, torc
 def unties_embeddings(params: LoraParams | None, config: Any) -> bool:
     """Whether weights merged under ``params`` need a model whose output layer is not its input
     embedding: an adapter on the output layer of a model ``config`` says is tied."""
-    return (params is not None and params.enabled and params.train_unembed
-            and bool(getattr(config, "tie_word_embeddings", False)))
+    return (
+        params is not None
+        and params.enabled
+        and params.train_unembed
+        and bool(getattr(config, "tie_word_embeddings", False))
+    )
 
 
 def merged_config(config: Any, params: LoraParams | None) -> Any:
@@ -333,21 +345,29 @@ def check_checkpoint(folder: Path, params: LoraParams | None) -> None:
         why = "does not exist" if not folder.exists() else f"holds neither config.json nor {ADAPTER_CONFIG}"
         raise TrinityError(f"checkpoint {folder} {why}")
     if params is None and adapter:
-        raise TrinityError(f"{folder} holds a LoRA adapter, and this engine trains every weight: build it with "
-                           f"the LoRA params of the checkpoint's {BASE_MODEL_FILE}")
+        raise TrinityError(
+            f"{folder} holds a LoRA adapter, and this engine trains every weight: build it with "
+            f"the LoRA params of the checkpoint's {BASE_MODEL_FILE}"
+        )
     if params is not None and not adapter:
-        raise TrinityError(f"{folder} holds full weights, not a LoRA adapter (no {ADAPTER_CONFIG}), and this engine "
-                           f"trains a rank-{params.rank} adapter")
+        raise TrinityError(
+            f"{folder} holds full weights, not a LoRA adapter (no {ADAPTER_CONFIG}), and this engine "
+            f"trains a rank-{params.rank} adapter"
+        )
     if params is not None and (folder / BASE_MODEL_FILE).is_file():
         _, saved = read_base_note(folder)
         if saved is None or not saved.same_adapter(params):
             raise TrinityError(f"{folder}: its adapter ({saved}) is not the one this engine trains ({params})")
 
 
-
 # -- export ---------------------------------------------------------------------------
-TRAINING_FILES = (BASE_MODEL_FILE, "optimizer.safetensors", "rng_state.safetensors", "trainer_state.json",
-                  "optimizer.pt")  # what a checkpoint holds beside the model: left out of an export
+TRAINING_FILES = (
+    BASE_MODEL_FILE,
+    "optimizer.safetensors",
+    "rng_state.safetensors",
+    "trainer_state.json",
+    "optimizer.pt",
+)  # what a checkpoint holds beside the model: left out of an export
 
 
 def checkpoint_model_folder(path: Path) -> Path:

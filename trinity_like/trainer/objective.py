@@ -102,10 +102,16 @@ class Objective:
             if mask.sum() > 0:
                 metrics["rollout_logprob_diff"] = float((diff * mask).sum() / mask.sum())
         if self.kl_loss is not None:
-            kl_BR = call_component(self._fn(self.kl_loss), {"logprob": inputs["logprob"], "ref_logprob": inputs["ref_logprob"]})
+            kl_BR = call_component(
+                self._fn(self.kl_loss), {"logprob": inputs["logprob"], "ref_logprob": inputs["ref_logprob"]}
+            )
             term, kl_metrics = kl_loss_term(
-                kl_BR, inputs["action_mask"], coef=float(self.kl_loss.coef or 0.0), loss_agg_mode=self._agg_mode(),
-                num_tokens=inputs.get("num_tokens"), num_seqs=inputs.get("num_seqs"),
+                kl_BR,
+                inputs["action_mask"],
+                coef=float(self.kl_loss.coef or 0.0),
+                loss_agg_mode=self._agg_mode(),
+                num_tokens=inputs.get("num_tokens"),
+                num_seqs=inputs.get("num_seqs"),
             )
             loss = loss + term
             metrics.update(kl_metrics)
@@ -124,5 +130,9 @@ class Objective:
 def objective_from_stage(stage: Any, *, one_update: bool) -> Objective:
     """Build the objective of a resolved recipe stage (:class:`trinity_like.config.ResolvedStage`)."""
     comps = stage.components
-    return Objective(policy_loss=comps["policy_loss"], kl_loss=comps.get("kl_loss"),
-                     entropy_loss=comps.get("entropy_loss"), one_update=one_update)
+    return Objective(
+        policy_loss=comps["policy_loss"],
+        kl_loss=comps.get("kl_loss"),
+        entropy_loss=comps.get("entropy_loss"),
+        one_update=one_update,
+    )

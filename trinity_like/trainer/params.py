@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
 from typing import get_args
 
 from trinity_like.config.schema import Config, Dtype, ModelConfig, OptimizerConfig, Scheduler, TrainerConfig
@@ -34,7 +33,9 @@ class ModelParams:
     path: str  # Hugging Face folder (config, safetensors, tokenizer) to start from
     kind: str = "lm"  # "lm": logprobs of the response; "value": values [B, R]; "reward": scores [B]
     micro_batch_size: int = _default(TrainerConfig, "micro_batch_size")  # rows per forward/backward (per verl worker)
-    share_prompts: bool = _default(TrainerConfig, "share_prompts")  # each distinct prompt once per micro-batch (trainer/forward.py)
+    share_prompts: bool = _default(
+        TrainerConfig, "share_prompts"
+    )  # each distinct prompt once per micro-batch (trainer/forward.py)
     dtype: str = _default(ModelConfig, "dtype")  # local: the parameters; verl: compute over fp32 masters
     attn_implementation: str = _default(ModelConfig, "attn_implementation")  # transformers attention kernel
     forward_only: bool = False  # a frozen model (the reference policy): no optimiser, no grads
@@ -141,13 +142,28 @@ def model_params(config: Config, path: str, *, kind: str = "lm", forward_only: b
     lora = None
     if m.lora_rank > 0:
         if kind == "reward":
-            raise TrinityError("model.lora_rank: LoRA adapts a language-model policy; a reward model trains "
-                               "every weight here (set model.lora_rank: 0)")
+            raise TrinityError(
+                "model.lora_rank: LoRA adapts a language-model policy; a reward model trains "
+                "every weight here (set model.lora_rank: 0)"
+            )
         if kind == "lm" and not forward_only:
-            lora = LoraParams(rank=m.lora_rank, alpha=m.lora_alpha, train_attn=m.lora_train_attn,
-                              train_mlp=m.lora_train_mlp, train_unembed=m.lora_train_unembed, seed=config.seed)
+            lora = LoraParams(
+                rank=m.lora_rank,
+                alpha=m.lora_alpha,
+                train_attn=m.lora_train_attn,
+                train_mlp=m.lora_train_mlp,
+                train_unembed=m.lora_train_unembed,
+                seed=config.seed,
+            )
     return ModelParams(
-        path=path, kind=kind, micro_batch_size=config.trainer.micro_batch_size,
-        share_prompts=config.trainer.share_prompts, gradient_checkpointing=config.trainer.gradient_checkpointing, dtype=m.dtype,
-        attn_implementation=m.attn_implementation, forward_only=forward_only, head_seed=config.seed, lora=lora,
+        path=path,
+        kind=kind,
+        micro_batch_size=config.trainer.micro_batch_size,
+        share_prompts=config.trainer.share_prompts,
+        gradient_checkpointing=config.trainer.gradient_checkpointing,
+        dtype=m.dtype,
+        attn_implementation=m.attn_implementation,
+        forward_only=forward_only,
+        head_seed=config.seed,
+        lora=lora,
     )

@@ -144,7 +144,7 @@ def _mapping(path: str, size: int) -> torch.Tensor:
 
 
 def _view(buffer: torch.Tensor, entry: Entry) -> torch.Tensor:
-    return buffer[entry.offset: entry.offset + _nbytes(entry)].view(getattr(torch, entry.dtype)).view(entry.shape)
+    return buffer[entry.offset : entry.offset + _nbytes(entry)].view(getattr(torch, entry.dtype)).view(entry.shape)
 
 
 def _nbytes(entry: Entry) -> int:

@@ -218,12 +218,8 @@ def install() -> None:
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
 
     _use_configured_attention_for_value_models()
-    EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device="cpu")(
-        FSDPEngineWithLMHead
-    )
-    EngineRegistry.register(model_type="value_model", backend=["fsdp", "fsdp2"], device="cpu")(
-        FSDPEngineWithValueHead
-    )
+    EngineRegistry.register(model_type="language_model", backend=["fsdp", "fsdp2"], device="cpu")(FSDPEngineWithLMHead)
+    EngineRegistry.register(model_type="value_model", backend=["fsdp", "fsdp2"], device="cpu")(FSDPEngineWithValueHead)
     _installed = True
 
 

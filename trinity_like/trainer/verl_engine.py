@@ -50,7 +50,15 @@ from trinity_like.errors import TrinityError
 from trinity_like.plugins import ray_runtime_env
 from trinity_like.trainer import lora as lora_lib
 from trinity_like.trainer import verl_cpu
-from trinity_like.trainer.base import Batch, LossCallable, batch_rows, mean_metrics, row_unit, slice_rows, with_normalisers
+from trinity_like.trainer.base import (
+    Batch,
+    LossCallable,
+    batch_rows,
+    mean_metrics,
+    row_unit,
+    slice_rows,
+    with_normalisers,
+)
 from trinity_like.trainer.forward import packing_metrics
 from trinity_like.trainer.params import AdamStep, ModelParams, OptimParams
 from trinity_like.trainer.shared_weights import SharedWeights, WeightMailbox
@@ -85,9 +93,16 @@ class VerlParams:
 def verl_params(config: Config, cores: CoreShare | None = None) -> VerlParams:
     """A recipe's ``cluster`` section as verl worker placement (``cores``: :mod:`trinity_like.cpu_share`)."""
     c, threads = config.cluster, config.cpu_threads()
-    return VerlParams(num_workers=c.workers, ray_address=c.ray_address, num_cpus=c.num_cpus,
-                      use_gpu=c.num_gpus > 0, placement=c.placement, seed=config.seed,
-                      threads=threads.trainer_alone if cores is not None else threads.trainer, cores=cores)
+    return VerlParams(
+        num_workers=c.workers,
+        ray_address=c.ray_address,
+        num_cpus=c.num_cpus,
+        use_gpu=c.num_gpus > 0,
+        placement=c.placement,
+        seed=config.seed,
+        threads=threads.trainer_alone if cores is not None else threads.trainer,
+        cores=cores,
+    )
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -114,7 +129,13 @@ def start_ray(params: VerlParams) -> bool:
     for attempt in range(3):
         try:
             if params.ray_address is None:
-                ray.init(address="local", num_cpus=params.num_cpus, include_dashboard=False, runtime_env=env, log_to_driver=False)
+                ray.init(
+                    address="local",
+                    num_cpus=params.num_cpus,
+                    include_dashboard=False,
+                    runtime_env=env,
+                    log_to_driver=False,
+                )
             else:
                 ray.init(address=params.ray_address, runtime_env=env, log_to_driver=False)
             return True
@@ -153,12 +174,14 @@ def check_free_resources(workers: int, resource: str, placement: str = "pack") -
         raise TrinityError(
             f"cluster.placement: pack puts all {workers} verl workers on one node, but the most free {resource} "
             f"on one node is {per_node[0]:g} (free per node: {', '.join(f'{n:g}' for n in per_node)}): "
-            f"set cluster.placement: spread to put them on several nodes, or use fewer workers")
+            f"set cluster.placement: spread to put them on several nodes, or use fewer workers"
+        )
     if placement == "spread" and sum(n >= 1 for n in per_node) < workers:
         raise TrinityError(
             f"cluster.placement: spread puts each of the {workers} verl workers on a node of its own, but "
             f"{sum(n >= 1 for n in per_node)} of the cluster's {len(per_node)} nodes have a free {resource}: "
-            f"add nodes, set cluster.placement: pack, or use fewer workers")
+            f"add nodes, set cluster.placement: pack, or use fewer workers"
+        )
 
 
 def placement_group_for(workers: int, use_gpu: bool, placement: str) -> Any:
@@ -224,11 +247,17 @@ def worker_config(model: ModelParams, optim: OptimParams, verl: VerlParams, use_
     dtype = "fp32" if model.dtype == "float32" else "bf16"
     master = dtype if model.forward_only else "fp32"
     lora = model.adapter
-    adapter = {} if lora is None else {
-        # verl wraps its model with peft's LoRA on these layers (_build_lora_module); the
-        # workers then set our seeded initial adapter (trinity_init_adapter)
-        "lora_rank": lora.rank, "lora_alpha": lora.alpha, "target_modules": lora_target_modules(model),
-    }
+    adapter = (
+        {}
+        if lora is None
+        else {
+            # verl wraps its model with peft's LoRA on these layers (_build_lora_module); the
+            # workers then set our seeded initial adapter (trinity_init_adapter)
+            "lora_rank": lora.rank,
+            "lora_alpha": lora.alpha,
+            "target_modules": lora_target_modules(model),
+        }
+    )
     model_config = HFModelConfig(
         path=model.path,
         override_config={"attn_implementation": model.attn_implementation},
@@ -278,9 +307,7 @@ def worker_config(model: ModelParams, optim: OptimParams, verl: VerlParams, use_
 class VerlEngine:
     """A :class:`~trinity_like.trainer.base.TrainEngine` over a group of verl FSDP workers."""
 
-    def __init__(
-        self, model: ModelParams, optim: OptimParams = OptimParams(), verl: VerlParams = VerlParams()
-    ) -> None:
+    def __init__(self, model: ModelParams, optim: OptimParams = OptimParams(), verl: VerlParams = VerlParams()) -> None:
         check_model_folder(model.path)  # before Ray starts: a typo fails in a second
         self._started_ray = start_ray(verl)
         # GPUs are the cluster's, not the driver's: a CPU-only driver may drive GPU workers.
@@ -306,9 +333,15 @@ class VerlEngine:
             worker_env[fault_points.ENV_VAR] = os.environ[fault_points.ENV_VAR]
         if not self.use_gpu:
             worker_env.update(verl_cpu.worker_env())
-        worker_cls = RayClassWithInitArgs(cls=ray.remote(TrinityVerlWorker), config=config, kind=model.kind,
-                                          lora=model.adapter, share_prompts=model.share_prompts,
-                                          num_threads=verl.threads, cores=verl.cores)
+        worker_cls = RayClassWithInitArgs(
+            cls=ray.remote(TrinityVerlWorker),
+            config=config,
+            kind=model.kind,
+            lora=model.adapter,
+            share_prompts=model.share_prompts,
+            num_threads=verl.threads,
+            cores=verl.cores,
+        )
         self.group = RayWorkerGroup(
             resource_pool=self.pool,
             ray_cls_with_init=worker_cls,
@@ -319,7 +352,9 @@ class VerlEngine:
         self.pids: list[int] = []
         self.pids = list(self._call("trinity_pid", "start-up"))  # the workers' processes (memory metrics, errors)
         if model.adapter is not None:
-            self._call("trinity_init_adapter", "start-up")  # the local engine's seeded start, in place of verl's own draw
+            self._call(
+                "trinity_init_adapter", "start-up"
+            )  # the local engine's seeded start, in place of verl's own draw
         self._loss_fn: LossCallable | None = None
         self.mailbox = WeightMailbox()  # export_weights writes here (rank 0 on the driver's machine)
 
@@ -328,8 +363,14 @@ class VerlEngine:
         return gather(getattr(self.group, method)(*args), what, self.pids)
 
     # -- the contract --------------------------------------------------------------
-    def forward_backward(self, batch: Batch, loss_fn: LossCallable, *, need_entropy: bool = False,
-                         out: dict[str, torch.Tensor] | None = None) -> dict[str, float]:
+    def forward_backward(
+        self,
+        batch: Batch,
+        loss_fn: LossCallable,
+        *,
+        need_entropy: bool = False,
+        out: dict[str, torch.Tensor] | None = None,
+    ) -> dict[str, float]:
         """Forward/backward on every worker; returns the full-batch loss and mean metrics.
 
         ``out``, when given, receives the outputs of every row (``logprob [B, R]``, ...)."""
@@ -340,8 +381,13 @@ class VerlEngine:
             self._loss_fn = loss_fn
         workers = self.verl_params.num_workers
         blocks = split_over_workers(with_normalisers(batch), workers)
-        parts = self._call("trinity_forward_backward", "forward/backward", blocks, [need_entropy] * workers,
-                           [out is not None] * workers)
+        parts = self._call(
+            "trinity_forward_backward",
+            "forward/backward",
+            blocks,
+            [need_entropy] * workers,
+            [out is not None] * workers,
+        )
         if out is not None:
             rows = batch_rows(batch)  # padded rows (see pad_rows) come last: drop them
             out.update({k: torch.cat([p["outputs"][k] for p in parts])[:rows] for k in parts[0]["outputs"]})
@@ -363,7 +409,9 @@ class VerlEngine:
     def compute_logprobs(self, batch: Batch, *, need_entropy: bool = False) -> dict[str, torch.Tensor]:
         """``logprob [B, R]`` (and ``entropy``), or ``values``/``scores`` for value/reward models, no grad."""
         workers = self.verl_params.num_workers
-        parts = self._call("trinity_infer", "a forward pass", split_over_workers(batch, workers), [need_entropy] * workers)
+        parts = self._call(
+            "trinity_infer", "a forward pass", split_over_workers(batch, workers), [need_entropy] * workers
+        )
         rows = batch_rows(batch)  # padded rows (see pad_rows) come last: drop them
         return {k: torch.cat([p[k] for p in parts])[:rows] for k in parts[0]}
 

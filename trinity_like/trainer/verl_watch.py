@@ -41,7 +41,9 @@ def gather(refs: list[Any], what: str, pids: list[int] | None = None) -> list[An
             rank = refs.index(ready[0])
             pid = f" (pid {pids[rank]})" if pids else ""
             cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise WorkerDiedError(f"verl worker rank {rank} of {len(refs)}{pid} died during {what} ({cause}); the "
-                                  f"other workers were stopped: run the same command to resume from the latest "
-                                  f"checkpoint") from None
+            raise WorkerDiedError(
+                f"verl worker rank {rank} of {len(refs)}{pid} died during {what} ({cause}); the "
+                f"other workers were stopped: run the same command to resume from the latest "
+                f"checkpoint"
+            ) from None
     return ray.get(list(refs))

@@ -72,6 +72,7 @@ from trinity_like.trainer.lora import LoraParams  # noqa: E402
 from trinity_like.trainer.params import AdamStep  # noqa: E402
 from trinity_like.trainer.shared_weights import SharedWeights, write_into  # noqa: E402
 
+
 def skip_verl_trl_patch_without_value_head() -> None:
     """Stop verl's model patching from importing a class that recent ``trl`` no longer has.
 
@@ -99,11 +100,19 @@ skip_verl_trl_patch_without_value_head()
 
 MODEL_WEIGHTS = "model*.safetensors"  # a Hugging Face folder's weight files (one, or shards)
 
+
 class TrinityVerlWorker(TinkerTrainingWorker):
     """verl's FSDP training worker, started on gloo when there is no GPU, with our entry points."""
 
-    def __init__(self, config: Any, kind: str, lora: LoraParams | None = None, share_prompts: bool = True,
-                 num_threads: int | None = None, cores: CoreShare | None = None) -> None:
+    def __init__(
+        self,
+        config: Any,
+        kind: str,
+        lora: LoraParams | None = None,
+        share_prompts: bool = True,
+        num_threads: int | None = None,
+        cores: CoreShare | None = None,
+    ) -> None:
         from trinity_like.plugins import load_plugins
 
         self.kind = kind
@@ -127,8 +136,9 @@ class TrinityVerlWorker(TinkerTrainingWorker):
         """The loss callable (:mod:`~trinity_like.trainer.base`) the next forward/backward calls run."""
         self.loss_fn = loss_fn
 
-    def _run(self, batch: dict[str, torch.Tensor], need_entropy: bool, *, train: bool,
-             keep_outputs: bool) -> dict[str, Any]:
+    def _run(
+        self, batch: dict[str, torch.Tensor], need_entropy: bool, *, train: bool, keep_outputs: bool
+    ) -> dict[str, Any]:
         """Our forward (:mod:`~trinity_like.trainer.forward`) over this rank's rows, micro-batch
         by micro-batch, run as the FSDP root module's forward so that FSDP unshards, reshards
         and reduces gradients around it as around verl's own; with ``train``, each
@@ -144,8 +154,9 @@ class TrinityVerlWorker(TinkerTrainingWorker):
         device = next(root.parameters()).device
         dtype = getattr(engine, "_autocast_dtype", torch.float32)  # verl's mixed-precision compute dtype
         autocast = nullcontext() if dtype == torch.float32 else torch.autocast(device_type=device.type, dtype=dtype)
-        parts, restore = sorted_micro_batches(batch, self.engine_config.micro_batch_size_per_gpu,
-                                              share_prompts=self.share_prompts)
+        parts, restore = sorted_micro_batches(
+            batch, self.engine_config.micro_batch_size_per_gpu, share_prompts=self.share_prompts
+        )
         dp, stats, losses, metrics, kept = dist.get_world_size(), {}, [], {}, []
         for i, mb in enumerate(parts):
             if self.cores is not None:
@@ -153,14 +164,30 @@ class TrinityVerlWorker(TinkerTrainingWorker):
             mb = {k: v.to(device) for k, v in mb.items()}
             last = i == len(parts) - 1
             sync = engine._gradient_sync_context(is_last_micro_batch=last) if train else nullcontext()
-            with sync, autocast, as_forward(root, partial(model_outputs, model, mb, self.kind, need_entropy=need_entropy,
-                                                          share_prompts=self.share_prompts, stats=stats)):
+            with (
+                sync,
+                autocast,
+                as_forward(
+                    root,
+                    partial(
+                        model_outputs,
+                        model,
+                        mb,
+                        self.kind,
+                        need_entropy=need_entropy,
+                        share_prompts=self.share_prompts,
+                        stats=stats,
+                    ),
+                ),
+            ):
                 outputs = root()
                 if train:
                     loss, mb_metrics = self.loss_fn(outputs, mb)
                     if i == 0 and dist.get_rank() == dp - 1:  # the last rank, between its forward and backward
                         fault_points.reach("verl_worker_update")
-                    if self.cores is not None:  # backward is ~2/3 of a micro-batch: widen here too when the explorer is done
+                    if (
+                        self.cores is not None
+                    ):  # backward is ~2/3 of a micro-batch: widen here too when the explorer is done
                         self.cores.fit(TRAINER)
                     (loss * dp).backward()
                     losses.append(float(loss.detach()) * dp)
@@ -174,8 +201,9 @@ class TrinityVerlWorker(TinkerTrainingWorker):
         return result
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE, blocking=False)
-    def trinity_forward_backward(self, batch: dict[str, torch.Tensor], need_entropy: bool,
-                                 keep_outputs: bool = False) -> dict[str, Any]:
+    def trinity_forward_backward(
+        self, batch: dict[str, torch.Tensor], need_entropy: bool, keep_outputs: bool = False
+    ) -> dict[str, Any]:
         """Forward/backward over this rank's rows; grads accumulate until ``trinity_optim_step``.
 
         Returns each micro-batch's loss and metrics, the packing ``stats`` and, with
@@ -262,8 +290,11 @@ class TrinityVerlWorker(TinkerTrainingWorker):
         when it is the input embedding (a reader re-ties it) -- never when a trained adapter
         on it parts the two (:func:`~trinity_like.trainer.lora.unties_embeddings`)."""
         config = self.model_config.hf_config
-        tied = skip_tied and getattr(config, "tie_word_embeddings", False) and not lora_lib.unties_embeddings(
-            self.lora, config)
+        tied = (
+            skip_tied
+            and getattr(config, "tie_word_embeddings", False)
+            and not lora_lib.unties_embeddings(self.lora, config)
+        )
         full = self._gathered_state(keep)
         if keep and self.lora is not None:
             full = lora_lib.merged_state_dict(full, self.lora)
@@ -346,8 +377,10 @@ class TrinityVerlWorker(TinkerTrainingWorker):
             full = lora_lib.adapter_to_peft_state(lora_lib.read_adapter(folder))
             own = {name for name in self.engine.module.state_dict() if ".lora_" in name}
             if set(full) != own:
-                raise TrinityError(f"{folder}: the adapter does not fit this model (missing "
-                                   f"{sorted(own - set(full))[:3]}, unexpected {sorted(set(full) - own)[:3]})")
+                raise TrinityError(
+                    f"{folder}: the adapter does not fit this model (missing "
+                    f"{sorted(own - set(full))[:3]}, unexpected {sorted(set(full) - own)[:3]})"
+                )
             set_model_state_dict(self.engine.module, full, options=StateDictOptions(full_state_dict=True, strict=False))
             return
         full = {}

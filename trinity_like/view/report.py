@@ -36,8 +36,9 @@ def report_data(runs: list[Run]) -> dict[str, Any]:
         data["runs"].append(run_summary(i, run))
         data["metrics"].append(run.metrics()[0])
         data["versions"].append(versions)
-        data["rollouts"].append({v["version"]: step_page(run, v["version"], page_size=ROWS_PER_STEP)
-                                 for v in spread(versions, MAX_STEPS)})
+        data["rollouts"].append(
+            {v["version"]: step_page(run, v["version"], page_size=ROWS_PER_STEP) for v in spread(versions, MAX_STEPS)}
+        )
         data["evals"].append(run.evals())
     return data
 
@@ -54,11 +55,16 @@ def write_report(run_dirs: list[str], out: str | Path) -> Path:
         if not data["metrics"][i] and not data["versions"][i] and not data["evals"][i]:
             raise TrinityError(f"{run.path}: nothing to report yet (no metrics, no rollouts, no held-out answers)")
     page = (STATIC / "index.html").read_text()
-    page = re.sub(r'<link rel="stylesheet" href="static/([^"]+)">',
-                  lambda m: f"<style>{(STATIC / m.group(1)).read_text()}</style>", page)
+    page = re.sub(
+        r'<link rel="stylesheet" href="static/([^"]+)">',
+        lambda m: f"<style>{(STATIC / m.group(1)).read_text()}</style>",
+        page,
+    )
     page = re.sub(r'<script src="static/([^"]+)"></script>', lambda m: _script((STATIC / m.group(1)).read_text()), page)
     # the data first: the page's script reads it when it starts
-    page = page.replace("<script>", _script("window.REPORT = " + json.dumps(data, separators=(",", ":")) + ";") + "<script>", 1)
+    page = page.replace(
+        "<script>", _script("window.REPORT = " + json.dumps(data, separators=(",", ":")) + ";") + "<script>", 1
+    )
     out = Path(out)
     out.write_text(page, encoding="utf-8")
     return out

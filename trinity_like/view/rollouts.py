@@ -18,9 +18,9 @@ from trinity_like.view.run import Filters, Run, StoredRow
 
 NOT_STORED = {
     "no_records": "this buffer predates training records (the trainer's advantages and logprobs per row): colouring "
-                  "by advantage or by the sampler/trainer ratio is unavailable",
+    "by advantage or by the sampler/trainer ratio is unavailable",
     "not_trained": "no row of this step has been trained on yet (or dynamic sampling dropped every group): the "
-                   "trainer's advantages and logprobs come when a step trains on them",
+    "trainer's advantages and logprobs come when a step trains on them",
 }
 
 
@@ -31,19 +31,40 @@ def _sample(stored: StoredRow, pieces: list[str]) -> dict[str, Any]:
     kept = [a for a, m in zip(adv, row.mask()) if m] if adv is not None else []
     info = {k: v for k, v in row.info.items() if k != "response_text"}
     return {
-        "eid": row.eid, "task_id": row.task_id, "reward": row.reward, "finish_reason": row.finish_reason,
-        "model_version": row.model_version, "status": stored.status, "consumed_by": stored.consumed_by,
-        "trained_at": stored.trained_at, "is_expert": row.is_expert, "length": row.response_length,
-        "response": "".join(pieces), "tokens": pieces, "token_ids": row.response_tokens, "logprobs": row.logprobs,
-        "advantages": adv, "trainer_logprobs": stored.trained.get("trainer_logprob"), "mask": mask,
-        "token_level_reward": row.token_level_reward, "advantage": sum(kept) / len(kept) if kept else None, "info": info,
+        "eid": row.eid,
+        "task_id": row.task_id,
+        "reward": row.reward,
+        "finish_reason": row.finish_reason,
+        "model_version": row.model_version,
+        "status": stored.status,
+        "consumed_by": stored.consumed_by,
+        "trained_at": stored.trained_at,
+        "is_expert": row.is_expert,
+        "length": row.response_length,
+        "response": "".join(pieces),
+        "tokens": pieces,
+        "token_ids": row.response_tokens,
+        "logprobs": row.logprobs,
+        "advantages": adv,
+        "trainer_logprobs": stored.trained.get("trainer_logprob"),
+        "mask": mask,
+        "token_level_reward": row.token_level_reward,
+        "advantage": sum(kept) / len(kept) if kept else None,
+        "info": info,
     }
 
 
 def _pair(run: Run, row: PairExperience) -> dict[str, Any]:
     prompt, chosen, rejected = run.decode([row.prompt_tokens, row.chosen_tokens, row.rejected_tokens])
-    return {"eid": row.eid, "task_id": row.task_id, "prompt": prompt, "chosen": chosen, "rejected": rejected,
-            "info": row.info, "metrics": None}
+    return {
+        "eid": row.eid,
+        "task_id": row.task_id,
+        "prompt": prompt,
+        "chosen": chosen,
+        "rejected": rejected,
+        "info": row.info,
+        "metrics": None,
+    }
 
 
 def _notes(run: Run, records: bool, sampled: list[dict[str, Any]], stored: dict[str, bool]) -> list[str]:
@@ -58,7 +79,9 @@ def _notes(run: Run, records: bool, sampled: list[dict[str, Any]], stored: dict[
     return notes
 
 
-def step_page(run: Run, version: int, filters: Filters = Filters(), page: int = 0, page_size: int = 32) -> dict[str, Any]:
+def step_page(
+    run: Run, version: int, filters: Filters = Filters(), page: int = 0, page_size: int = 32
+) -> dict[str, Any]:
     """Page ``page`` of the samples of ``version`` that pass ``filters``, grouped by prompt.
 
     A DPO / RM run has no buffer: its "steps" are training steps, each with the pairs it
@@ -66,7 +89,11 @@ def step_page(run: Run, version: int, filters: Filters = Filters(), page: int = 
     """
     buffer = run.buffer()
     if buffer is None:
-        return pair_page(run, version, filters, page, page_size) if run.trained_pairs() else {"error": run.buffer_missing()}
+        return (
+            pair_page(run, version, filters, page, page_size)
+            if run.trained_pairs()
+            else {"error": run.buffer_missing()}
+        )
     found = buffer.rows(version)
     experiences = [r for r in found if isinstance(r.row, Experience)]
     pairs = [r.row for r in found if isinstance(r.row, PairExperience)]
@@ -76,7 +103,11 @@ def step_page(run: Run, version: int, filters: Filters = Filters(), page: int = 
     keys = list(prompts)
     prompt_text = dict(zip(keys, run.decode([prompts[k] for k in keys])))
     responses = run.decode([r.row.response_tokens for r in experiences]) if filters.text else [""] * len(experiences)
-    kept = [r for r, text in zip(experiences, responses) if filters.keep(r.row, prompt_text[r.row.group_id or r.row.eid], text)]
+    kept = [
+        r
+        for r, text in zip(experiences, responses)
+        if filters.keep(r.row, prompt_text[r.row.group_id or r.row.eid], text)
+    ]
     pages = max(1, -(-len(kept) // page_size))
     shown = kept[page * page_size : (page + 1) * page_size]
     flat = run.pieces([t for r in shown for t in r.row.response_tokens])
@@ -85,20 +116,30 @@ def step_page(run: Run, version: int, filters: Filters = Filters(), page: int = 
     for stored in shown:
         row = stored.row
         key = row.group_id or row.eid
-        group = groups.setdefault(key, {"group_id": row.group_id, "task_id": row.task_id,
-                                        "prompt": prompt_text[key], "samples": []})
+        group = groups.setdefault(
+            key, {"group_id": row.group_id, "task_id": row.task_id, "prompt": prompt_text[key], "samples": []}
+        )
         group["samples"].append(_sample(stored, flat[at : at + row.response_length]))
         at += row.response_length
-    stored_fields = {name: any(getattr(r.row, name) is not None for r in experiences)
-                     for name in ("logprobs", "advantages", "action_mask", "token_level_reward")}
+    stored_fields = {
+        name: any(getattr(r.row, name) is not None for r in experiences)
+        for name in ("logprobs", "advantages", "action_mask", "token_level_reward")
+    }
     stored_fields["advantages"] = stored_fields["advantages"] or any("advantages" in r.trained for r in experiences)
     stored_fields["trainer_logprobs"] = any("trainer_logprob" in r.trained for r in experiences)
     return {
-        "kind": "rollouts", "version": version, "rows": len(experiences), "matching": len(kept), "page": page, "pages": pages,
-        "page_size": page_size, "stored": stored_fields,
+        "kind": "rollouts",
+        "version": version,
+        "rows": len(experiences),
+        "matching": len(kept),
+        "page": page,
+        "pages": pages,
+        "page_size": page_size,
+        "stored": stored_fields,
         "notes": _notes(run, buffer.has_training_records(), experiences, stored_fields),
         "finish_reasons": sorted({r.row.finish_reason for r in experiences}),
-        "groups": list(groups.values()), "pairs": [_pair(run, r) for r in pairs[:page_size]],
+        "groups": list(groups.values()),
+        "pairs": [_pair(run, r) for r in pairs[:page_size]],
     }
 
 
@@ -114,8 +155,25 @@ def pair_page(run: Run, step: int, filters: Filters = Filters(), page: int = 0, 
     pages = max(1, -(-len(items) // page_size))
     shown = items[page * page_size : (page + 1) * page_size]
     return {
-        "kind": "pairs", "version": step, "rows": len(every), "matching": len(items), "page": page,
-        "pages": pages, "page_size": page_size, "stored": {}, "notes": [], "finish_reasons": [], "groups": [],
-        "pairs": [{"task_id": it["task_id"], "prompt": it["prompt"], "chosen": it["chosen"], "rejected": it["rejected"],
-                   "metrics": it["metrics"]} for it in shown],
+        "kind": "pairs",
+        "version": step,
+        "rows": len(every),
+        "matching": len(items),
+        "page": page,
+        "pages": pages,
+        "page_size": page_size,
+        "stored": {},
+        "notes": [],
+        "finish_reasons": [],
+        "groups": [],
+        "pairs": [
+            {
+                "task_id": it["task_id"],
+                "prompt": it["prompt"],
+                "chosen": it["chosen"],
+                "rejected": it["rejected"],
+                "metrics": it["metrics"],
+            }
+            for it in shown
+        ],
     }

@@ -119,7 +119,10 @@ class Buffer:
     def has_training_records(self) -> bool:
         """Whether the buffer has the ``trained`` table (buffers written before it existed do not)."""
         with self._db() as db:
-            return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'trained'").fetchone() is not None
+            return (
+                db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'trained'").fetchone()
+                is not None
+            )
 
     def rows(self, version: int) -> list[StoredRow]:
         """Every row of ``version``, in write order, with what the trainer recorded for it.
@@ -131,13 +134,22 @@ class Buffer:
         trained = self.has_training_records()
         extra = ", t.step, t.layout, t.arrays" if trained else ", NULL, NULL, NULL"
         join = " LEFT JOIN trained t ON t.seq = s.seq" if trained else ""
-        sql = (f"SELECT r.kind, r.header, r.arrays, s.status, s.step{extra} FROM state s JOIN rows r ON r.seq = s.seq{join} "
-               f"WHERE s.status IN ({marks}) AND s.model_version = ? ORDER BY s.seq")
+        sql = (
+            f"SELECT r.kind, r.header, r.arrays, s.status, s.step{extra} FROM state s JOIN rows r ON r.seq = s.seq{join} "
+            f"WHERE s.status IN ({marks}) AND s.model_version = ? ORDER BY s.seq"
+        )
         with self._db() as db:
             got = db.execute(sql, (*range(len(STATUSES)), version)).fetchall()
-        return [StoredRow(unpack(kind, header, blob), STATUSES[status], step, t_step,
-                          unpack_floats(layout, t_blob) if layout is not None else {})
-                for kind, header, blob, status, step, t_step, layout, t_blob in got]
+        return [
+            StoredRow(
+                unpack(kind, header, blob),
+                STATUSES[status],
+                step,
+                t_step,
+                unpack_floats(layout, t_blob) if layout is not None else {},
+            )
+            for kind, header, blob, status, step, t_step, layout, t_blob in got
+        ]
 
 
 @dataclass(frozen=True)
@@ -148,7 +160,9 @@ class StoredRow:
     status: str  # available | claimed | consumed | dropped
     consumed_by: int | None  # the checkpoint step that consumed it
     trained_at: int | None  # the step that trained on it, where the trainer recorded it
-    trained: dict[str, list[float]]  # what that step computed per token (rows.TrainedRecord): advantages, trainer_logprob
+    trained: dict[
+        str, list[float]
+    ]  # what that step computed per token (rows.TrainedRecord): advantages, trainer_logprob
 
 
 class Run:
@@ -233,8 +247,10 @@ class Run:
         if self.buffer() is not None or (self.path / TRAINED_PAIRS_FILE).is_file():
             return ""
         storage = self.config.get("buffer", {}).get("experience", {}).get("storage", "?")
-        return (f"no buffer database at {self.buffer_path()} (buffer.experience.storage: {storage}); "
-                "rollouts are shown from an on-disk SQLite buffer only")
+        return (
+            f"no buffer database at {self.buffer_path()} (buffer.experience.storage: {storage}); "
+            "rollouts are shown from an on-disk SQLite buffer only"
+        )
 
     @cached_property
     def tokenizer(self) -> Any:

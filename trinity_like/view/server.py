@@ -28,8 +28,14 @@ STATIC = Path(__file__).parent / "static"
 
 def run_summary(i: int, run: Run) -> dict[str, Any]:
     buffer = run.buffer()
-    return {"id": i, "name": run.name, "path": str(run.path), "algorithm": run.config.get("algorithm", {}).get("type"),
-            "buffer": str(buffer.path) if buffer else None, "buffer_missing": run.buffer_missing()}
+    return {
+        "id": i,
+        "name": run.name,
+        "path": str(run.path),
+        "algorithm": run.config.get("algorithm", {}).get("type"),
+        "buffer": str(buffer.path) if buffer else None,
+        "buffer_missing": run.buffer_missing(),
+    }
 
 
 def build_app(runs: list[Run]) -> Any:
@@ -63,9 +69,18 @@ def build_app(runs: list[Run]) -> Any:
         return get(i).steps()
 
     @app.get("/api/runs/{i}/rollouts")
-    def rollouts(i: int, version: int, page: int = Query(0, ge=0), page_size: int = Query(32, ge=1, le=500),
-                 reward_min: float | None = None, reward_max: float | None = None, length_min: int | None = None,
-                 length_max: int | None = None, finish_reason: str | None = None, text: str | None = None) -> dict[str, Any]:
+    def rollouts(
+        i: int,
+        version: int,
+        page: int = Query(0, ge=0),
+        page_size: int = Query(32, ge=1, le=500),
+        reward_min: float | None = None,
+        reward_max: float | None = None,
+        length_min: int | None = None,
+        length_max: int | None = None,
+        finish_reason: str | None = None,
+        text: str | None = None,
+    ) -> dict[str, Any]:
         filters = Filters(reward_min, reward_max, length_min, length_max, finish_reason or None, text or None)
         return step_page(get(i), version, filters, page, page_size)
 
@@ -92,5 +107,8 @@ def serve(run_dirs: list[str], port: int) -> None:
             from trinity_like.errors import TrinityError
 
             raise TrinityError(f"port {port} on 127.0.0.1 is in use; pick another with --port")
-    print(f"trinity-like view: http://127.0.0.1:{port}/  ({len(runs)} run{'s' * (len(runs) != 1)}; Ctrl-C stops)", flush=True)
+    print(
+        f"trinity-like view: http://127.0.0.1:{port}/  ({len(runs)} run{'s' * (len(runs) != 1)}; Ctrl-C stops)",
+        flush=True,
+    )
     uvicorn.run(build_app(runs), host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1)

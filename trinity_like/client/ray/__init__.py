@@ -15,11 +15,19 @@ from __future__ import annotations
 from trinity_like.client.futures import wait_all
 from trinity_like.client.ray.actors import LearnerActor, SamplerActor
 from trinity_like.client.ray.clients import (
-           RayRuntime,
-           RaySamplingClient,
-           RayTrainingClient,
+    RayRuntime,
+    RaySamplingClient,
+    RayTrainingClient,
 )
 from trinity_like.client.ray.config import Bundle, RayClientConfig
 
-__all__ = ["Bundle", "LearnerActor", "RayClientConfig", "RayRuntime", "RaySamplingClient", "RayTrainingClient",
-           "SamplerActor", "wait_all"]
+__all__ = [
+    "Bundle",
+    "LearnerActor",
+    "RayClientConfig",
+    "RayRuntime",
+    "RaySamplingClient",
+    "RayTrainingClient",
+    "SamplerActor",
+    "wait_all",
+]

@@ -52,8 +52,15 @@ def _devices(threads: int) -> str:
 class LearnerActor:
     """A TrainingClient of the in-process backend, inside a Ray actor (calls run in order)."""
 
-    def __init__(self, service_cls: type, service: dict[str, Any], create: str, args: dict[str, Any], threads: int,
-                 delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        service_cls: type,
+        service: dict[str, Any],
+        create: str,
+        args: dict[str, Any],
+        threads: int,
+        delay_s: float = 0.0,
+    ) -> None:
         """``service_cls(**service)``: the in-process ServiceClient (handed over by the caller, so
         this module need not import the one that imports it); ``create(**args)`` makes the client."""
         _devices(threads)
@@ -75,8 +82,9 @@ class LearnerActor:
             time.sleep(self._delay_s)
         return self._client.forward_backward(data, loss_fn, config).result()
 
-    def forward_backward_custom(self, data: list[types.Datum], loss_fn: bytes,
-                                loss_type_input: str | None) -> types.ForwardBackwardOutput:
+    def forward_backward_custom(
+        self, data: list[types.Datum], loss_fn: bytes, loss_type_input: str | None
+    ) -> types.ForwardBackwardOutput:
         """``loss_fn``: the caller's function, cloudpickled (by value when defined in ``__main__``
         or a function body; by reference, so importable here, when defined at a module's top)."""
         if self._delay_s:
@@ -128,8 +136,13 @@ class SamplerActor:
             client = self._clients.get(weights.key)
             if client is None:
                 state = ray.get(weights.refs[0]) if weights.refs else None
-                client = SamplingClient(weights.base_model, model_path=weights.model_path, weights=state,
-                                        version=weights.version, device=self._device)
+                client = SamplingClient(
+                    weights.base_model,
+                    model_path=weights.model_path,
+                    weights=state,
+                    version=weights.version,
+                    device=self._device,
+                )
                 self._clients[weights.key] = client
                 while len(self._clients) > KEEP_VERSIONS:
                     self._clients.popitem(last=False)
@@ -140,14 +153,25 @@ class SamplerActor:
         if self._delay_s:
             time.sleep(self._delay_s)
 
-    def sample(self, weights: WeightsRef, prompt: types.ModelInput, num_samples: int, params: types.SamplingParams,
-               include_prompt_logprobs: bool, prompt_logprobs_last_n: int | None) -> types.SampleResponse:
+    def sample(
+        self,
+        weights: WeightsRef,
+        prompt: types.ModelInput,
+        num_samples: int,
+        params: types.SamplingParams,
+        include_prompt_logprobs: bool,
+        prompt_logprobs_last_n: int | None,
+    ) -> types.SampleResponse:
         self._wait()
-        return self._client(weights).sample(prompt, num_samples, params, include_prompt_logprobs,
-                                            prompt_logprobs_last_n=prompt_logprobs_last_n).result()
+        return (
+            self._client(weights)
+            .sample(prompt, num_samples, params, include_prompt_logprobs, prompt_logprobs_last_n=prompt_logprobs_last_n)
+            .result()
+        )
 
-    def compute_logprobs(self, weights: WeightsRef, prompt: types.ModelInput,
-                         prompt_logprobs_last_n: int | None) -> list[float | None]:
+    def compute_logprobs(
+        self, weights: WeightsRef, prompt: types.ModelInput, prompt_logprobs_last_n: int | None
+    ) -> list[float | None]:
         self._wait()
         return self._client(weights).compute_logprobs(prompt, prompt_logprobs_last_n).result()
 

@@ -17,6 +17,7 @@ from the last ``save_state``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import sys
@@ -85,12 +86,21 @@ class RayRuntime:
                 ray.init(address=config.address, runtime_env=ray_runtime_env(), log_to_driver=False)
             else:  # logical CPUs: by default enough for every bundle, even beyond the machine's cores
                 cpus = config.num_cpus if config.num_cpus is not None else max(os.cpu_count() or 1, config.cpus())
-                ray.init(address="local", num_cpus=cpus, include_dashboard=False, runtime_env=ray_runtime_env(), log_to_driver=False)
+                ray.init(
+                    address="local",
+                    num_cpus=cpus,
+                    include_dashboard=False,
+                    runtime_env=ray_runtime_env(),
+                    log_to_driver=False,
+                )
             self._own_ray = True
         try:
             self._place()
-            self.pool = SamplerPool([self._sampler(i) for i in range(len(config.samplers))],
-                                    max_in_flight=config.max_in_flight, max_retries=config.max_restarts + 1)
+            self.pool = SamplerPool(
+                [self._sampler(i) for i in range(len(config.samplers))],
+                max_in_flight=config.max_in_flight,
+                max_retries=config.max_restarts + 1,
+            )
         except BaseException:
             self.close()
             raise
@@ -105,33 +115,47 @@ class RayRuntime:
         total = ray.cluster_resources()
         short = {k: v for k, v in (("CPU", c.cpus()), ("GPU", c.gpus())) if v > total.get(k, 0)}
         if short and self._own_ray:  # a Ray of ours will never grow: say so now instead of waiting
-            raise TrinityError(f"the client's bundles need {short} but the Ray started here has "
-                               f"{ {k: total.get(k, 0) for k in short} } (set ray.num_cpus, or fewer bundles)")
-        self._group = placement_group(c.bundles(), strategy=c.strategy, name=f"trinity-like-client-{uuid.uuid4().hex[:8]}")
+            raise TrinityError(
+                f"the client's bundles need {short} but the Ray started here has "
+                f"{ {k: total.get(k, 0) for k in short} } (set ray.num_cpus, or fewer bundles)"
+            )
+        self._group = placement_group(
+            c.bundles(), strategy=c.strategy, name=f"trinity-like-client-{uuid.uuid4().hex[:8]}"
+        )
         ready, _ = ray.wait([self._group.ready()], timeout=c.placement_timeout_s)
         if not ready:
             raise TrinityError(
                 f"Ray could not place the client's bundles {c.bundles()} ({c.strategy}) within "
-                f"{c.placement_timeout_s:.0f} s; the cluster has {_compute(ray.available_resources())} free")
+                f"{c.placement_timeout_s:.0f} s; the cluster has {_compute(ray.available_resources())} free"
+            )
 
     def _at(self, index: int, bundle: Any) -> dict[str, Any]:
         """Actor options: the bundle's resources, in bundle ``index`` of the group."""
-        return {"num_cpus": bundle.CPU, "num_gpus": bundle.GPU, "runtime_env": ray_runtime_env(),
-                "scheduling_strategy": PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=index)}
+        return {
+            "num_cpus": bundle.CPU,
+            "num_gpus": bundle.GPU,
+            "runtime_env": ray_runtime_env(),
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=index),
+        }
 
     def _sampler(self, i: int) -> Any:
         bundle = self.config.samplers[i]
         cls = ray.remote(SamplerActor).options(
-            max_restarts=self.config.max_restarts, max_task_retries=0, max_concurrency=self.config.max_in_flight,
-            **self._at(1 + i, bundle))
+            max_restarts=self.config.max_restarts,
+            max_task_retries=0,
+            max_concurrency=self.config.max_in_flight,
+            **self._at(1 + i, bundle),
+        )
         return cls.remote(bundle.threads, self.config.sampler_delay_s)
 
     def learner(self, service_cls: type, service: dict[str, Any], create: str, args: dict[str, Any]) -> Any:
         """A new LearnerActor in the learner bundle (one live learner per ServiceClient):
         ``service_cls(**service).<create>(**args)`` is its in-process training client."""
         if self._learner_taken:
-            raise TrinityError("this ServiceClient(backend='ray') has one learner bundle and its training client is "
-                               "still open: close() it first, or use another ServiceClient")
+            raise TrinityError(
+                "this ServiceClient(backend='ray') has one learner bundle and its training client is "
+                "still open: close() it first, or use another ServiceClient"
+            )
         bundle = self.config.learner
         cls = ray.remote(LearnerActor).options(max_restarts=0, max_task_retries=0, **self._at(0, bundle))
         self._learner_taken = True
@@ -178,30 +202,54 @@ class RaySamplingClient:
             raise TrinityError("this ServiceClient is closed: its samplers are gone")
         return self._runtime.pool
 
-    def sample(self, prompt: types.ModelInput, num_samples: int, sampling_params: types.SamplingParams,
-               include_prompt_logprobs: bool = False, topk_prompt_logprobs: int = 0, topk_sample_logprobs: int = 0,
-               target_prompt_logprobs: types.TensorData | None = None, prompt_alt_tokens_k: int = 0,
-               prompt_logprobs_last_n: int | None = None) -> AwaitableConcurrentFuture[types.SampleResponse]:
+    def sample(
+        self,
+        prompt: types.ModelInput,
+        num_samples: int,
+        sampling_params: types.SamplingParams,
+        include_prompt_logprobs: bool = False,
+        topk_prompt_logprobs: int = 0,
+        topk_sample_logprobs: int = 0,
+        target_prompt_logprobs: types.TensorData | None = None,
+        prompt_alt_tokens_k: int = 0,
+        prompt_logprobs_last_n: int | None = None,
+    ) -> AwaitableConcurrentFuture[types.SampleResponse]:
         """As in-process; a seed left None is drawn here, so a retried request samples the same tokens."""
-        _reject_unsupported(topk_prompt_logprobs=topk_prompt_logprobs, topk_sample_logprobs=topk_sample_logprobs,
-                            target_prompt_logprobs=target_prompt_logprobs, prompt_alt_tokens_k=prompt_alt_tokens_k)
+        _reject_unsupported(
+            topk_prompt_logprobs=topk_prompt_logprobs,
+            topk_sample_logprobs=topk_sample_logprobs,
+            target_prompt_logprobs=target_prompt_logprobs,
+            prompt_alt_tokens_k=prompt_alt_tokens_k,
+        )
         if prompt_logprobs_last_n is not None and not include_prompt_logprobs:
             raise ValueError("prompt_logprobs_last_n applies to prompt logprobs; set include_prompt_logprobs")
         if isinstance(sampling_params, types.SamplingParams) and sampling_params.seed is None:
             sampling_params = sampling_params.model_copy(update={"seed": secrets.randbits(63)})
-        return self._pool().submit("sample", self._weights, prompt, num_samples, sampling_params,
-                                   include_prompt_logprobs, prompt_logprobs_last_n)
+        return self._pool().submit(
+            "sample",
+            self._weights,
+            prompt,
+            num_samples,
+            sampling_params,
+            include_prompt_logprobs,
+            prompt_logprobs_last_n,
+        )
 
-    async def sample_async(self, prompt: types.ModelInput, num_samples: int, sampling_params: types.SamplingParams,
-                           **options: Any) -> types.SampleResponse:
+    async def sample_async(
+        self, prompt: types.ModelInput, num_samples: int, sampling_params: types.SamplingParams, **options: Any
+    ) -> types.SampleResponse:
         return await self.sample(prompt, num_samples, sampling_params, **options)
 
-    def compute_logprobs(self, prompt: types.ModelInput, prompt_logprobs_last_n: int | None = None,
-                         ) -> AwaitableConcurrentFuture[list[float | None]]:
+    def compute_logprobs(
+        self,
+        prompt: types.ModelInput,
+        prompt_logprobs_last_n: int | None = None,
+    ) -> AwaitableConcurrentFuture[list[float | None]]:
         return self._pool().submit("compute_logprobs", self._weights, prompt, prompt_logprobs_last_n)
 
-    async def compute_logprobs_async(self, prompt: types.ModelInput,
-                                     prompt_logprobs_last_n: int | None = None) -> list[float | None]:
+    async def compute_logprobs_async(
+        self, prompt: types.ModelInput, prompt_logprobs_last_n: int | None = None
+    ) -> list[float | None]:
         return await self.compute_logprobs(prompt, prompt_logprobs_last_n)
 
     def run_requests(self, requests: Sequence[Any], sampling: Any) -> list[Any]:
@@ -211,7 +259,7 @@ class RaySamplingClient:
         if not requests:
             return []
         n = min(self._pool().size(), len(requests))
-        parts = [requests[len(requests) * i // n: len(requests) * (i + 1) // n] for i in range(n)]
+        parts = [requests[len(requests) * i // n : len(requests) * (i + 1) // n] for i in range(n)]
         futures = [self._pool().submit("run_requests", self._weights, part, sampling) for part in parts]
         return [group for future in futures for group in future.result()]
 
@@ -262,12 +310,18 @@ class RayTrainingClient(TrainingAsyncSpellings):
         if not isinstance(exc, RayActorError):
             return unwrap_ray_error(exc)
         if self._last_state is not None:
-            how = (f"resume from its last saved state with ServiceClient(backend='ray')"
-                   f".create_training_client_from_state_with_optimizer({self._last_state!r})")
+            how = (
+                f"resume from its last saved state with ServiceClient(backend='ray')"
+                f".create_training_client_from_state_with_optimizer({self._last_state!r})"
+            )
         else:
-            how = "no save_state was taken by this client, so nothing can be resumed: start again (save_state regularly)"
-        return TrinityError(f"the learner actor of {self.model_id} (pid {self._pid}) died; its weights and optimiser "
-                            f"state since the last save are lost: {how}")
+            how = (
+                "no save_state was taken by this client, so nothing can be resumed: start again (save_state regularly)"
+            )
+        return TrinityError(
+            f"the learner actor of {self.model_id} (pid {self._pid}) died; its weights and optimiser "
+            f"state since the last save are lost: {how}"
+        )
 
     def _call(self, method: str, *args: Any, then: Any = None) -> AwaitableConcurrentFuture:
         if self._closed:
@@ -275,18 +329,29 @@ class RayTrainingClient(TrainingAsyncSpellings):
         return ray_future(getattr(self._actor, method).remote(*args), then=then, error=self._died)
 
     # -- forward / backward ---------------------------------------------------------------------
-    def forward(self, data: list[types.Datum], loss_fn: types.LossFnType,
-                loss_fn_config: Mapping[str, float | str] | None = None,
-                ) -> AwaitableConcurrentFuture[types.ForwardBackwardOutput]:
+    def forward(
+        self,
+        data: list[types.Datum],
+        loss_fn: types.LossFnType,
+        loss_fn_config: Mapping[str, float | str] | None = None,
+    ) -> AwaitableConcurrentFuture[types.ForwardBackwardOutput]:
         return self._call("forward", data, loss_fn, loss_fn_config)
 
-    def forward_backward(self, data: list[types.Datum], loss_fn: types.LossFnType,
-                         loss_fn_config: Mapping[str, float | str] | None = None,
-                         ) -> AwaitableConcurrentFuture[types.ForwardBackwardOutput]:
+    def forward_backward(
+        self,
+        data: list[types.Datum],
+        loss_fn: types.LossFnType,
+        loss_fn_config: Mapping[str, float | str] | None = None,
+    ) -> AwaitableConcurrentFuture[types.ForwardBackwardOutput]:
         return self._call("forward_backward", data, loss_fn, loss_fn_config)
 
-    def forward_backward_custom(self, data: list[types.Datum], loss_fn: Any, *, loss_type_input: str | None = None,
-                                ) -> AwaitableConcurrentFuture[types.ForwardBackwardOutput]:
+    def forward_backward_custom(
+        self,
+        data: list[types.Datum],
+        loss_fn: Any,
+        *,
+        loss_type_input: str | None = None,
+    ) -> AwaitableConcurrentFuture[types.ForwardBackwardOutput]:
         """``loss_fn`` is cloudpickled to the learner by value, with what it uses from its own
         module (a script, a notebook, a test file); other modules it imports must be importable
         by the Ray workers, as for any Ray task."""
@@ -295,8 +360,9 @@ class RayTrainingClient(TrainingAsyncSpellings):
         return self._call("forward_backward_custom", data, pickled_by_value(loss_fn), loss_type_input)
 
     # -- optimiser ---------------------------------------------------------------------------------
-    def optim_step(self, optim_params: types.AdamParams | None = None, *,
-                   adam_params: types.AdamParams | None = None) -> AwaitableConcurrentFuture[types.OptimStepResponse]:
+    def optim_step(
+        self, optim_params: types.AdamParams | None = None, *, adam_params: types.AdamParams | None = None
+    ) -> AwaitableConcurrentFuture[types.OptimStepResponse]:
         def step(out: tuple[types.OptimStepResponse, int]) -> types.OptimStepResponse:
             self.version = out[1]
             return out[0]
@@ -304,8 +370,13 @@ class RayTrainingClient(TrainingAsyncSpellings):
         return self._call("optim_step", optim_params, adam_params, then=step)
 
     # -- checkpoints and sampling --------------------------------------------------------------------
-    def save_state(self, name: str, ttl_seconds: int | None = None, overwrite: bool = False,
-                   user_metadata: dict[str, str] | None = None) -> AwaitableConcurrentFuture[types.SaveWeightsResponse]:
+    def save_state(
+        self,
+        name: str,
+        ttl_seconds: int | None = None,
+        overwrite: bool = False,
+        user_metadata: dict[str, str] | None = None,
+    ) -> AwaitableConcurrentFuture[types.SaveWeightsResponse]:
         def saved(out: types.SaveWeightsResponse) -> types.SaveWeightsResponse:
             self._last_state = out.path
             return out
@@ -318,14 +389,21 @@ class RayTrainingClient(TrainingAsyncSpellings):
     def load_state_with_optimizer(self, path: str) -> AwaitableConcurrentFuture[types.LoadWeightsResponse]:
         return self._call("load_state", path, True)
 
-    def save_weights_for_sampler(self, name: str, ttl_seconds: int | None = None,
-                                 user_metadata: dict[str, str] | None = None,
-                                 ) -> AwaitableConcurrentFuture[types.SaveWeightsForSamplerResponse]:
+    def save_weights_for_sampler(
+        self,
+        name: str,
+        ttl_seconds: int | None = None,
+        user_metadata: dict[str, str] | None = None,
+    ) -> AwaitableConcurrentFuture[types.SaveWeightsForSamplerResponse]:
         return self._call("save_weights_for_sampler", name)
 
-    def save_weights_and_get_sampling_client(self, name: str | None = None, retry_config: Any = None,
-                                             record_stability_info: bool = False,
-                                             kind: str = "snapshot") -> RaySamplingClient:
+    def save_weights_and_get_sampling_client(
+        self,
+        name: str | None = None,
+        retry_config: Any = None,
+        record_stability_info: bool = False,
+        kind: str = "snapshot",
+    ) -> RaySamplingClient:
         """A sampler over the current weights, once every earlier call has run; the weights go
         to the samplers through the object store."""
         if kind != "snapshot":
@@ -344,8 +422,10 @@ class RayTrainingClient(TrainingAsyncSpellings):
         return ray_future(version_ref, then=sampler, error=self._died)
 
     def create_sampling_client(self, model_path: str, retry_config: Any = None) -> RaySamplingClient:
-        return RaySamplingClient(self._runtime, WeightsRef(f"folder:{model_path}:{uuid.uuid4().hex}", self.base_model,
-                                                           model_path=str(model_path)))
+        return RaySamplingClient(
+            self._runtime,
+            WeightsRef(f"folder:{model_path}:{uuid.uuid4().hex}", self.base_model, model_path=str(model_path)),
+        )
 
     # -- information ------------------------------------------------------------------------------
     def get_info(self) -> types.GetInfoResponse:
@@ -361,10 +441,8 @@ class RayTrainingClient(TrainingAsyncSpellings):
         if self._closed:
             return
         self._closed = True
-        try:
+        with contextlib.suppress(RayActorError):  # already dead: nothing left to finish
             ray.get(self._actor.close.remote())
-        except RayActorError:
-            pass  # already dead: nothing left to finish
         ray.kill(self._actor, no_restart=True)
         self._runtime.learner_released()
 

@@ -97,9 +97,13 @@ class SamplerPool:
     def stats(self) -> dict[str, Any]:
         """Counters for tests and logs: restarts, retried requests, per-sampler peak and served."""
         with self._lock:
-            return {"restarts": self.restarts, "retried": self.retried, "waiting": len(self._waiting),
-                    "peak_in_flight": [s.peak for s in self._samplers],
-                    "served": [s.served for s in self._samplers]}
+            return {
+                "restarts": self.restarts,
+                "retried": self.retried,
+                "waiting": len(self._waiting),
+                "peak_in_flight": [s.peak for s in self._samplers],
+                "served": [s.served for s in self._samplers],
+            }
 
     def close(self) -> None:
         """Fail what still waits, and end the actors (they are never restarted after this)."""
@@ -118,8 +122,12 @@ class SamplerPool:
             free = [s for s in self._samplers if s.up and len(s.in_flight) < self._max_in_flight]
             if not free:
                 if all(s.gone for s in self._samplers):
-                    self._fail_all(TrinityError(f"every sampler actor died and did not come back "
-                                                f"(restarts so far: {self.restarts}); start a new ServiceClient"))
+                    self._fail_all(
+                        TrinityError(
+                            f"every sampler actor died and did not come back "
+                            f"(restarts so far: {self.restarts}); start a new ServiceClient"
+                        )
+                    )
                 return
             sampler = min(free, key=lambda s: (len(s.in_flight), s.index))
             request = self._waiting.popleft()
@@ -139,9 +147,12 @@ class SamplerPool:
                     request.future.set_exception(TrinityError("the ServiceClient was closed while this request ran"))
                     return
                 if request.failures > self._max_retries:
-                    request.future.set_exception(TrinityError(
-                        f"a sampling request failed {request.failures} times because its sampler died; "
-                        f"last: {str(exc).splitlines()[0]}"))
+                    request.future.set_exception(
+                        TrinityError(
+                            f"a sampling request failed {request.failures} times because its sampler died; "
+                            f"last: {str(exc).splitlines()[0]}"
+                        )
+                    )
                 else:
                     self.retried += 1
                     self._waiting.appendleft(request)

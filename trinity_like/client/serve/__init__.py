@@ -35,11 +35,17 @@ def serve(params: ServeParams) -> None:
             probe.bind((params.host, 0))
             params = dataclasses.replace(params, port=probe.getsockname()[1])
     app = build_app(Backend(params))
-    config = uvicorn.Config(app, host=params.host, port=params.port, log_level="warning",
-                            timeout_graceful_shutdown=int(params.poll_seconds) + 5)
+    config = uvicorn.Config(
+        app,
+        host=params.host,
+        port=params.port,
+        log_level="warning",
+        timeout_graceful_shutdown=int(params.poll_seconds) + 5,
+    )
     server = uvicorn.Server(config)
-    print(f"trinity-like serve: http://{params.host}:{params.port} (data in {params.data_dir}; Ctrl-C stops)",
-          flush=True)
+    print(
+        f"trinity-like serve: http://{params.host}:{params.port} (data in {params.data_dir}; Ctrl-C stops)", flush=True
+    )
     try:
         server.run()  # after Ctrl-C uvicorn may re-raise the signal once it has shut down, or just return
     finally:

@@ -31,9 +31,14 @@ from trinity_like.client.serve.wire import ENCODERS, PROTO_CONTENT_TYPE, decode_
 # What this server tells the SDK about itself (``/api/v1/client/config``): plain API keys,
 # httpx, one forward_backward chunk at a time, uncompressed bodies, client-side custom losses.
 CLIENT_CONFIG = types.ClientConfigResponse(
-    pjwt_auth_enabled=False, use_pyqwest_transport=False, parallel_fwdbwd_chunks=False,
-    proto_compress_fwdbwd=False, sample_use_retrieve_futures=False, custom_loss_server_side=False,
-    sample_join_sampling_session=False)
+    pjwt_auth_enabled=False,
+    use_pyqwest_transport=False,
+    parallel_fwdbwd_chunks=False,
+    proto_compress_fwdbwd=False,
+    sample_use_retrieve_futures=False,
+    custom_loss_server_side=False,
+    sample_join_sampling_session=False,
+)
 STATUS = {NotFound: 404, Busy: 429, Closing: 503, ValidationError: 400, **dict.fromkeys(USER_ERRORS, 400)}
 
 
@@ -69,21 +74,28 @@ def build_app(backend: Backend) -> FastAPI:
     app = FastAPI(title="trinity-like serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
 
     for kind, status in STATUS.items():  # looked up along the exception's MRO: NotFound before ValueError
-        app.add_exception_handler(kind, lambda _r, exc, status=status: _json(
-            {"error": f"{type(exc).__name__}: {exc}"}, status))
+        app.add_exception_handler(
+            kind, lambda _r, exc, status=status: _json({"error": f"{type(exc).__name__}: {exc}"}, status)
+        )
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
         if params.api_key is not None and not hmac.compare_digest(
-                request.headers.get("x-api-key", "").encode(), params.api_key.encode()):
+            request.headers.get("x-api-key", "").encode(), params.api_key.encode()
+        ):
             return _json({"error": "missing or wrong API key (X-API-Key; the SDK's api_key / TINKER_API_KEY)"}, 401)
         if request.method == "POST":
             length = request.headers.get("content-length")
             if length is None or not length.isdigit():
                 return _json({"error": "a request body needs a Content-Length"}, 411)
             if int(length) > params.max_body_bytes:
-                return _json({"error": f"request body of {length} bytes exceeds the server's limit "
-                                       f"of {params.max_body_bytes} (--max-body-mb)"}, 413)
+                return _json(
+                    {
+                        "error": f"request body of {length} bytes exceeds the server's limit "
+                        f"of {params.max_body_bytes} (--max-body-mb)"
+                    },
+                    413,
+                )
             if request.headers.get("content-encoding", "identity") != "identity":
                 return _json({"error": "compressed request bodies are not accepted"}, 415)
         return await call_next(request)
@@ -168,8 +180,11 @@ def build_app(backend: Backend) -> FastAPI:
     @app.get("/api/v1/samplers/{sampler_id}")
     async def get_sampler(sampler_id: str):
         sampler = backend.sampler(sampler_id)
-        return _json(types.GetSamplerResponse(sampler_id=sampler_id, base_model=sampler.base_model,
-                                              model_path=sampler.model_path))
+        return _json(
+            types.GetSamplerResponse(
+                sampler_id=sampler_id, base_model=sampler.base_model, model_path=sampler.model_path
+            )
+        )
 
     # -- futures -------------------------------------------------------------------------------
     @app.post("/api/v1/retrieve_future")
@@ -191,9 +206,12 @@ def build_app(backend: Backend) -> FastAPI:
     @app.get("/api/v1/training_runs")
     async def training_runs(limit: int = 20, offset: int = 0):
         runs = backend.store.runs()
-        page = [backend.store.training_run(r) for r in runs[offset: offset + limit]]
-        return _json(types.TrainingRunsResponse(
-            training_runs=page, cursor=types.Cursor(offset=offset, limit=limit, total_count=len(runs))))
+        page = [backend.store.training_run(r) for r in runs[offset : offset + limit]]
+        return _json(
+            types.TrainingRunsResponse(
+                training_runs=page, cursor=types.Cursor(offset=offset, limit=limit, total_count=len(runs))
+            )
+        )
 
     @app.get("/api/v1/training_runs/{run}")
     async def training_run(run: str):

@@ -42,8 +42,15 @@ from trinity_like.errors import TrinityError
 from trinity_like.models.resolve import BUILTIN_MODELS, resolve_model_path
 
 # Errors of the caller's making: reported with the SDK's "user" category (others: "server").
-USER_ERRORS = (TrinityError, ValueError, TypeError, LookupError, FileNotFoundError, FileExistsError,
-               NotImplementedError)
+USER_ERRORS = (
+    TrinityError,
+    ValueError,
+    TypeError,
+    LookupError,
+    FileNotFoundError,
+    FileExistsError,
+    NotImplementedError,
+)
 
 
 class NotFound(TrinityError, LookupError):
@@ -98,8 +105,12 @@ class Backend:
     def __init__(self, params: ServeParams) -> None:
         self.params = params
         self.store = Store(params.data_dir)
-        self.service = ServiceClient(log_dir=self.store.runs_dir, train_engine=params.train_engine,
-                                     micro_batch_size=params.micro_batch_size, dtype=params.dtype)
+        self.service = ServiceClient(
+            log_dir=self.store.runs_dir,
+            train_engine=params.train_engine,
+            micro_batch_size=params.micro_batch_size,
+            dtype=params.dtype,
+        )
         self._creating = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trinity-like-serve-create")
         self._lock = threading.RLock()  # make() may register a model while a request registers
         self._sessions: set[str] = set()
@@ -124,7 +135,8 @@ class Backend:
     def capabilities(self) -> types.GetServerCapabilitiesResponse:
         names = sorted(BUILTIN_MODELS) + [m for m in self.params.models if m not in BUILTIN_MODELS]
         return types.GetServerCapabilitiesResponse(
-            supported_models=[model_entry(name, resolve_model_path(name)) for name in names])
+            supported_models=[model_entry(name, resolve_model_path(name)) for name in names]
+        )
 
     # -- futures ----------------------------------------------------------------------------
     def _register(self, key: tuple[str, int] | None, make: Callable[[], Future]) -> types.UntypedAPIFuture:
@@ -161,13 +173,20 @@ class Backend:
         with self._lock:
             future = self._futures.get(request_id)
         if future is None:
-            raise NotFound(f"unknown request {request_id!r} (results are kept for the last "
-                           f"{self.params.keep_results} requests of this server's life)")
+            raise NotFound(
+                f"unknown request {request_id!r} (results are kept for the last "
+                f"{self.params.keep_results} requests of this server's life)"
+            )
         return future
 
     # -- training clients -------------------------------------------------------------------
-    def _new_model(self, session: str, seq: int, create: Callable[[str], TrainingClient],
-                   respond: Callable[[str, TrainingClient], Any]) -> types.UntypedAPIFuture:
+    def _new_model(
+        self,
+        session: str,
+        seq: int,
+        create: Callable[[str], TrainingClient],
+        respond: Callable[[str, TrainingClient], Any],
+    ) -> types.UntypedAPIFuture:
         self.check_session(session)
         model_id = check_name(f"{session}:train:{seq}", "model id")
 
@@ -186,13 +205,20 @@ class Backend:
 
         def create(model_id: str) -> TrainingClient:
             client = self.service.create_lora_training_client(
-                req.base_model, rank=lora.rank, seed=lora.seed, train_mlp=lora.train_mlp,
-                train_attn=lora.train_attn, train_unembed=lora.train_unembed, run_name=model_id)
+                req.base_model,
+                rank=lora.rank,
+                seed=lora.seed,
+                train_mlp=lora.train_mlp,
+                train_attn=lora.train_attn,
+                train_unembed=lora.train_unembed,
+                run_name=model_id,
+            )
             self.store.write_run(model_id, req.base_model, lora.rank or None)
             return client
 
-        return self._new_model(req.session_id, req.model_seq_id, create,
-                               lambda model_id, _: types.CreateModelResponse(model_id=model_id))
+        return self._new_model(
+            req.session_id, req.model_seq_id, create, lambda model_id, _: types.CreateModelResponse(model_id=model_id)
+        )
 
     def training(self, model_id: str) -> TrainingClient:
         with self._lock:
@@ -209,15 +235,17 @@ class Backend:
         client = self.training(model_id)
         info = client.get_info()
         folder = str(resolve_model_path(client.base_model).resolve())
-        return info.model_copy(update={"model_id": model_id, "model_data": info.model_data.model_copy(
-            update={"tokenizer_id": folder})})  # a local folder: the SDK's get_tokenizer loads it offline
+        return info.model_copy(
+            update={"model_id": model_id, "model_data": info.model_data.model_copy(update={"tokenizer_id": folder})}
+        )  # a local folder: the SDK's get_tokenizer loads it offline
 
     def forward_backward(self, req: types.ForwardBackwardRequest, forward_only: bool) -> types.UntypedAPIFuture:
         client = self.training(req.model_id)
         run = client.forward if forward_only else client.forward_backward
         args = req.forward_backward_input
-        return self._register((req.model_id, req.seq_id),
-                              lambda: run(args.data, args.loss_fn, args.loss_fn_config).future())
+        return self._register(
+            (req.model_id, req.seq_id), lambda: run(args.data, args.loss_fn, args.loss_fn_config).future()
+        )
 
     def optim_step(self, req: types.OptimStepRequest) -> types.UntypedAPIFuture:
         client = self.training(req.model_id)
@@ -226,9 +254,13 @@ class Backend:
     def save_state(self, req: types.SaveWeightsRequest) -> types.UntypedAPIFuture:
         client = self.training(req.model_id)
         name = check_name(req.path or f"step-{req.seq_id}", "checkpoint name")
-        return self._register((req.model_id, req.seq_id), lambda: then(
-            client.save_state(name, overwrite=req.overwrite).future(),
-            lambda r: types.SaveWeightsResponse(path=self.store.tinker_path(req.model_id, r.path))))
+        return self._register(
+            (req.model_id, req.seq_id),
+            lambda: then(
+                client.save_state(name, overwrite=req.overwrite).future(),
+                lambda r: types.SaveWeightsResponse(path=self.store.tinker_path(req.model_id, r.path)),
+            ),
+        )
 
     def save_for_sampler(self, req: types.SaveWeightsForSamplerRequest) -> types.UntypedAPIFuture:
         client = self.training(req.model_id)
@@ -236,10 +268,15 @@ class Backend:
             raise ValueError(f"kind {req.kind!r}: only 'snapshot' sampling clients exist here")
         if req.path is not None:
             name = check_name(req.path, "checkpoint name")
-            return self._register((req.model_id, req.seq_id), lambda: then(
-                client.save_weights_for_sampler(name).future(),
-                lambda r: types.SaveWeightsForSamplerResponseInternal(
-                    path=self.store.tinker_path(req.model_id, r.path))))
+            return self._register(
+                (req.model_id, req.seq_id),
+                lambda: then(
+                    client.save_weights_for_sampler(name).future(),
+                    lambda r: types.SaveWeightsForSamplerResponseInternal(
+                        path=self.store.tinker_path(req.model_id, r.path)
+                    ),
+                ),
+            )
         session = req.model_id.split(":train:")[0]
         sampler_id = f"{session}:sample:{req.sampling_session_seq_id}"
 
@@ -256,23 +293,35 @@ class Backend:
         if req.model_id is not None:
             client = self.training(req.model_id)
             load = client.load_state_with_optimizer if req.optimizer else client.load_state
-            return self._register((req.model_id, req.seq_id), lambda: then(
-                load(str(folder)).future(), lambda _: types.LoadWeightsResponse(path=req.path, model_id=req.model_id)))
+            return self._register(
+                (req.model_id, req.seq_id),
+                lambda: then(
+                    load(str(folder)).future(),
+                    lambda _: types.LoadWeightsResponse(path=req.path, model_id=req.model_id),
+                ),
+            )
         if req.session_id is None or req.model_seq_id is None:
             raise ValueError("load_weights needs model_id, or session_id and model_seq_id for a new model")
         if req.optimizer_config is not None and req.optimizer_config.type != "adamw":
             raise ValueError(f"optimizer {req.optimizer_config.type!r}: only AdamW is available here")
-        source = self.store.read_run(req.path[len("tinker://"):].split("/")[0])
+        source = self.store.read_run(req.path[len("tinker://") :].split("/")[0])
 
         def create(model_id: str) -> TrainingClient:
-            make = (self.service.create_training_client_from_state_with_optimizer if req.optimizer
-                    else self.service.create_training_client_from_state)
+            make = (
+                self.service.create_training_client_from_state_with_optimizer
+                if req.optimizer
+                else self.service.create_training_client_from_state
+            )
             client = make(str(folder), base_model=req.base_model, run_name=model_id)
             self.store.write_run(model_id, req.base_model or source["base_model"], source["lora_rank"])
             return client
 
-        return self._new_model(req.session_id, req.model_seq_id, create,
-                               lambda model_id, _: types.LoadWeightsResponse(path=req.path, model_id=model_id))
+        return self._new_model(
+            req.session_id,
+            req.model_seq_id,
+            create,
+            lambda model_id, _: types.LoadWeightsResponse(path=req.path, model_id=model_id),
+        )
 
     # -- samplers ---------------------------------------------------------------------------
     def create_sampler(self, req: types.CreateSamplingSessionRequest) -> str:
@@ -280,7 +329,7 @@ class Backend:
         sampler_id = f"{req.session_id}:sample:{req.sampling_session_seq_id}"
         if req.model_path is not None:
             folder = self.store.existing(req.model_path, "sampler_weights")
-            base = req.base_model or self.store.read_run(req.model_path[len("tinker://"):].split("/")[0])["base_model"]
+            base = req.base_model or self.store.read_run(req.model_path[len("tinker://") :].split("/")[0])["base_model"]
             sampler = Sampler(SamplingClient(base, model_path=folder), base, req.model_path)
         elif req.base_model is not None:
             sampler = Sampler(SamplingClient(req.base_model), req.base_model, None)
@@ -303,15 +352,22 @@ class Backend:
 
         def make() -> Future:
             return sampler.client.sample(
-                req.prompt, req.num_samples, req.sampling_params, include_prompt_logprobs=bool(req.prompt_logprobs),
-                topk_prompt_logprobs=req.topk_prompt_logprobs, topk_sample_logprobs=req.topk_sample_logprobs,
-                target_prompt_logprobs=target, prompt_alt_tokens_k=req.prompt_alt_tokens_k,
-                prompt_logprobs_last_n=req.prompt_logprobs_last_n).future()
+                req.prompt,
+                req.num_samples,
+                req.sampling_params,
+                include_prompt_logprobs=bool(req.prompt_logprobs),
+                topk_prompt_logprobs=req.topk_prompt_logprobs,
+                topk_sample_logprobs=req.topk_sample_logprobs,
+                target_prompt_logprobs=target,
+                prompt_alt_tokens_k=req.prompt_alt_tokens_k,
+                prompt_logprobs_last_n=req.prompt_logprobs_last_n,
+            ).future()
 
         key = None if req.seq_id is None else (f"{req.sampling_session_id}", req.seq_id)
         answer = self._register(key, make)
-        return answer.model_copy(update={"model_id": None,
-                                         "sample_sequence_ids": [uuid.uuid4().hex for _ in range(req.num_samples)]})
+        return answer.model_copy(
+            update={"model_id": None, "sample_sequence_ids": [uuid.uuid4().hex for _ in range(req.num_samples)]}
+        )
 
     # -- shutdown ---------------------------------------------------------------------------
     def close(self) -> None:

@@ -38,8 +38,9 @@ class ServeParams:
     def check(self) -> None:
         """One-line errors naming the option, before any port is bound."""
         if self.api_key is None and not is_loopback(self.host):
-            raise ConfigError(f"--host {self.host}: serving beyond this machine needs --api-key "
-                              "(or TRINITY_LIKE_SERVE_API_KEY)")
+            raise ConfigError(
+                f"--host {self.host}: serving beyond this machine needs --api-key (or TRINITY_LIKE_SERVE_API_KEY)"
+            )
         if self.api_key is not None and not self.api_key.startswith("tml-"):
             raise ConfigError("--api-key must start with 'tml-' (the tinker SDK refuses other keys)")
         if not 0 <= self.port <= 65535:

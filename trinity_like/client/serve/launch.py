@@ -34,8 +34,11 @@ def local_server(data_dir: Path, *args: str, timeout: float = 300.0) -> Iterator
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path = data_dir / "server.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "trinity_like.cli", "serve", "--port", "0",
-                                 "--data-dir", str(data_dir), *args], stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trinity_like.cli", "serve", "--port", "0", "--data-dir", str(data_dir), *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             yield _wait_until_up(proc, log_path, timeout)
         finally:
@@ -54,8 +57,9 @@ def _wait_until_up(proc: subprocess.Popen, log_path: Path, timeout: float) -> st
     url = None
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise TrinityError(f"trinity-like serve exited with {proc.returncode}: "
-                               f"{log_path.read_text()[-2000:].strip()}")
+            raise TrinityError(
+                f"trinity-like serve exited with {proc.returncode}: {log_path.read_text()[-2000:].strip()}"
+            )
         if url is None:
             found = STARTED.search(log_path.read_text())
             url = found.group(1) if found else None

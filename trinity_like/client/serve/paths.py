@@ -49,7 +49,7 @@ class TinkerPath:
     def parse(path: str) -> TinkerPath:
         if not isinstance(path, str) or not path.startswith(SCHEME):
             raise PathError(f"{path!r} is not a tinker:// path (tinker://RUN/weights/NAME or .../sampler_weights/NAME)")
-        parts = path[len(SCHEME):].split("/")
+        parts = path[len(SCHEME) :].split("/")
         if len(parts) != 3 or parts[1] not in KINDS:
             raise PathError(f"{path!r}: expected tinker://RUN/weights/NAME or tinker://RUN/sampler_weights/NAME")
         return TinkerPath(check_name(parts[0], "run"), parts[1], check_name(parts[2], "checkpoint name"))
@@ -109,10 +109,15 @@ class Store:
                 if folder.is_dir():
                     stat = folder.stat()
                     size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-                    out.append(types.Checkpoint(
-                        checkpoint_id=f"{kind}/{folder.name}", checkpoint_type=CHECKPOINT_TYPES[kind],
-                        time=datetime.fromtimestamp(stat.st_mtime, timezone.utc),
-                        tinker_path=str(TinkerPath(run, kind, folder.name)), size_bytes=size))
+                    out.append(
+                        types.Checkpoint(
+                            checkpoint_id=f"{kind}/{folder.name}",
+                            checkpoint_type=CHECKPOINT_TYPES[kind],
+                            time=datetime.fromtimestamp(stat.st_mtime, timezone.utc),
+                            tinker_path=str(TinkerPath(run, kind, folder.name)),
+                            size_bytes=size,
+                        )
+                    )
         return sorted(out, key=lambda c: c.time)
 
     def training_run(self, run: str) -> types.TrainingRun:
@@ -120,11 +125,15 @@ class Store:
         checkpoints = self.checkpoints(run)
         last = {t: [c for c in checkpoints if c.checkpoint_type == t] for t in ("training", "sampler")}
         return types.TrainingRun(
-            training_run_id=run, base_model=record["base_model"], model_owner="local",
-            is_lora=record["lora_rank"] is not None, lora_rank=record["lora_rank"],
+            training_run_id=run,
+            base_model=record["base_model"],
+            model_owner="local",
+            is_lora=record["lora_rank"] is not None,
+            lora_rank=record["lora_rank"],
             last_request_time=datetime.fromisoformat(record["created"]),
             last_checkpoint=last["training"][-1] if last["training"] else None,
-            last_sampler_checkpoint=last["sampler"][-1] if last["sampler"] else None)
+            last_sampler_checkpoint=last["sampler"][-1] if last["sampler"] else None,
+        )
 
     def runs(self) -> list[str]:
         return sorted(p.name for p in self.runs_dir.iterdir() if (p / RUN_FILE).is_file())

@@ -20,8 +20,11 @@ from tinker.proto import tinker_public_pb2 as pb
 from trinity_like.errors import TrinityError
 
 PROTO_CONTENT_TYPE = "application/x-protobuf"
-_DTYPES = {pb.DTYPE_FLOAT32: ("float32", np.float32), pb.DTYPE_INT64: ("int64", np.int64),
-           pb.DTYPE_INT32: ("int64", np.int32)}  # the public wire widens int32 to int64
+_DTYPES = {
+    pb.DTYPE_FLOAT32: ("float32", np.float32),
+    pb.DTYPE_INT64: ("int64", np.int64),
+    pb.DTYPE_INT32: ("int64", np.int32),
+}  # the public wire widens int32 to int64
 _PROTO_DTYPE = {np.dtype(np.float32): pb.DTYPE_FLOAT32, np.dtype(np.int64): pb.DTYPE_INT64}
 _STOP = {"stop": pb.STOP_REASON_STOP, "length": pb.STOP_REASON_LENGTH}
 
@@ -66,9 +69,12 @@ def decode_forward_backward(body: bytes) -> tuple[types.ForwardBackwardRequest, 
     for k, v in msg.loss_fn_config_v2.items():  # the SDK writes both; v2 carries strings too
         config[k] = v.text if v.WhichOneof("value") == "text" else float(v.number)
     request = types.ForwardBackwardRequest(
-        forward_backward_input=types.ForwardBackwardInput(data=data, loss_fn=msg.loss_fn,
-                                                          loss_fn_config=config or None),
-        model_id=msg.model_id, seq_id=msg.seq_id)
+        forward_backward_input=types.ForwardBackwardInput(
+            data=data, loss_fn=msg.loss_fn, loss_fn_config=config or None
+        ),
+        model_id=msg.model_id,
+        seq_id=msg.seq_id,
+    )
     return request, msg.forward_only
 
 
@@ -100,8 +106,9 @@ def encode_forward_backward_output(result: types.ForwardBackwardOutput) -> bytes
 def encode_sample_response(result: types.SampleResponse) -> bytes:
     msg = pb.SampleResponse()
     for seq in result.sequences:
-        out = msg.sequences.add(stop_reason=_STOP[seq.stop_reason],
-                                tokens=np.asarray(seq.tokens, dtype=np.int32).tobytes())
+        out = msg.sequences.add(
+            stop_reason=_STOP[seq.stop_reason], tokens=np.asarray(seq.tokens, dtype=np.int32).tobytes()
+        )
         if seq.logprobs is not None:
             out.logprobs = np.asarray(seq.logprobs, dtype=np.float32).tobytes()
     if result.prompt_logprobs is not None:
