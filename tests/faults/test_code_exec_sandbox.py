@@ -1,14 +1,17 @@
-"""The ``code_exec`` reward: the model's code runs in a sandboxed child, never in the explorer.
+"""The ``code_exec`` reward: the model's code runs in a jailed child, never in the explorer.
 
 Each case is code a model could write; the oracle is what the parent can observe from
 outside: the reward, how long the call took, whether the parent's own state, files and
 network peers were touched, and whether anything the child started outlived the call.
-Then a real tiny run trains on programming tasks with ``code_exec`` as its reward.
+Then a real tiny run trains on programming tasks with ``code_exec`` as its reward. The
+escape attempts are in test_code_exec_escapes.py, forged reports in
+tests/explorer/test_code_exec_report.py.
 """
 
 from __future__ import annotations
 
 import builtins
+import shutil
 import socket
 import threading
 import time
@@ -23,10 +26,13 @@ from trinity_like.explorer.code_exec import (
     CodeExecParams,
     CodeExecReward,
     extract_code,
-    namespaces,
     unit_tests,
 )
 from trinity_like.explorer.rewards import build_reward_fn
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("bwrap") is None, reason="no bwrap (Debian package bubblewrap; scripts/setup.sh installs it as root)"
+)
 
 TASKS = Path(__file__).parent / "data" / "code_tasks.jsonl"
 ADD_TESTS = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n# a comment is not a test\n\nassert add(0, 0) == 1"
@@ -66,7 +72,7 @@ def test_code_that_hangs_spins_or_allocates_is_stopped_and_scores_zero():
 def test_a_child_that_dies_scores_zero_and_the_next_call_gets_a_new_one():
     r = CodeExecReward(params=CodeExecParams(wall_s=20))
     crashed = r.run("import ctypes\nctypes.string_at(0)", ["assert True"])  # a segfault
-    assert (crashed.passed, crashed.status) == (0, "died (signal SIGSEGV)")
+    assert (crashed.passed, crashed.status) == (0, "died (exit status 139: signal SIGSEGV)")  # bwrap: 128 + 11
     outcome = []
     call = threading.Thread(target=lambda: outcome.append(r.run("import time\ntime.sleep(15)", ["assert True"])))
     call.start()
@@ -96,7 +102,6 @@ def test_the_parent_never_runs_the_code_and_nothing_outlives_the_call(tmp_path, 
     assert not left, "a process the code started outlived the call"
 
 
-@pytest.mark.skipif(namespaces(True) is None, reason="no unshare here: the network cannot be isolated")
 def test_the_code_has_no_network(record_property):
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
@@ -112,7 +117,7 @@ def test_the_code_has_no_network(record_property):
     record(
         record_property,
         "model-written code: loops, allocates, forks, dies, opens the network (code_exec reward)",
-        "contained: CPU/memory/wall limits, no network, each call a fresh child; scores 0",
+        "contained: CPU/memory/process/wall limits, no network, each call a fresh bwrap jail; scores 0",
         "not needed (the explorer goes on)",
         "-",
     )
