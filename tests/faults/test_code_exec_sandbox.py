@@ -11,14 +11,17 @@ tests/explorer/test_code_exec_report.py.
 from __future__ import annotations
 
 import builtins
+import json
 import shutil
 import socket
+import textwrap
 import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 from faultlib import command, record, run
 
 from trinity_like.errors import TrinityError
@@ -137,3 +140,13 @@ def test_a_run_trains_on_programming_tasks_with_the_sandboxed_reward(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     metrics = (tmp_path / "grpo_arith" / "metrics.jsonl").read_text()
     assert '"reward/mean"' in metrics and '"eval/accuracy"' in metrics
+
+
+def test_the_documented_example_builds_the_reward():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "reliability.md").read_text()
+    block = doc.partition("Example (tests/faults/data/code_tasks.jsonl holds eight such tasks):\n\n")[2]
+    recipe = yaml.safe_load(textwrap.dedent(block.partition("\n\n")[0]))
+    assert recipe["explorer"]["reward_fn"] == "code_exec"
+    fn = build_reward_fn("code_exec", recipe["explorer"]["reward_args"])
+    task = json.loads(TASKS.read_text().splitlines()[0])  # add(a, b)
+    assert fn({"response": "def add(a, b):\n    return a + b", "answer": task["answer"]}) == 1.0
