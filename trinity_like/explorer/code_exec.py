@@ -9,8 +9,8 @@ explorer never imports or runs the model's code itself: each call starts a fresh
 ``python -I -S`` (no site packages, no user environment) in the jail of
 :mod:`trinity_like.explorer.sandbox` -- its own user, PID, mount, IPC and network
 namespaces; uid 65534 with no capabilities and ``no_new_privs``; nothing of the host's
-filesystem but ``/usr`` and the interpreter, read-only; one writable place, a fresh
-``/tmp`` of ``tmp_mb``; a fresh ``/proc``; no network and no host unix socket -- where the
+filesystem but ``/usr``, the loader's files and the interpreter (its site-packages hidden),
+read-only; one writable place, a fresh ``/tmp`` of ``tmp_mb``; a fresh ``/proc``; no network and no host unix socket -- where the
 child sets, before the code runs, ``RLIMIT_CPU`` (``cpu_s``), ``RLIMIT_AS`` (``memory_mb``),
 ``RLIMIT_FSIZE`` (``file_mb``), ``RLIMIT_NPROC`` (``max_procs`` processes and threads: a
 fork bomb stops there) and 64 open files; after ``wall_s`` the whole jail is SIGKILLed.
