@@ -72,3 +72,18 @@ if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null 
         echo "setup: no chromium and no apt-get as root: the browser tests of trinity-like view will be skipped"
     fi
 fi
+
+# 4. bubblewrap (bwrap), the jail of the code_exec reward (trinity_like/explorer/sandbox.py):
+#    Debian's package. Without it, code_exec refuses to start and says why (its tests skip).
+if ! command -v bwrap >/dev/null; then
+    sudo=""; [[ $(id -u) == 0 ]] || sudo="sudo -n"
+    if command -v apt-get >/dev/null && $sudo true 2>/dev/null; then
+        echo "setup: installing bubblewrap (Debian package) for the code_exec reward's sandbox"
+        $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq bubblewrap >/dev/null
+    else
+        echo "setup: no bwrap and no apt-get as root: the code_exec reward will refuse to start"
+    fi
+fi
+if command -v bwrap >/dev/null && ! bwrap --unshare-all --ro-bind / / true 2>/dev/null; then
+    echo "setup: bwrap cannot create namespaces here (user namespaces disabled?): the code_exec reward will refuse to start"
+fi

@@ -1,21 +1,27 @@
-"""The ``code_exec`` reward: the model's code runs in a sandboxed child, never in the explorer.
+"""The ``code_exec`` reward: the model's code runs in a jailed child, never in the explorer.
 
 Each case is code a model could write; the oracle is what the parent can observe from
 outside: the reward, how long the call took, whether the parent's own state, files and
 network peers were touched, and whether anything the child started outlived the call.
-Then a real tiny run trains on programming tasks with ``code_exec`` as its reward.
+Then a real tiny run trains on programming tasks with ``code_exec`` as its reward. The
+escape attempts are in test_code_exec_escapes.py, forged reports in
+tests/explorer/test_code_exec_report.py.
 """
 
 from __future__ import annotations
 
 import builtins
+import json
+import shutil
 import socket
+import textwrap
 import threading
 import time
 from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 from faultlib import command, record, run
 
 from trinity_like.errors import TrinityError
@@ -23,10 +29,13 @@ from trinity_like.explorer.code_exec import (
     CodeExecParams,
     CodeExecReward,
     extract_code,
-    namespaces,
     unit_tests,
 )
 from trinity_like.explorer.rewards import build_reward_fn
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("bwrap") is None, reason="no bwrap (Debian package bubblewrap; scripts/setup.sh installs it as root)"
+)
 
 TASKS = Path(__file__).parent / "data" / "code_tasks.jsonl"
 ADD_TESTS = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n# a comment is not a test\n\nassert add(0, 0) == 1"
@@ -66,7 +75,7 @@ def test_code_that_hangs_spins_or_allocates_is_stopped_and_scores_zero():
 def test_a_child_that_dies_scores_zero_and_the_next_call_gets_a_new_one():
     r = CodeExecReward(params=CodeExecParams(wall_s=20))
     crashed = r.run("import ctypes\nctypes.string_at(0)", ["assert True"])  # a segfault
-    assert (crashed.passed, crashed.status) == (0, "died (signal SIGSEGV)")
+    assert (crashed.passed, crashed.status) == (0, "died (exit status 139: signal SIGSEGV)")  # bwrap: 128 + 11
     outcome = []
     call = threading.Thread(target=lambda: outcome.append(r.run("import time\ntime.sleep(15)", ["assert True"])))
     call.start()
@@ -96,7 +105,6 @@ def test_the_parent_never_runs_the_code_and_nothing_outlives_the_call(tmp_path, 
     assert not left, "a process the code started outlived the call"
 
 
-@pytest.mark.skipif(namespaces(True) is None, reason="no unshare here: the network cannot be isolated")
 def test_the_code_has_no_network(record_property):
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
@@ -112,7 +120,7 @@ def test_the_code_has_no_network(record_property):
     record(
         record_property,
         "model-written code: loops, allocates, forks, dies, opens the network (code_exec reward)",
-        "contained: CPU/memory/wall limits, no network, each call a fresh child; scores 0",
+        "contained: CPU/memory/process/wall limits, no network, each call a fresh bwrap jail; scores 0",
         "not needed (the explorer goes on)",
         "-",
     )
@@ -132,3 +140,13 @@ def test_a_run_trains_on_programming_tasks_with_the_sandboxed_reward(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     metrics = (tmp_path / "grpo_arith" / "metrics.jsonl").read_text()
     assert '"reward/mean"' in metrics and '"eval/accuracy"' in metrics
+
+
+def test_the_documented_example_builds_the_reward():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "reliability.md").read_text()
+    block = doc.partition("Example (tests/faults/data/code_tasks.jsonl holds eight such tasks):\n\n")[2]
+    recipe = yaml.safe_load(textwrap.dedent(block.partition("\n\n")[0]))
+    assert recipe["explorer"]["reward_fn"] == "code_exec"
+    fn = build_reward_fn("code_exec", recipe["explorer"]["reward_args"])
+    task = json.loads(TASKS.read_text().splitlines()[0])  # add(a, b)
+    assert fn({"response": "def add(a, b):\n    return a + b", "answer": task["answer"]}) == 1.0
