@@ -20,6 +20,7 @@ share one engine call run as one (each still gets its own answer).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,6 +30,29 @@ from typing import Any, TypeVar
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 
 T = TypeVar("T")
+
+
+def checkpoint_path(value: Any, call: str, saved_by: str = "save_state") -> str:
+    """``value`` as the checkpoint folder a ``call`` (``"load_state"``, ...) takes: a ``str`` or
+    ``os.PathLike``. The SDK takes the path string only (its requests validate ``path: str``),
+    so a future or a response in its place is one ``TypeError`` line saying what to pass::
+
+        checkpoint_path(training.save_state("s1"), "load_state")
+        # TypeError: load_state: path must be the checkpoint's path (a str), got a future
+        #   (AwaitableConcurrentFuture); pass save_state(...).result().path
+    """
+    if isinstance(value, str | os.PathLike):
+        return os.fspath(value)
+    name = type(value).__name__
+    if callable(getattr(value, "result", None)):
+        got = f"a future ({name})"
+    elif isinstance(getattr(value, "path", None), str):
+        got = f"a {name} (its .path is the path)"
+    else:
+        got = f"{name} {value!r}"[:120]
+    raise TypeError(
+        f"{call}: path must be the checkpoint's path (a str), got {got}; pass {saved_by}(...).result().path"
+    )
 
 
 class RequestQueue:

@@ -38,7 +38,7 @@ from trinity_like.client.data import (
     per_datum,
     to_batch,
 )
-from trinity_like.client.futures import RequestQueue
+from trinity_like.client.futures import RequestQueue, checkpoint_path
 from trinity_like.client.losses import loss_inputs, loss_spec, required_arrays
 from trinity_like.client.sampling import SamplingClient
 from trinity_like.client.spellings import TrainingAsyncSpellings
@@ -314,11 +314,11 @@ class TrainingClient(TrainingAsyncSpellings):
 
     def load_state(self, path: str) -> AwaitableConcurrentFuture[types.LoadWeightsResponse]:
         """Load the weights of a ``save_state`` checkpoint; the optimiser starts fresh."""
-        return self._queue.submit(self._load, path, False)
+        return self._queue.submit(self._load, checkpoint_path(path, "load_state"), False)
 
     def load_state_with_optimizer(self, path: str) -> AwaitableConcurrentFuture[types.LoadWeightsResponse]:
         """Load weights and optimiser state (moments, step) of a ``save_state`` checkpoint."""
-        return self._queue.submit(self._load, path, True)
+        return self._queue.submit(self._load, checkpoint_path(path, "load_state_with_optimizer"), True)
 
     def _load(self, path: str, with_optimizer: bool) -> types.LoadWeightsResponse:
         if not (Path(path) / BASE_MODEL_FILE).is_file():
@@ -366,6 +366,7 @@ class TrainingClient(TrainingAsyncSpellings):
 
     def create_sampling_client(self, model_path: str, retry_config: Any = None) -> SamplingClient:
         """A sampler over the weights saved by ``save_weights_for_sampler`` at ``model_path``."""
+        model_path = checkpoint_path(model_path, "create_sampling_client", "save_weights_for_sampler")
         return SamplingClient(self.base_model, model_path=model_path)
 
     # -- information ------------------------------------------------------------------------
