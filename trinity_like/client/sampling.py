@@ -51,11 +51,10 @@ from tinker import types
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from trinity_like.client.futures import Job, RequestBatcher, checkpoint_path
+from trinity_like.client.futures import Job, RequestBatcher, sampler_weights_path
 from trinity_like.explorer.engine import Request, RolloutEngine, Sample, sample_seed
 from trinity_like.explorer.engine import SamplingParams as EngineSampling
 from trinity_like.models.resolve import load_model, load_tokenizer, resolve_model_path
-from trinity_like.trainer.lora import BASE_MODEL_FILE
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf", ".index.json")  # not copied beside new weights
 
@@ -242,13 +241,7 @@ class SamplingClient:
         if model_path is not None and weights is not None:
             raise ValueError("give model_path or weights, not both")
         if model_path is not None:
-            model_path = checkpoint_path(model_path, "SamplingClient(model_path=...)", "save_weights_for_sampler")
-            if (Path(model_path) / BASE_MODEL_FILE).is_file():
-                raise ValueError(
-                    f"model_path {model_path} is a save_state checkpoint (training state): sample from "
-                    "save_weights_for_sampler(name).result().path, or create_training_client_from_state(path)"
-                    ".save_weights_and_get_sampling_client()"
-                )
+            model_path = sampler_weights_path(model_path, "SamplingClient(model_path=...)")
         self._base_model = str(base_model)
         self._base_folder = resolve_model_path(base_model).resolve()
         self._model_path = None if model_path is None else Path(model_path).expanduser().resolve()

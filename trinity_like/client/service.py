@@ -36,7 +36,7 @@ from typing import Any
 
 from tinker import types
 
-from trinity_like.client.futures import checkpoint_path
+from trinity_like.client.futures import checkpoint_path, sampler_weights_path
 from trinity_like.client.sampling import SamplingClient
 from trinity_like.client.training import TrainingClient
 from trinity_like.models.resolve import BUILTIN_MODELS, CACHE_ENV, load_tokenizer, resolve_model_path
@@ -298,7 +298,7 @@ class ServiceClient:
         if model_path is None and base_model is None:
             raise ValueError("Either model_path or base_model must be provided")
         if model_path is not None:
-            model_path = checkpoint_path(model_path, "create_sampling_client", "save_weights_for_sampler")
+            model_path = sampler_weights_path(model_path, "create_sampling_client")
         if self._ray is not None:
             from trinity_like.client.ray.clients import base_sampler
 

@@ -38,7 +38,7 @@ from trinity_like.client.data import (
     per_datum,
     to_batch,
 )
-from trinity_like.client.futures import RequestQueue, checkpoint_path
+from trinity_like.client.futures import RequestQueue, checkpoint_path, sampler_weights_path
 from trinity_like.client.losses import (
     custom_loss_result,
     loss_inputs,
@@ -377,7 +377,7 @@ class TrainingClient(TrainingAsyncSpellings):
 
     def create_sampling_client(self, model_path: str, retry_config: Any = None) -> SamplingClient:
         """A sampler over the weights saved by ``save_weights_for_sampler`` at ``model_path``."""
-        model_path = checkpoint_path(model_path, "create_sampling_client", "save_weights_for_sampler")
+        model_path = sampler_weights_path(model_path, "create_sampling_client")
         return SamplingClient(self.base_model, model_path=model_path)
 
     # -- information ------------------------------------------------------------------------

@@ -34,7 +34,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tinker import types
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 
-from trinity_like.client.futures import checkpoint_path, ray_future, unwrap_ray_error
+from trinity_like.client.futures import checkpoint_path, ray_future, sampler_weights_path, unwrap_ray_error
 from trinity_like.client.ray.actors import LearnerActor, SamplerActor, WeightsRef
 from trinity_like.client.ray.config import RayClientConfig
 from trinity_like.client.ray.pool import SamplerPool
@@ -422,11 +422,9 @@ class RayTrainingClient(TrainingAsyncSpellings):
         return ray_future(version_ref, then=sampler, error=self._died)
 
     def create_sampling_client(self, model_path: str, retry_config: Any = None) -> RaySamplingClient:
-        model_path = checkpoint_path(model_path, "create_sampling_client", "save_weights_for_sampler")
-        return RaySamplingClient(
-            self._runtime,
-            WeightsRef(f"folder:{model_path}:{uuid.uuid4().hex}", self.base_model, model_path=str(model_path)),
-        )
+        path = sampler_weights_path(model_path, "create_sampling_client")
+        ref = WeightsRef(f"folder:{path}:{uuid.uuid4().hex}", self.base_model, model_path=path)
+        return RaySamplingClient(self._runtime, ref)
 
     # -- information ------------------------------------------------------------------------------
     def get_info(self) -> types.GetInfoResponse:
