@@ -6,7 +6,7 @@
     trinity-like plot RUN_DIR [--out FILE]  |  trinity-like plot --timeline RUN_DIR [--last SECONDS]
     trinity-like view RUN_DIR [RUN_DIR ...] [--port N]
     trinity-like report RUN_DIR [RUN_DIR ...] --out FILE.html
-    trinity-like export CHECKPOINT --out DIR [--base MODEL]
+    trinity-like export CHECKPOINT --out DIR [--base MODEL] [--dtype bfloat16]
     trinity-like serve [--port N] [--host H --api-key K] [--data-dir DIR] [--model M ...]
     trinity-like rm-check RM_RUN --tasks RECIPE_OR_TASKS [--samples N] [--out FILE.json]
     trinity-like rm-pairs RECIPE [key.path=value ...] --out DIR [--samples N] [--num-tasks N] [--num-eval-tasks N]
@@ -95,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("checkpoint", help="a train engine's checkpoint folder (or a run's checkpoints/step_N)")
     exp.add_argument("--out", required=True, help="new folder to write (must not exist, or be empty)")
     exp.add_argument("--base", help="base model of a LoRA checkpoint, when not where its base_model.json says")
+    exp.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        default="float32",
+        help="dtype of the written weights (default float32, as trained; bfloat16 halves the folder)",
+    )
     exp.add_argument("--debug", action="store_true", help="show tracebacks")
 
     srv = sub.add_parser(
@@ -276,8 +282,34 @@ def cmd_export(args: argparse.Namespace) -> int:
     from trinity_like.trainer.lora import export_checkpoint
 
     hf_logging.disable_progress_bar()  # the one line printed is the folder written
+    if args.dtype == "float32":  # the engines' own dtype: written as trained
+        print(export_checkpoint(args.checkpoint, args.out, args.base))
+        return 0
+    import shutil
+    import tempfile
+    from pathlib import Path
 
-    print(export_checkpoint(args.checkpoint, args.out, args.base))
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise TrinityError(f"{out} already exists and is not an empty folder; choose another --out")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.{args.dtype}-", dir=out.parent))
+    try:  # exported, cast, then renamed into place: a failure leaves nothing under --out
+        export_checkpoint(args.checkpoint, staged, args.base)
+        model = AutoModelForCausalLM.from_pretrained(staged, dtype=getattr(torch, args.dtype))
+        for old in [*staged.glob("*.safetensors"), *staged.glob("*.safetensors.index.json")]:
+            old.unlink()  # the model holds its own cast copies
+        model.save_pretrained(staged)  # the config says the new dtype
+        if out.exists():
+            out.rmdir()  # empty, checked above
+        os.replace(staged, out)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    print(out)
     return 0
 
 

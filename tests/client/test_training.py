@@ -219,3 +219,112 @@ def test_bad_input_is_one_clear_error_from_result_and_the_client_stays_usable(cl
 def test_optim_step_rejects_what_is_not_adam_params_at_call_time(client):
     with pytest.raises(TypeError, match="AdamParams"):
         client.optim_step({"learning_rate": 1e-4})
+
+
+def test_a_custom_loss_sees_every_position_of_every_datum_as_given(client):
+    """``logprobs_list[i]``: float32 ``[T_i]``, position t = log p(target_tokens[t] | x_0..x_t),
+    prompt positions included (none is left at 0.0); the datums come with every key they hold."""
+    data = [rl_datum([4, 5, 6], [7, 8, 9], [-1.0, -2.0, -0.5], 1.0), rl_datum([4, 5], [10, 2], [-3.0, -0.1], -0.5)]
+    oracle = copy.deepcopy(client._engine.model).double()
+    seen = []
+
+    def record(batch, logprobs_list):
+        seen.append((batch, logprobs_list))
+        return sum(lp.sum() for lp in logprobs_list), {}
+
+    client.forward_backward_custom(data, record).result(timeout=60)
+    batch, logprobs_list = seen[0]
+    assert batch == data  # the datums as given, extra keys (logprobs, advantages) included
+    for datum, lp in zip(data, logprobs_list, strict=True):
+        assert lp.dtype == torch.float32 and lp.shape == (datum.model_input.length,) and lp.requires_grad
+        torch.testing.assert_close(lp.detach().double(), oracle_logprobs(oracle, datum), atol=1e-5, rtol=1e-5)
+
+
+def nan_grad(batch, logprobs_list):
+    return sum(torch.sqrt(lp - lp.detach()).sum() for lp in logprobs_list), {}  # value 0, gradient inf
+
+
+@pytest.mark.parametrize(
+    ("loss_fn", "error", "message"),
+    [
+        (
+            lambda b, lps: sum(lp.sum() for lp in lps),
+            TypeError,
+            "the loss function must return (loss, metrics), got a bare tensor of shape []; "
+            "return (loss, {}) for no metrics",
+        ),
+        (  # a 2-element tensor would unpack into (loss, metrics) silently
+            lambda b, lps: torch.stack([lps[0].sum(), lps[1].sum()]),
+            TypeError,
+            "got a bare tensor of shape [2]",
+        ),
+        (lambda b, lps: (lps[0].sum(), {}, 1), TypeError, "got tuple of length 3"),
+        (lambda b, lps: (lps[0], {}), ValueError, "loss must hold one value, got shape [5] (sum or mean it)"),
+        (lambda b, lps: (1.5, {}), TypeError, "loss must be a torch tensor computed from the logprobs, got float"),
+        (lambda b, lps: (torch.tensor(1.0), {}), ValueError, "loss does not depend on the logprobs"),
+        (lambda b, lps: (lps[0].sum() * float("nan"), {}), ValueError, "loss is nan, not finite"),
+        (lambda b, lps: (lps[0].sum(), [("acc", 1.0)]), TypeError, "metrics must be a dict of str -> float, got list"),
+        (lambda b, lps: (lps[0].sum(), {"acc": "high"}), TypeError, "metrics['acc'] must be a number, got str"),
+        (nan_grad, ValueError, "gradient with respect to datum 0's logprobs is not finite"),
+    ],
+    ids=[
+        "bare-scalar",
+        "bare-pair",
+        "triple",
+        "vector",
+        "float",
+        "no-grad",
+        "nan",
+        "list-metrics",
+        "str-metric",
+        "inf-grad",
+    ],
+)
+def test_a_custom_loss_that_breaks_the_contract_is_one_line_and_applies_nothing(client, loss_fn, error, message):
+    data = [sft_datum([3, 17, 40, 8, 99, 12], [0, 0, 1, 1, 1]), sft_datum([5, 6, 7], [1, 0.5])]
+    with pytest.raises(error) as exc:
+        client.forward_backward_custom(data, loss_fn).result(timeout=60)
+    assert message in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
+    assert str(exc.value).startswith("forward_backward_custom: ")
+    assert not grads_of(client)  # nothing accumulated
+    out = client.forward_backward_custom(data, lambda b, lps: (lps[0].sum().reshape(1), {})).result(timeout=60)
+    assert out.metrics["loss:sum"] < 0  # the client stays usable; a [1]-shaped loss is one value too
+
+
+def test_metric_keys_name_their_reduction_where_the_sdk_reduces_them(client):
+    """A named loss's keys are ``name:reduction`` -- the SDK's own combiner (the oracle) reduces
+    two chunks' outputs -- while a custom loss's own metrics come back as given, as the SDK
+    returns them (merged after combining; tinker-cookbook's custom losses use plain keys)."""
+    from tinker.lib.chunked_fwdbwd_helpers import REDUCE_MAP, combine_fwd_bwd_output_results
+
+    data = [rl_datum([4, 5, 6], [7, 8, 9], [-1.0, -2.0, -0.5], 1.0), rl_datum([4, 5], [10, 2], [-3.0, -0.1], -0.5)]
+    chunks = [client.forward_backward([d], "ppo").result(timeout=60) for d in data]
+    for key in chunks[0].metrics:
+        name, reduction = key.split(":")  # exactly one colon
+        assert name and reduction in REDUCE_MAP, key
+    combined = combine_fwd_bwd_output_results(chunks)
+    assert combined.metrics.keys() == chunks[0].metrics.keys()
+    assert combined.metrics["loss:sum"] == pytest.approx(sum(c.metrics["loss:sum"] for c in chunks))
+
+    custom = client.forward_backward_custom(data, lambda b, lps: (lps[0].sum(), {"accuracy": 0.5, "kl:max": 2}))
+    metrics = custom.result(timeout=60).metrics
+    assert metrics["accuracy"] == 0.5 and metrics["kl:max"] == 2.0
+    assert {"loss:sum", "surrogate_loss:sum"} <= metrics.keys()
+
+
+def test_a_registered_loss_whose_metric_key_holds_a_colon_is_one_line(client):
+    from trinity_like.registry import POLICY_LOSS_FN
+
+    name = "test_client_colon_metric"
+    if name not in POLICY_LOSS_FN:
+
+        @POLICY_LOSS_FN.register_module(name)
+        def colon_metric(*, logprob, action_mask):
+            return -(logprob * action_mask).sum(), {"tokens:sum": float(action_mask.sum())}
+
+    data = [types.Datum(model_input=types.ModelInput.from_ints([3, 4, 5]), loss_fn_inputs={"target_tokens": [4, 5, 6]})]
+    with pytest.raises(ConfigError) as exc:
+        client.forward_backward(data, name).result(timeout=60)
+    message = str(exc.value)
+    assert "\n" not in message and f"loss {name!r} reports metric 'tokens:sum'" in message
+    assert "mean, sum, min, max" in message

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trinity_like.cli import main
@@ -129,3 +130,39 @@ def test_bad_input_is_one_line_and_writes_nothing(tiny_path, tmp_path, capsys):
         assert err.count("\n") == 1 and err.startswith("trinity-like: error: ") and message in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no output, no temporary leftovers
     assert (tmp_path / "taken" / "keep.txt").read_text() == "mine"
+
+
+def test_dtype_bfloat16_writes_the_float32_export_cast_in_half_the_bytes(tiny_path, batch, tmp_path):
+    """A LoRA on the unembedding unties the output layer (it has its own merged weights), so
+    the export carries one more vocab x hidden matrix; ``--dtype bfloat16`` halves the folder.
+    Oracle: the float32 export's tensors rounded to bfloat16 by torch."""
+    engine = trained(tiny_path, batch, LoraParams(rank=4, seed=1, train_unembed=True))
+    engine.save(str(tmp_path / "ckpt"))
+    assert export(str(tmp_path / "ckpt"), "--out", str(tmp_path / "fp32")).returncode == 0
+    result = export(str(tmp_path / "ckpt"), "--out", str(tmp_path / "bf16"), "--dtype", "bfloat16")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(tmp_path / "bf16") and not result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bf16", "ckpt", "fp32"]  # nothing staged left behind
+    full = load_file(tmp_path / "fp32" / "model.safetensors")
+    half = load_file(tmp_path / "bf16" / "model.safetensors")
+    assert "lm_head.weight" in full and full.keys() == half.keys()  # untied: its own output layer
+    for name, tensor in full.items():
+        assert half[name].dtype == torch.bfloat16 and torch.equal(half[name], tensor.to(torch.bfloat16)), name
+    size = {d: (tmp_path / d / "model.safetensors").stat().st_size for d in ("fp32", "bf16")}
+    assert abs(size["bf16"] / size["fp32"] - 0.5) < 0.01, size
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16")
+    assert model.config.dtype == torch.bfloat16 and not model.config.tie_word_embeddings
+    assert {p.name for p in (tmp_path / "bf16").iterdir()} >= {"tokenizer_config.json", "generation_config.json"}
+
+
+def test_dtype_is_checked_and_a_taken_out_writes_nothing(tiny_path, tmp_path, capsys):
+    LocalEngine(ModelParams(path=tiny_path, lora=LoraParams(rank=2))).save(str(tmp_path / "ckpt"))
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "keep.txt").write_text("mine")
+    with pytest.raises(SystemExit):
+        main(["export", str(tmp_path / "ckpt"), "--out", str(tmp_path / "o"), "--dtype", "int8"])
+    assert "invalid choice: 'int8'" in capsys.readouterr().err
+    assert main(["export", str(tmp_path / "ckpt"), "--out", str(tmp_path / "taken"), "--dtype", "bfloat16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "already exists and is not an empty folder" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "taken"]

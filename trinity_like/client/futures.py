@@ -20,15 +20,55 @@ share one engine call run as one (each still gets its own answer).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 
+from trinity_like.trainer.lora import BASE_MODEL_FILE
+
 T = TypeVar("T")
+
+
+def checkpoint_path(value: Any, call: str, saved_by: str = "save_state") -> str:
+    """``value`` as the checkpoint folder a ``call`` (``"load_state"``, ...) takes: a ``str`` or
+    ``os.PathLike``. The SDK takes the path string only (its requests validate ``path: str``),
+    so a future or a response in its place is one ``TypeError`` line saying what to pass::
+
+        checkpoint_path(training.save_state("s1"), "load_state")
+        # TypeError: load_state: path must be the checkpoint's path (a str), got a future
+        #   (AwaitableConcurrentFuture); pass save_state(...).result().path
+    """
+    if isinstance(value, str | os.PathLike):
+        return os.fspath(value)
+    name = type(value).__name__
+    if callable(getattr(value, "result", None)):
+        got = f"a future ({name})"
+    elif isinstance(getattr(value, "path", None), str):
+        got = f"a {name} (its .path is the path)"
+    else:
+        got = f"{name} {value!r}"[:120]
+    raise TypeError(
+        f"{call}: path must be the checkpoint's path (a str), got {got}; pass {saved_by}(...).result().path"
+    )
+
+
+def sampler_weights_path(value: Any, call: str) -> str:
+    """:func:`checkpoint_path` of ``save_weights_for_sampler``'s folder; a ``save_state`` folder
+    (training state: an adapter, the optimiser) is one ``ValueError`` line saying what to use."""
+    path = checkpoint_path(value, call, "save_weights_for_sampler")
+    if (Path(path) / BASE_MODEL_FILE).is_file():
+        raise ValueError(
+            f"model_path {path} is a save_state checkpoint (training state): sample from "
+            "save_weights_for_sampler(name).result().path, or create_training_client_from_state(path)"
+            ".save_weights_and_get_sampling_client()"
+        )
+    return path
 
 
 class RequestQueue:

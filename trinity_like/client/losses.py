@@ -35,11 +35,13 @@ Example (``lp``: the learner's logprobs of the target tokens, ``[B, T]``)::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from tinker.lib.chunked_fwdbwd_helpers import REDUCE_MAP
 
 from trinity_like.components import ComponentSpec, build_params
 from trinity_like.errors import ConfigError
@@ -129,3 +131,64 @@ def loss_inputs(
     if "advantages" in arrays:
         out["advantages"] = arrays["advantages"]
     return out
+
+
+# The reductions the SDK combines a metric's chunks by: a server-side key is ``name:<one of these>``.
+REDUCTIONS = tuple(REDUCE_MAP)
+
+
+def reported_metrics(loss_fn: str, metrics: Mapping[str, Any]) -> dict[str, float]:
+    """A named loss's own metrics as the SDK's keys: ``<key>:mean`` (the engine averages them
+    over micro-batches). A key holding a colon already would come back as ``a:b:mean``, which
+    the SDK cannot split into ``name:reduction`` when it combines chunks: one line naming it.
+
+    >>> reported_metrics("ppo", {"clip_frac": 0.25})
+    {'clip_frac:mean': 0.25}
+    """
+    out = {}
+    for key, value in metrics.items():
+        if ":" in key:
+            raise ConfigError(
+                f"loss {loss_fn!r} reports metric {key!r}: a loss's metric keys hold no ':' (the client "
+                f"reports each as '<key>:mean', the SDK's name:reduction with reductions {', '.join(REDUCTIONS)})"
+            )
+        out[f"{key}:mean"] = float(value)
+    return out
+
+
+def custom_loss_result(result: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    """What a ``forward_backward_custom`` loss function returned, as ``(loss, metrics)``.
+
+    ``loss``: a tensor of one element (any shape), finite, computed from the logprobs (it
+    has a gradient); ``metrics``: a mapping of ``str`` to numbers, returned as given (the SDK
+    merges them into the response without reducing them, so a key need not name a
+    reduction). Anything else is one line that says what was returned instead::
+
+        custom_loss_result(torch.tensor(1.0))   # TypeError: ... got a bare tensor ...
+    """
+    head = "forward_backward_custom: the loss function must return (loss, metrics)"
+    if isinstance(result, torch.Tensor):
+        raise TypeError(f"{head}, got a bare tensor of shape {list(result.shape)}; return (loss, {{}}) for no metrics")
+    if not isinstance(result, tuple | list) or len(result) != 2:
+        size = f" of length {len(result)}" if isinstance(result, tuple | list) else ""
+        raise TypeError(f"{head}, got {type(result).__name__}{size}")
+    loss, metrics = result
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(f"{head}: loss must be a torch tensor computed from the logprobs, got {type(loss).__name__}")
+    if loss.numel() != 1:
+        raise ValueError(f"{head}: loss must hold one value, got shape {list(loss.shape)} (sum or mean it)")
+    if not loss.requires_grad:
+        raise ValueError(f"{head}: loss does not depend on the logprobs it was given (it has no gradient)")
+    if not math.isfinite(float(loss.detach())):
+        raise ValueError(f"{head}: loss is {float(loss.detach())}, not finite; no gradient was applied")
+    if not isinstance(metrics, Mapping):
+        raise TypeError(f"{head}: metrics must be a dict of str -> float, got {type(metrics).__name__}")
+    out = {}
+    for key, value in metrics.items():
+        if not isinstance(key, str):
+            raise TypeError(f"{head}: metrics keys must be str, got {key!r}")
+        try:
+            out[key] = float(value)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"{head}: metrics[{key!r}] must be a number, got {type(value).__name__}") from None
+    return loss, out

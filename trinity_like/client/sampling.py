@@ -51,7 +51,7 @@ from tinker import types
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from trinity_like.client.futures import Job, RequestBatcher
+from trinity_like.client.futures import Job, RequestBatcher, sampler_weights_path
 from trinity_like.explorer.engine import Request, RolloutEngine, Sample, sample_seed
 from trinity_like.explorer.engine import SamplingParams as EngineSampling
 from trinity_like.models.resolve import load_model, load_tokenizer, resolve_model_path
@@ -240,6 +240,8 @@ class SamplingClient:
     ) -> None:
         if model_path is not None and weights is not None:
             raise ValueError("give model_path or weights, not both")
+        if model_path is not None:
+            model_path = sampler_weights_path(model_path, "SamplingClient(model_path=...)")
         self._base_model = str(base_model)
         self._base_folder = resolve_model_path(base_model).resolve()
         self._model_path = None if model_path is None else Path(model_path).expanduser().resolve()

@@ -4,7 +4,8 @@ Tinker's ``ServiceClient`` talks to a remote GPU service; this one builds the sa
 over our engines in this process -- the ``local`` train engine by default, verl's FSDP
 workers through Ray with ``train_engine="verl"`` -- on the built-in models or any local
 Hugging Face folder. Checkpoints go under ``log_dir`` (``$TRINITY_LIKE_CACHE/client`` or
-``~/.cache/trinity_like/client``), one folder per training client.
+``~/.cache/trinity_like/client``), one folder per training client: ``run_name`` if given, else
+``<base model>-<YYYYmmdd-HHMMSS>`` (:func:`new_run_name`).
 
 Example::
 
@@ -23,16 +24,19 @@ samplers in one placement group (:mod:`trinity_like.client.ray`)::
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import re
 import secrets
+import time
 from pathlib import Path
 from typing import Any
 
 from tinker import types
 
+from trinity_like.client.futures import checkpoint_path, sampler_weights_path
 from trinity_like.client.sampling import SamplingClient
 from trinity_like.client.training import TrainingClient
 from trinity_like.models.resolve import BUILTIN_MODELS, CACHE_ENV, load_tokenizer, resolve_model_path
@@ -42,13 +46,25 @@ from trinity_like.trainer.params import ModelParams, OptimParams
 
 ENGINES = ("local", "verl")
 BACKENDS = ("local", "ray")  # where the clients run: this process, or Ray actors
-_ids = itertools.count()
 
 
 def client_dir() -> Path:
     """Default root of the clients' checkpoints."""
     root = os.environ.get(CACHE_ENV)
     return (Path(root).expanduser() if root else Path.home() / ".cache" / "trinity_like") / "client"
+
+
+def new_run_name(log_dir: Path, base_model: str) -> str:
+    """``<base model>-<YYYYmmdd-HHMMSS>``, the local time the client was made (``-2``, ``-3``, ...
+    when that folder exists), claimed by creating ``log_dir/<name>``: unique across processes and
+    sorted by creation, so ``ls <log_dir>`` finds a run again by when and on what it ran."""
+    stem = f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', Path(base_model).name)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        name = stem if n == 1 else f"{stem}-{n}"
+        with contextlib.suppress(FileExistsError):
+            (log_dir / name).mkdir()
+            return name
 
 
 def model_entry(name: str, folder: Path) -> types.SupportedModel:
@@ -155,7 +171,8 @@ class ServiceClient:
         """A training client over ``base_model`` with a fresh LoRA adapter of ``rank``.
 
         ``rank=0`` (ours) trains every weight instead: a full fine-tune. ``run_name`` (ours):
-        its folder under ``log_dir`` and its ``model_id`` (default: a new unique name).
+        its folder under ``log_dir`` and its ``model_id``, reused if it exists (default: a new
+        one, :func:`new_run_name`); ``save_state(name)`` writes ``<log_dir>/<run_name>/state/<name>``.
         """
         if optimizer is not None and getattr(optimizer, "type", "adamw") != "adamw":
             raise ValueError(f"optimizer {optimizer.type!r}: only AdamW is available here")
@@ -206,6 +223,7 @@ class ServiceClient:
         run_name: str | None = None,
     ) -> TrainingClient:
         """A training client resumed from ``save_state``'s folder: its weights, a fresh optimiser."""
+        path = checkpoint_path(path, "create_training_client_from_state")
         return self._from_state(path, base_model, with_optimizer=False, run_name=run_name)
 
     def create_training_client_from_state_with_optimizer(
@@ -219,6 +237,7 @@ class ServiceClient:
         run_name: str | None = None,
     ) -> TrainingClient:
         """A training client resumed from ``save_state``'s folder: weights and optimiser state."""
+        path = checkpoint_path(path, "create_training_client_from_state_with_optimizer")
         return self._from_state(path, base_model, with_optimizer=True, run_name=run_name)
 
     def _from_state(
@@ -254,7 +273,7 @@ class ServiceClient:
             from trinity_like.trainer.verl_engine import VerlEngine, VerlParams
 
             engine = VerlEngine(model, OptimParams(), VerlParams(num_workers=self.trainer_workers))
-        model_id = run_name or f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', Path(base_model).name)}-{os.getpid()}-{next(_ids)}"
+        model_id = run_name or new_run_name(self.log_dir, base_model)
         client = TrainingClient(
             engine,
             base_model=base_model,
@@ -278,6 +297,8 @@ class ServiceClient:
         """A sampler over ``model_path`` (a ``save_weights_for_sampler`` folder) or ``base_model``'s own weights."""
         if model_path is None and base_model is None:
             raise ValueError("Either model_path or base_model must be provided")
+        if model_path is not None:
+            model_path = sampler_weights_path(model_path, "create_sampling_client")
         if self._ray is not None:
             from trinity_like.client.ray.clients import base_sampler
 

@@ -38,8 +38,14 @@ from trinity_like.client.data import (
     per_datum,
     to_batch,
 )
-from trinity_like.client.futures import RequestQueue
-from trinity_like.client.losses import loss_inputs, loss_spec, required_arrays
+from trinity_like.client.futures import RequestQueue, checkpoint_path, sampler_weights_path
+from trinity_like.client.losses import (
+    custom_loss_result,
+    loss_inputs,
+    loss_spec,
+    reported_metrics,
+    required_arrays,
+)
 from trinity_like.client.sampling import SamplingClient
 from trinity_like.client.spellings import TrainingAsyncSpellings
 from trinity_like.components import ComponentSpec, call_component
@@ -163,9 +169,13 @@ class TrainingClient(TrainingAsyncSpellings):
     ) -> AwaitableConcurrentFuture[types.ForwardBackwardOutput]:
         """Accumulate the gradient of ``loss_fn(data, logprobs_list) -> (loss, metrics)``.
 
-        As in Tinker: a forward pass gives each datum's logprobs, ``loss_fn`` runs on them
-        as leaf tensors, and a backward pass of the linear surrogate
-        ``sum(dloss/dlogprob * logprob)`` carries its exact gradient into the weights.
+        As in Tinker: a forward pass gives each datum's logprobs (``logprobs_list[i]``: float32
+        ``[T_i]``, position t the learner's log p(target_tokens[t] | tokens 0..t), every position
+        scored), ``loss_fn`` runs on them as leaf tensors with the datums as given (every
+        ``loss_fn_inputs`` key; ``target_tokens`` is required), and a backward pass of the linear
+        surrogate ``sum(dloss/dlogprob * logprob)`` carries its exact gradient into the weights.
+        ``loss`` is a one-element tensor, finite; ``metrics`` a dict of str -> float, returned as
+        given (:func:`~.losses.custom_loss_result`; anything else is one error line).
         """
         if loss_type_input not in (None, "logprobs"):
             raise ValueError(f"loss_type_input must be None or 'logprobs', got {loss_type_input!r}")
@@ -193,17 +203,21 @@ class TrainingClient(TrainingAsyncSpellings):
             with torch.no_grad():
                 value, metrics = loss(outputs, batch)
             loss_sum = float(value)
-        metrics = {f"{k}:mean": float(v) for k, v in metrics.items()}
+        metrics = reported_metrics(loss_fn, metrics)
         return self._output(batch, layout, outputs, metrics, loss_sum, time.perf_counter() - started)
 
     def _run_custom(self, data: Sequence[types.Datum], loss_fn: CustomLossFn) -> types.ForwardBackwardOutput:
         batch, layout = self._batch(data, ("target_tokens",), what="forward_backward_custom", extra_ok=True)
         started = time.perf_counter()
         leaves = [lp.requires_grad_(True) for lp in per_datum(self._engine.compute_logprobs(batch)["logprob"], layout)]
-        value, user_metrics = loss_fn(list(data), leaves)
-        if not isinstance(value, torch.Tensor) or value.numel() != 1:
-            raise ValueError(f"the custom loss must return (scalar tensor, metrics), got {type(value).__name__}")
+        value, user_metrics = custom_loss_result(loss_fn(list(data), leaves))
         value.backward()
+        for i, leaf in enumerate(leaves):
+            if leaf.grad is not None and not torch.isfinite(leaf.grad).all():
+                raise ValueError(
+                    f"forward_backward_custom: the loss's gradient with respect to datum {i}'s logprobs is not "
+                    "finite (a log or division of 0?); no gradient was applied"
+                )
         linear = [  # cross-entropy's -(w * logprob) has gradient -w: weights = -dloss/dlogprob
             types.Datum(
                 model_input=d.model_input,
@@ -220,11 +234,8 @@ class TrainingClient(TrainingAsyncSpellings):
         surrogate = ClientLoss("cross_entropy", loss_spec("cross_entropy"))
         outputs: dict[str, torch.Tensor] = {}
         metrics = self._engine.forward_backward(batch, surrogate, need_entropy=True, out=outputs)
-        metrics = {
-            "surrogate_loss:sum": metrics.pop("loss"),
-            **{f"{k}:mean": v for k, v in metrics.items()},
-            **{k: float(v) for k, v in dict(user_metrics).items()},
-        }
+        surrogate_sum = metrics.pop("loss")  # the SDK's order: the user's metrics, then the two sums
+        metrics = {**reported_metrics("cross_entropy", metrics), **user_metrics, "surrogate_loss:sum": surrogate_sum}
         return self._output(batch, layout, outputs, metrics, float(value.detach()), time.perf_counter() - started)
 
     def _batch(
@@ -314,11 +325,11 @@ class TrainingClient(TrainingAsyncSpellings):
 
     def load_state(self, path: str) -> AwaitableConcurrentFuture[types.LoadWeightsResponse]:
         """Load the weights of a ``save_state`` checkpoint; the optimiser starts fresh."""
-        return self._queue.submit(self._load, path, False)
+        return self._queue.submit(self._load, checkpoint_path(path, "load_state"), False)
 
     def load_state_with_optimizer(self, path: str) -> AwaitableConcurrentFuture[types.LoadWeightsResponse]:
         """Load weights and optimiser state (moments, step) of a ``save_state`` checkpoint."""
-        return self._queue.submit(self._load, path, True)
+        return self._queue.submit(self._load, checkpoint_path(path, "load_state_with_optimizer"), True)
 
     def _load(self, path: str, with_optimizer: bool) -> types.LoadWeightsResponse:
         if not (Path(path) / BASE_MODEL_FILE).is_file():
@@ -366,6 +377,7 @@ class TrainingClient(TrainingAsyncSpellings):
 
     def create_sampling_client(self, model_path: str, retry_config: Any = None) -> SamplingClient:
         """A sampler over the weights saved by ``save_weights_for_sampler`` at ``model_path``."""
+        model_path = sampler_weights_path(model_path, "create_sampling_client")
         return SamplingClient(self.base_model, model_path=model_path)
 
     # -- information ------------------------------------------------------------------------

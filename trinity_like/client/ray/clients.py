@@ -34,7 +34,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tinker import types
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 
-from trinity_like.client.futures import ray_future, unwrap_ray_error
+from trinity_like.client.futures import checkpoint_path, ray_future, sampler_weights_path, unwrap_ray_error
 from trinity_like.client.ray.actors import LearnerActor, SamplerActor, WeightsRef
 from trinity_like.client.ray.config import RayClientConfig
 from trinity_like.client.ray.pool import SamplerPool
@@ -384,10 +384,10 @@ class RayTrainingClient(TrainingAsyncSpellings):
         return self._call("save_state", name, overwrite, then=saved)
 
     def load_state(self, path: str) -> AwaitableConcurrentFuture[types.LoadWeightsResponse]:
-        return self._call("load_state", path, False)
+        return self._call("load_state", checkpoint_path(path, "load_state"), False)
 
     def load_state_with_optimizer(self, path: str) -> AwaitableConcurrentFuture[types.LoadWeightsResponse]:
-        return self._call("load_state", path, True)
+        return self._call("load_state", checkpoint_path(path, "load_state_with_optimizer"), True)
 
     def save_weights_for_sampler(
         self,
@@ -422,10 +422,9 @@ class RayTrainingClient(TrainingAsyncSpellings):
         return ray_future(version_ref, then=sampler, error=self._died)
 
     def create_sampling_client(self, model_path: str, retry_config: Any = None) -> RaySamplingClient:
-        return RaySamplingClient(
-            self._runtime,
-            WeightsRef(f"folder:{model_path}:{uuid.uuid4().hex}", self.base_model, model_path=str(model_path)),
-        )
+        path = sampler_weights_path(model_path, "create_sampling_client")
+        ref = WeightsRef(f"folder:{path}:{uuid.uuid4().hex}", self.base_model, model_path=path)
+        return RaySamplingClient(self._runtime, ref)
 
     # -- information ------------------------------------------------------------------------------
     def get_info(self) -> types.GetInfoResponse:
