@@ -29,7 +29,7 @@ from trinity_like.envs.types import Env, EnvFactory, StepResult, StopCondition
 from trinity_like.errors import ConfigError, TrinityError
 from trinity_like.explorer.engine import sample_seed
 from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks
-from trinity_like.models.resolve import render_prompt
+from trinity_like.models.chat import render_prompt
 
 types = tinker.types
 WAIT_S = 60.0  # a gate that is never opened fails the test after this long instead of hanging it

@@ -13,7 +13,7 @@ from trinity_like.client.ray import RayClientConfig
 from trinity_like.client.rl_train import RLTrainConfig, train
 from trinity_like.envs.dataset import build_env_factory
 from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks
-from trinity_like.models.resolve import render_prompt
+from trinity_like.models.chat import render_prompt
 
 NO_SPACE = {"reward_fn": "format", "reward_params": {"pattern": r"\S+"}, "max_tokens": 8}  # varies on a random model
 

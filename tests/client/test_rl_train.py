@@ -25,7 +25,6 @@ from trinity_like.client.rl_train import (
     turn_advantages,
 )
 from trinity_like.client.sampling import SamplingClient
-from trinity_like.envs.chat import message_tokens
 from trinity_like.envs.dataset import TaskGroupBuilder, build_env_factory
 from trinity_like.envs.rollout import RolloutParams
 from trinity_like.envs.types import Env, EnvFactory, StepResult, StopCondition
@@ -33,7 +32,8 @@ from trinity_like.errors import ConfigError
 from trinity_like.explorer.engine import RolloutEngine
 from trinity_like.explorer.engine import SamplingParams as EngineSampling
 from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks
-from trinity_like.models.resolve import load_model, render_prompt
+from trinity_like.models.chat import message_tokens, render_prompt
+from trinity_like.models.resolve import load_model
 from trinity_like.monitor.plot import plot_run
 
 types = tinker.types

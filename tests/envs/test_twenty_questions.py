@@ -17,7 +17,7 @@ from trinity_like.envs.twenty_questions import (
 )
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Task
-from trinity_like.models.resolve import render_prompt
+from trinity_like.models.chat import render_prompt
 
 CANDIDATES = ["cat", "bread", "lamp", "cup"]
 TASK = Task(
