@@ -3,9 +3,9 @@
     python examples/client/rl_env.py                       # calculator env, importance_sampling
     python examples/client/rl_env.py --kl 0.01 --per-turn  # KL to the base as reward shaping, per-turn advantages
 
-The `calculator` env (trinity_like/envs/calculator.py) asks "What is 123 + 456?"; the model
+The `calculator` env (cookbook/envs/calculator.py) asks "What is 123 + 456?"; the model
 may write <calc>123+456</calc>, reads the result as the next message, then answers (reward 1
-for the right number). `trinity_like.client.rl_train.train` plays groups of episodes on a
+for the right number). `cookbook.rl.train.train` plays groups of episodes on a
 SamplingClient, centres each episode's reward on its group's mean, trains the policy's own
 tokens with a TrainingClient, and evaluates greedily on held-out problems every
 --eval-every iterations. Metrics go to <log-path>/metrics.jsonl (`trinity-like plot <log-path>`);
@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 import trinity_like.client as tinker
-from trinity_like.client.rl_train import RLTrainConfig, train
-from trinity_like.envs.calculator import calculator_tasks
+from cookbook.envs.calculator import calculator_tasks
+from cookbook.rl.train import RLTrainConfig, train
 from trinity_like.envs.dataset import build_env_factory
 from trinity_like.monitor.sinks import read_jsonl_metrics
 

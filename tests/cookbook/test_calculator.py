@@ -7,7 +7,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from trinity_like.envs.calculator import (
+from cookbook.envs.calculator import (
     CALCULATOR_SYSTEM_PROMPT,
     EXAMPLE_CONVERSATION,
     MAX_DIGITS,

@@ -1,10 +1,10 @@
-"""Streaming minibatches and off-by-K sampling for :func:`trinity_like.client.rl_train.train`.
+"""Streaming minibatches and off-by-K sampling for :func:`cookbook.rl.train.train`.
 
-:mod:`.rl_train` holds the readable synchronous loop (sample the whole batch, then train);
+:mod:`.train` holds the readable synchronous loop (sample the whole batch, then train);
 this module is what ``RLTrainConfig.num_minibatches > 0`` or ``max_steps_off_policy > 0``
 runs instead, in the spirit of tinker-cookbook's ``StreamMinibatchConfig`` and
 ``AsyncConfig``. It uses only the clients' public calls (``run_requests`` through
-:func:`~.rl_train.sample_episodes`, ``forward_backward``, ``optim_step``), so it runs on
+:func:`~.core.sample_episodes`, ``forward_backward``, ``optim_step``), so it runs on
 the in-process clients and on any backend that answers them.
 
 The batch of iteration ``i`` (``batch_size`` groups) is cut into ``C`` chunks of groups
@@ -48,7 +48,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from trinity_like.client.rl_core import (
+from cookbook.rl.core import (
     Episode,
     Pending,
     RLTrainConfig,

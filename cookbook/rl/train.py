@@ -1,7 +1,7 @@
 """A reusable RL training loop over the Tinker-compatible client and the env API.
 
 ``examples/client/rl_basic.py`` is the loop to read; this is the one to reuse (its parts
-are in :mod:`.rl_core`, the sampling stream of streaming and off-by-K in :mod:`.rl_async`). It trains
+are in :mod:`.core`, the sampling stream of streaming and off-by-K in :mod:`.stream`). It trains
 any ``ENV`` environment -- single- or multi-turn, see :mod:`trinity_like.envs` -- with a
 :class:`~trinity_like.client.training.TrainingClient`, in the spirit of tinker-cookbook's
 ``rl/train.py``. One iteration::
@@ -36,14 +36,14 @@ batch (``train/skipped_groups``): it would cost a forward and backward and teach
 This file's loop is synchronous: sample the whole batch, then train. ``num_minibatches``
 (streaming: train each minibatch as soon as its groups are sampled) and
 ``max_steps_off_policy`` (K: sample with weights up to K iterations old while the learner
-trains) run the same stages on :mod:`trinity_like.client.rl_async`'s sampling stream;
+trains) run the same stages on :mod:`cookbook.rl.stream`'s sampling stream;
 ``docs/async.md`` explains them and their trade-offs (``ppo`` or ``tis`` for K > 0).
 
 Example::
 
     from trinity_like.client import ServiceClient
-    from trinity_like.client.rl_train import RLTrainConfig, train
-    from trinity_like.envs.calculator import calculator_tasks
+    from cookbook.rl.train import RLTrainConfig, train
+    from cookbook.envs.calculator import calculator_tasks
     from trinity_like.envs.dataset import build_env_factory
 
     training = ServiceClient().create_lora_training_client("smollm2-135m-instruct", rank=0, seed=0)
@@ -59,7 +59,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from trinity_like.client.rl_core import (  # the loop's parts, importable from here as before
+from cookbook.rl.core import (  # the loop's parts, importable from here as before
     CHECKPOINTS,
     RL_LOSSES,
     Episode,
@@ -151,7 +151,7 @@ def train(
         if do_eval and start == 0:
             log(0, evaluate(sampler, factory, eval_tasks, config))
         if config.streaming:  # streaming minibatches / off-by-K: the samplers run beside the learner
-            from trinity_like.client.rl_async import ChunkStream, stream_iteration
+            from cookbook.rl.stream import ChunkStream, stream_iteration
 
             stream = ChunkStream(config, dataset, sampler, start=start, reference=reference)
         for it in range(start + 1, config.iterations + 1):

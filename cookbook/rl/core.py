@@ -1,8 +1,8 @@
-"""The building blocks of :mod:`trinity_like.client.rl_train`'s loop: its config, episodes and
+"""The building blocks of :mod:`cookbook.rl.train`'s loop: its config, episodes and
 their advantages, the datums and the training step, evaluation and checkpoints.
 
-:mod:`.rl_train` (the synchronous loop) and :mod:`.rl_async` (streaming minibatches and
-off-by-K sampling) both build on these; read :mod:`.rl_train`'s docstring for what one
+:mod:`.train` (the synchronous loop) and :mod:`.stream` (streaming minibatches and
+off-by-K sampling) both build on these; read :mod:`.train`'s docstring for what one
 iteration does.
 """
 
@@ -106,7 +106,7 @@ class RLTrainConfig:
 
     @property
     def streaming(self) -> bool:
-        """Whether iterations run on :mod:`trinity_like.client.rl_async`'s sampling stream."""
+        """Whether iterations run on :mod:`cookbook.rl.stream`'s sampling stream."""
         return self.num_minibatches > 0 or self.max_steps_off_policy > 0
 
     @property

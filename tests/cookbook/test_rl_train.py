@@ -1,4 +1,4 @@
-"""The client's RL loop (trinity_like/client/rl_train.py) on the tiny model: advantages against
+"""The client's RL loop (cookbook/rl/train.py) on the tiny model: advantages against
 hand-computed values, KL shaping against a manual reference forward, substeps that use every
 datum once, greedy evaluation against a direct decode, checkpoints that resume exactly."""
 
@@ -13,8 +13,9 @@ import pytest
 import torch
 
 import trinity_like.client as tinker
-from trinity_like.client import rl_core, rl_train
-from trinity_like.client.rl_train import (
+from cookbook.rl import core as rl_core
+from cookbook.rl import train as rl_train
+from cookbook.rl.train import (
     Episode,
     RLTrainConfig,
     build_rows,

@@ -148,7 +148,7 @@ def evaluate(expression: str) -> Fraction:
     >>> evaluate("7/0")
     Traceback (most recent call last):
     ...
-    trinity_like.envs.calculator.CalcError: division by zero
+    cookbook.envs.calculator.CalcError: division by zero
     """
     parser = _Parser(_tokens(expression))
     value = parser.expr()
