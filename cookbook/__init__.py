@@ -13,6 +13,7 @@ and holds, imported on use (they register nothing):
 
 - ``cookbook.rl.train``        the client's reusable RL loop: ``RLTrainConfig``, ``train``
 - ``cookbook.rl.core``         its parts: episodes, datums, the training step, evaluation, checkpoints
+- ``cookbook.rl.advantages``   per-episode / per-turn advantages by an advantage fn looked up in ADVANTAGE_FN
 - ``cookbook.rl.stream``       streaming minibatches and off-by-K sampling (docs/async.md)
 """
 

@@ -32,6 +32,7 @@ def test_the_docstring_lists_what_the_pack_holds():
         "cookbook.envs",
         "cookbook.rl.train",
         "cookbook.rl.core",
+        "cookbook.rl.advantages",
         "cookbook.rl.stream",
     ):
         assert f"``{module}``" in doc, module
