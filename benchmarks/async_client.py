@@ -1,6 +1,6 @@
 """The client RL loop synchronous vs off-by-K (K = 1, 2), interleaved, medians.
 
-Each variant runs ``trinity_like.client.rl_train.train`` from the same weights, with the
+Each variant runs ``cookbook.rl.train.train`` from the same weights, with the
 same seed, tasks and iteration count, on the ``arithmetic`` env ("What is a + b?",
 exact-match reward, the calculator system prompt) -- only ``max_steps_off_policy`` (and,
 with ``--stream M``, ``num_minibatches`` for every variant) differs. Every group is
@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ROOT, git_commit
 
 import trinity_like.client as tinker
-from trinity_like.client.rl_train import RLTrainConfig, train
+from cookbook.rl.train import RLTrainConfig, train
 from trinity_like.envs.dataset import build_env_factory
 from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks
 

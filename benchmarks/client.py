@@ -67,7 +67,8 @@ from trinity_like.experience import Experience  # noqa: E402
 from trinity_like.explorer.engine import RolloutEngine, SamplingParams  # noqa: E402
 from trinity_like.explorer.rewards import exact_match  # noqa: E402
 from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks  # noqa: E402
-from trinity_like.models.resolve import load_model, render_prompt, resolve_model_path  # noqa: E402
+from trinity_like.models.chat import render_prompt  # noqa: E402
+from trinity_like.models.resolve import load_model, resolve_model_path  # noqa: E402
 from trinity_like.pipeline.batching import experience_batch  # noqa: E402
 from trinity_like.plugins import load_plugins  # noqa: E402
 from trinity_like.registry import POLICY_LOSS_FN  # noqa: E402

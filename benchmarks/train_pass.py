@@ -44,7 +44,8 @@ from trinity_like.experience import Experience  # noqa: E402
 from trinity_like.explorer.engine import RolloutEngine, SamplingParams  # noqa: E402
 from trinity_like.explorer.rewards import exact_match  # noqa: E402
 from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks  # noqa: E402
-from trinity_like.models.resolve import load_model, render_prompt  # noqa: E402
+from trinity_like.models.chat import render_prompt  # noqa: E402
+from trinity_like.models.resolve import load_model  # noqa: E402
 from trinity_like.pipeline.batching import experience_batch  # noqa: E402
 from trinity_like.trainer.base import micro_batches, with_normalisers  # noqa: E402
 from trinity_like.trainer.forward import model_outputs, pack, padded_outputs  # noqa: E402

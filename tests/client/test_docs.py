@@ -72,7 +72,7 @@ def test_snippet_runs_as_written(doc, tmp_path):
 def test_the_rl_train_snippet_runs_as_written(tmp_path):
     text = (ROOT / "docs" / "client.md").read_text()
     blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
-    code = next(b for b in blocks if "rl_train import" in b)
+    code = next(b for b in blocks if "cookbook.rl.train import" in b)
     result = subprocess.run(
         [sys.executable, "-c", code],
         check=False,

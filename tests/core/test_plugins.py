@@ -53,15 +53,19 @@ def cli(*args: str, env: dict | None = None, cwd: Path | None = None) -> subproc
     )
 
 
-def test_first_party_pack_is_loaded_through_its_entry_point():
+@pytest.mark.parametrize("pack", ["algorithms", "cookbook"])
+def test_first_party_pack_is_loaded_through_its_entry_point(pack):
     r = run_py(
-        """
+        f"""
+        import sys
         from trinity_like.plugins import entry_points, load_plugins
         names = [e.name for e in entry_points()]
-        assert "algorithms" in names, names
+        assert {pack!r} in names, names
+        import trinity_like.builtins, trinity_like.registry
+        assert {pack!r} not in sys.modules  # nothing in the core imports it
         loaded = load_plugins()
-        assert any(k.startswith("entry-point:algorithms=") for k in loaded), loaded
-        import sys; assert "algorithms" in sys.modules
+        assert any(k.startswith("entry-point:{pack}=") for k in loaded), loaded
+        assert {pack!r} in sys.modules
         """
     )
     assert r.returncode == 0, r.stderr

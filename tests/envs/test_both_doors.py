@@ -1,4 +1,4 @@
-"""One env, both front doors: the client loop (trinity_like/client/rl_train.py) and
+"""One env, both front doors: the client loop (cookbook/rl/train.py) and
 `run --config` with `explorer.workflow: env` each train the `arithmetic` env for 2 iterations
 on the tiny model. The reward is the built-in `format` reward ("a reply without whitespace"),
 which varies within a group on a random model, so both paths have something to learn."""
@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import load_file
 
 import trinity_like.client as tinker
+from cookbook.rl.train import RLTrainConfig, train
 from trinity_like.buffer.rows import unpack
-from trinity_like.client.rl_train import RLTrainConfig, train
 from trinity_like.config import load_plan
 from trinity_like.envs.dataset import build_env_factory
 from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks

@@ -21,10 +21,10 @@ RECIPE = REPO / "examples" / "multiturn_tool.yaml"
 # is scored on the parity of that last action's first token (so groups differ and train).
 PLUGIN = textwrap.dedent(
     """
-    from trinity_like.envs.chat import message_tokens
+    from trinity_like.models.chat import message_tokens
     from trinity_like.envs.dataset import TaskGroupBuilder
     from trinity_like.envs.types import Env, EnvFactory, StepResult, StopCondition
-    from trinity_like.models.resolve import render_prompt
+    from trinity_like.models.chat import render_prompt
     from trinity_like.registry import ENV
 
     class TwoTurns(Env):

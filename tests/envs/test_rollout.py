@@ -6,12 +6,11 @@ import time
 
 import pytest
 
-from trinity_like.envs.chat import message_tokens
 from trinity_like.envs.experience import group_experiences
 from trinity_like.envs.rollout import RolloutParams, episode_seed, rollout_groups
 from trinity_like.envs.types import Env, EnvGroupBuilder, StepResult, StopCondition
 from trinity_like.errors import TrinityError
-from trinity_like.models.resolve import render_prompt
+from trinity_like.models.chat import message_tokens, render_prompt
 
 
 class Recorder:

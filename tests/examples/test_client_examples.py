@@ -88,8 +88,8 @@ def test_rl_basic_runs_as_written():
 
 @pytest.mark.parametrize(
     "variant",
-    [[], ["--kl", "0.01", "--per-turn", "--substeps", "2", "--loss", "ppo"]],
-    ids=["as_written", "kl_per_turn_ppo"],
+    [[], ["--kl", "0.01", "--per-turn", "--substeps", "2", "--loss", "ppo", "--advantage", "rloo"]],
+    ids=["as_written", "kl_per_turn_ppo_rloo"],
 )
 def test_rl_env_trains_evaluates_and_resumes(tmp_path, variant):
     args = [str(CLIENT / "rl_env.py"), *ENV_TINY, "--log-path", str(tmp_path / "run"), *variant]

@@ -11,7 +11,7 @@ from trinity_like.components import build_params
 from trinity_like.experience import Task
 from trinity_like.explorer.engine import RolloutEngine, SamplingParams
 from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks
-from trinity_like.models.resolve import render_prompt
+from trinity_like.models.chat import render_prompt
 from trinity_like.models.tiny import build_tiny_model
 from trinity_like.registry import REWARD_FN, WORKFLOW
 

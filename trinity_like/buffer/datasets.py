@@ -42,9 +42,10 @@ import datasets
 import numpy as np
 import pyarrow.parquet as pq
 
-from trinity_like.buffer.chat import end_of_turn_id, tokenize_chat, tokenize_prompt, tokenize_response
 from trinity_like.errors import DataError
 from trinity_like.experience import Experience, PairExperience, Task
+from trinity_like.models.chat import end_of_turn_id, tokenize_chat, tokenize_response
+from trinity_like.models.chat import render_prompt as tokenize_prompt
 
 T = TypeVar("T")
 RowCheck = Callable[[Mapping[str, Any], str], None]  # (record, "file:line") -> None or DataError

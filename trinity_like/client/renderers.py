@@ -6,11 +6,18 @@ sampled tokens back into a message (``parse_response``) and builds a supervised 
 per-token loss weights (``build_supervised_example``). The semantics follow tinker-cookbook's
 renderers; the code is our own.
 
-Token ids are built by encoding the pieces of the template one by one (BOS, each message's
-header, each message's body, the generation suffix) -- never by re-tokenising the whole
-rendered string -- so the boundary between prompt and completion, and between trained and
-untrained tokens, is exact. A message's *header* is its role framing (never trained except
-under ``all_tokens``); its *body* is its content plus the end-of-turn token.
+A renderer is a format, not a tokeniser: it writes text pieces (BOS, each message's header,
+each message's body, the generation suffix) and :mod:`trinity_like.models.chat`, the one
+owner of chat tokenisation, encodes them one by one (:func:`~trinity_like.models.chat.encode_pieces`)
+-- never by re-tokenising the whole rendered string -- so the boundary between prompt and
+completion, and between trained and untrained tokens, is exact. A message's *header* is its
+role framing (never trained except under ``all_tokens``); its *body* is its content plus the
+end-of-turn token.
+
+The names (``RENDERER``): ``role_colon``, ``llama3``, ``qwen3``, ``qwen3_disable_thinking``,
+``chatml`` (plain ChatML: the messages as given, nothing added) and ``smollm2`` (ChatML plus
+SmolLM2's default system prompt when the conversation opens without one, as SmolLM2's own
+chat template does). ``docs/client.md`` ("Renderers") says exactly what each one writes.
 
 Example (any tokenizer with ``<|im_start|>``/``<|im_end|>``, e.g. SmolLM2's)::
 
@@ -38,11 +45,11 @@ from typing import Any
 import tinker
 import torch
 
-Message = dict[str, Any]
-"""A chat message: ``{"role": "system" | "user" | "assistant", "content": str}``."""
+from trinity_like.models.chat import Message, encode_pieces, encode_text, single_token_id
 
 SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-"""The system prompt SmolLM2's built-in chat template adds when the first message is not one."""
+"""The system prompt SmolLM2's built-in chat template adds when the first message is not one
+(the ``smollm2`` renderer adds it too; ``chatml`` never does)."""
 
 
 class TrainOnWhat(str, enum.Enum):
@@ -61,10 +68,11 @@ class TrainOnWhat(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Segment:
-    """A run of token ids in a render: ``kind`` is "frame" (BOS, generation suffix, stop
-    overlap), "header" or "body"; ``index`` is the message it belongs to (-1 for a frame)."""
+    """A piece of text in a render: ``kind`` is "frame" (BOS, generation suffix), "header" or
+    "body" (a stop overlap is the last message's body); ``index`` is the message it belongs to
+    (-1 for a frame)."""
 
-    tokens: list[int]
+    text: str
     kind: str
     index: int = -1
 
@@ -98,9 +106,9 @@ class Renderer(abc.ABC):
         self.tokenizer = tokenizer
 
     # -- the format: subclasses override these -------------------------------------------------
-    def _bos(self) -> list[int]:
-        """Token ids that open every sequence (none by default)."""
-        return []
+    def _bos(self) -> str:
+        """The special token that opens every sequence, as text (none by default)."""
+        return ""
 
     def _prepare(self, messages: Sequence[Message]) -> list[Message]:
         """The messages actually rendered (a format may add a default system prompt)."""
@@ -132,23 +140,20 @@ class Renderer(abc.ABC):
 
     # -- shared machinery ------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
-        """``text``'s token ids, special tokens written in it included, with no BOS/EOS added."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False)) if text else []
+        """``text``'s token ids (:func:`~trinity_like.models.chat.encode_text`: no BOS/EOS added)."""
+        return encode_text(self.tokenizer, text)
 
     def token_id(self, text: str) -> int:
         """The id of a special token that must encode to exactly one id."""
-        ids = self.encode(text)
-        if len(ids) != 1:
-            raise ValueError(f"{type(self).__name__} needs {text!r} to be one token, got {ids}")
-        return ids[0]
+        return single_token_id(self.tokenizer, text)
 
     def segments(self, messages: Sequence[Message]) -> list[Segment]:
-        """BOS, then each message's header and body, as token segments."""
+        """BOS, then each message's header and body, as text pieces."""
         out = [Segment(self._bos(), "frame")]
         for index in range(len(messages)):
-            out.append(Segment(self.encode(self._header(messages, index)), "header", index))
-            out.append(Segment(self.encode(self._body(messages, index)), "body", index))
-        return [s for s in out if s.tokens]
+            out.append(Segment(self._header(messages, index), "header", index))
+            out.append(Segment(self._body(messages, index), "body", index))
+        return [s for s in out if s.text]
 
     def build_generation_prompt(self, messages: Sequence[Message]) -> tinker.types.ModelInput:
         """The tokens to sample the next assistant message from.
@@ -157,8 +162,9 @@ class Renderer(abc.ABC):
         ...     [{"role": "user", "content": "Hi"}])  # decodes to 'User: Hi\\n\\nAssistant:'
         """
         messages = self._prepare(messages)
-        ids = [t for s in self.segments(messages) for t in s.tokens]
-        return tinker.types.ModelInput.from_ints(ids + self.encode(self._suffix(messages)))
+        pieces = [s.text for s in self.segments(messages)] + [self._suffix(messages)]
+        ids, _ = encode_pieces(self.tokenizer, [(text, False) for text in pieces])
+        return tinker.types.ModelInput.from_ints(ids)
 
     def build_supervised_example(
         self, messages: Sequence[Message], train_on_what: TrainOnWhat | str = TrainOnWhat.LAST_ASSISTANT_MESSAGE
@@ -176,17 +182,15 @@ class Renderer(abc.ABC):
             raise ValueError("train_on_what='last_assistant_message' needs the last message to be the assistant's")
         segments = self.segments(messages)
         if messages:
-            segments.append(Segment(self.encode(self._stop_overlap()), "body", len(messages) - 1))
-        ids: list[int] = []
-        weights: list[float] = []
-        for s in segments:
-            if s.kind == "body":
-                trained = _is_trained(messages, s.index, what)
-            else:
-                trained = what is TrainOnWhat.ALL_TOKENS
-            ids += s.tokens
-            weights += [float(trained)] * len(s.tokens)
-        return tinker.types.ModelInput.from_ints(ids), torch.tensor(weights, dtype=torch.float32)
+            segments.append(Segment(self._stop_overlap(), "body", len(messages) - 1))
+        ids, trained = encode_pieces(
+            self.tokenizer,
+            [
+                (s.text, _is_trained(messages, s.index, what) if s.kind == "body" else what is TrainOnWhat.ALL_TOKENS)
+                for s in segments
+            ],
+        )
+        return tinker.types.ModelInput.from_ints(ids), torch.tensor(trained, dtype=torch.float32)
 
 
 class StopTokenRenderer(Renderer):
@@ -224,10 +228,10 @@ class RoleColonRenderer(Renderer):
 
     stop = "\n\nUser:"
 
-    def _bos(self) -> list[int]:
+    def _bos(self) -> str:
         # Only where the tokenizer itself opens every sequence with BOS (Llama base models).
         bos, ids = self.tokenizer.bos_token_id, self.tokenizer.encode("a", add_special_tokens=True)
-        return [bos] if bos is not None and ids and ids[0] == bos else []
+        return self.tokenizer.bos_token if bos is not None and ids and ids[0] == bos else ""
 
     def _header(self, messages: Sequence[Message], index: int) -> str:
         return messages[index]["role"].capitalize() + ":"
@@ -274,8 +278,9 @@ class Llama3Renderer(StopTokenRenderer):
 
     end_token = "<|eot_id|>"
 
-    def _bos(self) -> list[int]:
-        return [self.token_id("<|begin_of_text|>")]
+    def _bos(self) -> str:
+        self.token_id("<|begin_of_text|>")  # a tokenizer without it is an error here, not a silent split
+        return "<|begin_of_text|>"
 
     def _header(self, messages: Sequence[Message], index: int) -> str:
         return f"<|start_header_id|>{messages[index]['role']}<|end_header_id|>\n\n"
@@ -288,8 +293,9 @@ class Llama3Renderer(StopTokenRenderer):
 
 
 class ChatMLRenderer(StopTokenRenderer):
-    """ChatML: ``<|im_start|>{role}\\n{content}<|im_end|>\\n``, with an optional default
-    system prompt added when the first message is not a system one (SmolLM2's template).
+    """ChatML: ``<|im_start|>{role}\\n{content}<|im_end|>\\n``. With ``default_system``, that
+    system message is put first when the first message is not a system one (SmolLM2's
+    template: the ``smollm2`` renderer); without it (``chatml``), nothing is added.
 
     The newline after ``<|im_end|>`` opens the next header, so a body ends with the stop token.
 
@@ -409,10 +415,12 @@ RENDERER: dict[str, Callable[[Any], Renderer]] = {
     "llama3": Llama3Renderer,
     "qwen3": Qwen3Renderer,
     "qwen3_disable_thinking": Qwen3DisableThinkingRenderer,
-    "chatml": lambda tokenizer: ChatMLRenderer(tokenizer, default_system=SMOLLM2_SYSTEM),
+    "chatml": ChatMLRenderer,
+    "smollm2": lambda tokenizer: ChatMLRenderer(tokenizer, default_system=SMOLLM2_SYSTEM),
 }
-"""Renderer name -> factory taking a tokenizer. ``chatml`` is SmolLM2's built-in template
-(ChatML plus its default system prompt)."""
+"""Renderer name -> factory taking a tokenizer. ``chatml`` renders the messages as given;
+``smollm2`` is SmolLM2's built-in template (ChatML plus its default system prompt,
+``SMOLLM2_SYSTEM``, when the conversation opens without a system message)."""
 
 
 def get_renderer(name: str, tokenizer: Any) -> Renderer:

@@ -4,7 +4,8 @@ An ``ENV`` entry is an :class:`~trinity_like.envs.types.EnvFactory` class, built
 ``tokenizer`` and ``params`` (its own frozen dataclass, built from a recipe's or a caller's
 values -- unknown keys are errors), that turns one :class:`~trinity_like.experience.Task`
 into a group builder. Tasks are the unit both front doors already have: a recipe's
-explorer reads them from the buffer, a client loop from any task source. Example::
+explorer reads them from the buffer, a client loop from any task source. Example (the
+``calculator`` env and its tasks are the ``cookbook`` pack's, ``cookbook.envs.calculator``)::
 
     factory = build_env_factory("calculator", {"max_turns": 3}, tokenizer=tok)
     dataset = TaskEnvDataset(calculator_tasks("train", 256), factory, batch_size=8, group_size=4)

@@ -114,7 +114,7 @@ class Env(abc.ABC):
     concurrent_steps: bool = False
     """True: the rollout may run this env's ``step`` at the same time as other episodes'
     steps (each in its own thread), so a step that waits on a model or a server can be
-    batched with the others' (see :class:`~trinity_like.envs.twenty_questions.Answerer`).
+    batched with the others' (see :class:`~cookbook.envs.twenty_questions.Answerer`).
     Set it only when steps of different envs share nothing unguarded."""
 
     @abc.abstractmethod

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 class EnvWorkflowParams:
     """Which environment, and the limits of its episodes (the recipe's ``explorer.workflow_args``)."""
 
-    env: str = "calculator"  # ENV name
+    env: str = "calculator"  # ENV name (the cookbook pack's calculator by default, looked up like any)
     env_args: Mapping[str, Any] = field(default_factory=dict)  # params of that env
     max_total_tokens: int = 2048  # tokens of a whole episode; a recipe: model.max_prompt_tokens + max_response_tokens
     step_timeout_s: float = 60.0  # time limit of one env call

@@ -45,7 +45,7 @@ from trinity_like.explorer.rewards import (
     build_reward_fn,
     score_with_retries,
 )
-from trinity_like.models.resolve import render_prompt
+from trinity_like.models.chat import render_prompt
 from trinity_like.registry import REWARD_TRANSFORM, WORKFLOW, UnknownNameError
 from trinity_like.rm_check.metrics import pearson
 

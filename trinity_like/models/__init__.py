@@ -4,13 +4,13 @@ The tiny test model lives in :mod:`trinity_like.models.tiny` (import it directly
 not re-exported so importing this package stays light).
 """
 
+from trinity_like.models.chat import render_prompt
 from trinity_like.models.resolve import (
     BUILTIN_MODELS,
     cache_dir,
     ensure_converted,
     load_model,
     load_tokenizer,
-    render_prompt,
     resolve_model_path,
 )
 

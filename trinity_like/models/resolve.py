@@ -14,7 +14,8 @@ folder and two processes never convert at once (the second waits, then reuses).
 Example::
 
     model, tokenizer = load_model("smollm2-135m-instruct")
-    ids = render_prompt(tokenizer, [{"role": "user", "content": "What is 2 + 3?"}])
+
+Chat templates (messages -> token ids) are :mod:`trinity_like.models.chat`'s.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import importlib.metadata
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -182,17 +183,3 @@ def load_model(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
     return model.eval(), load_tokenizer(path)
-
-
-def render_prompt(
-    tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True
-) -> list[int]:
-    """Token ids of ``messages`` under the tokenizer's chat template, ending where the assistant speaks.
-
-    The template's text is encoded without adding special tokens again: templates
-    already contain every special token they need (a second BOS would shift the model).
-    """
-    if tokenizer.chat_template is None:
-        raise TrinityError(f"tokenizer {tokenizer.name_or_path!r} has no chat template")
-    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=add_generation_prompt)
-    return list(tokenizer.encode(text, add_special_tokens=False))

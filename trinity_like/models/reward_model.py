@@ -15,7 +15,7 @@ real token. :func:`load_reward_model` reads both, and also takes a run directory
 
 Scoring renders a (prompt, response) exactly as the RM trainer saw its pairs: the prompt
 through the chat template with the generation prompt, then the response and the
-end-of-turn token (:mod:`trinity_like.buffer.chat`), so train and score sequences match.
+end-of-turn token (:mod:`trinity_like.models.chat`), so train and score sequences match.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def score_conversations(
     max_length: int,
 ) -> list[float]:
     """Scores of conversations whose last message is the assistant's response (last ``max_length`` tokens kept)."""
-    from trinity_like.buffer.chat import end_of_turn_id, tokenize_prompt, tokenize_response
+    from trinity_like.models.chat import end_of_turn_id, render_prompt, tokenize_response
 
     end_id = end_of_turn_id(tokenizer)
     rows = []
@@ -134,7 +134,7 @@ def score_conversations(
         *prompt, last = list(conv)
         if last.get("role") != "assistant":
             raise TrinityError("score_conversations: the last message must be the assistant's response")
-        tokens = tokenize_prompt(tokenizer, prompt) + tokenize_response(tokenizer, last["content"], end_id)
+        tokens = render_prompt(tokenizer, prompt) + tokenize_response(tokenizer, last["content"], end_id)
         rows.append(tokens[-max_length:])
     width = max(len(r) for r in rows)
     pad = tokenizer.pad_token_id

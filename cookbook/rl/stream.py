@@ -1,10 +1,10 @@
-"""Streaming minibatches and off-by-K sampling for :func:`trinity_like.client.rl_train.train`.
+"""Streaming minibatches and off-by-K sampling for :func:`cookbook.rl.train.train`.
 
-:mod:`.rl_train` holds the readable synchronous loop (sample the whole batch, then train);
+:mod:`.train` holds the readable synchronous loop (sample the whole batch, then train);
 this module is what ``RLTrainConfig.num_minibatches > 0`` or ``max_steps_off_policy > 0``
 runs instead, in the spirit of tinker-cookbook's ``StreamMinibatchConfig`` and
 ``AsyncConfig``. It uses only the clients' public calls (``run_requests`` through
-:func:`~.rl_train.sample_episodes`, ``forward_backward``, ``optim_step``), so it runs on
+:func:`~.core.sample_episodes`, ``forward_backward``, ``optim_step``), so it runs on
 the in-process clients and on any backend that answers them.
 
 The batch of iteration ``i`` (``batch_size`` groups) is cut into ``C`` chunks of groups
@@ -21,7 +21,7 @@ A chunk sampled with the weights of version ``v`` (iterations trained) and taken
 iteration ``i`` is ``(i - 1) - v`` steps off-policy; beyond K (a straggler overtaken by
 later chunks) it is dropped with a warning and counted (``async/discarded_stale``), and
 the learner waits for another. Each chunk is trained as soon as it is taken: with
-streaming its own ``forward_backward``, an ``optim_step`` after every ``num_minibatches``
+streaming its own ``forward_backward`` (its advantages computed over its own groups), an ``optim_step`` after every ``num_minibatches``
 of them; without, the iteration's rows are split into ``num_substeps`` minibatches as in
 the synchronous loop. Every datum is used exactly once, by one iteration.
 
@@ -48,15 +48,17 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from trinity_like.client.rl_core import (
+from cookbook.rl.core import (
     Episode,
     Pending,
     RLTrainConfig,
     build_rows,
     collect,
+    episode_rows,
     group_episodes,
     minibatches,
     reference_kl,
+    rows_metrics,
     sample_episodes,
     submit_minibatch,
     train_step,
@@ -226,6 +228,7 @@ def stream_iteration(
     """Take iteration ``it``'s chunks from ``stream`` and train on them; its groups and metrics."""
     used: list[Chunk] = []
     pending: list[Pending] = []
+    streamed: tuple[list, int, list[float]] = ([], 0, [])  # rows, skipped groups, shaped returns so far
     discarded = 0
     waited = 0.0
     with timer("update"):  # learner time; the waits for samples are taken out below into time/rollout
@@ -243,18 +246,20 @@ def stream_iteration(
                 )
                 continue
             used.append(chunk)
-            if config.num_minibatches:  # streaming: train this minibatch now
-                rows, _ = build_rows(chunk.groups, config)
+            if config.num_minibatches:  # streaming: train this minibatch now (its advantages: its own groups')
+                rows, skipped, shaped = episode_rows(chunk.groups, config)
+                streamed = (streamed[0] + rows, streamed[1] + skipped, streamed[2] + shaped)
                 step = len(used) % config.num_minibatches == 0
                 if rows:
                     pending.append(submit_minibatch(training, rows, config, step=step))
                 elif step and pending and pending[-1].opt is None:  # an empty last minibatch ends its substep
                     pending[-1].opt = training.optim_step(config.adam())
         groups = [g for chunk in used for g in chunk.groups]
-        rows, metrics = build_rows(groups, config)
-        if config.num_minibatches:
+        if config.num_minibatches:  # the metrics of what was trained, minibatch by minibatch
+            metrics = rows_metrics(*streamed)
             metrics.update(collect(pending, config) if pending else {"train/substeps": 0.0})
         else:
+            rows, metrics = build_rows(groups, config)
             metrics.update(train_step(training, rows, config))
     timer.times["update"] -= waited
     timer.times["rollout"] = timer.times.get("rollout", 0.0) + waited

@@ -7,7 +7,7 @@ from fractions import Fraction
 import pytest
 import torch
 
-from trinity_like.envs.calculator import (
+from cookbook.envs.calculator import (
     CALCULATOR_SYSTEM_PROMPT,
     EXAMPLE_CONVERSATION,
     MAX_DIGITS,
@@ -23,7 +23,7 @@ from trinity_like.envs.rollout import RolloutParams, rollout_groups
 from trinity_like.experience import Task
 from trinity_like.explorer.engine import RolloutEngine
 from trinity_like.explorer.tasks import CALCULATOR_PROMPT
-from trinity_like.models.resolve import render_prompt
+from trinity_like.models.chat import render_prompt
 from trinity_like.models.tiny import build_tiny_model
 
 TASK = Task("What is 626 + 562?", "1188", "t0", system_prompt=CALCULATOR_PROMPT)

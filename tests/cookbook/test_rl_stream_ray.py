@@ -1,4 +1,4 @@
-"""The stream (trinity_like/client/rl_async.py) on the Ray backend: two sampler actors fed
+"""The stream (cookbook/rl/stream.py) on the Ray backend: two sampler actors fed
 chunks concurrently while the learner actor trains; every datum trained once, staleness as
 configured. Ray is started for this module and shut down after it."""
 
@@ -9,11 +9,11 @@ from collections import Counter
 import pytest
 
 import trinity_like.client as tinker
+from cookbook.rl.train import RLTrainConfig, train
 from trinity_like.client.ray import RayClientConfig
-from trinity_like.client.rl_train import RLTrainConfig, train
 from trinity_like.envs.dataset import build_env_factory
 from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks
-from trinity_like.models.resolve import render_prompt
+from trinity_like.models.chat import render_prompt
 
 NO_SPACE = {"reward_fn": "format", "reward_params": {"pattern": r"\S+"}, "max_tokens": 8}  # varies on a random model
 
@@ -81,7 +81,7 @@ def test_k1_streaming_on_ray_trains_every_datum_once(service, tmp_path):
     for it in range(3):
         data = [d for steps, batch in training.batches if steps == it for d in batch]
         trained = Counter(next(k for k, p in prompts.items() if d.model_input.to_ints()[: len(p)] == p) for d in data)
-        # the learner takes finished chunks in arrival order (rl_async's rule), so with two samplers
+        # the learner takes finished chunks in arrival order (the stream's rule), so with two samplers
         # an iteration may hold a chunk of the next batch: each group is trained whole, 8 datums a step
         assert sum(trained.values()) == 8 and set(trained.values()) == {2}, (it, trained)
         everything += trained

@@ -1,7 +1,7 @@
 """A reusable RL training loop over the Tinker-compatible client and the env API.
 
 ``examples/client/rl_basic.py`` is the loop to read; this is the one to reuse (its parts
-are in :mod:`.rl_core`, the sampling stream of streaming and off-by-K in :mod:`.rl_async`). It trains
+are in :mod:`.core`, the sampling stream of streaming and off-by-K in :mod:`.stream`). It trains
 any ``ENV`` environment -- single- or multi-turn, see :mod:`trinity_like.envs` -- with a
 :class:`~trinity_like.client.training.TrainingClient`, in the spirit of tinker-cookbook's
 ``rl/train.py``. One iteration::
@@ -10,40 +10,49 @@ any ``ENV`` environment -- single- or multi-turn, see :mod:`trinity_like.envs` -
     episodes = rollout_groups(builders) on a SamplingClient of the current weights   time/rollout
     ref      = the base model's logprobs of every episode (kl_penalty_coef > 0 only) time/reference
     r'       = step rewards - kl_penalty_coef * KL(pi || ref) of each turn's tokens
-    A        = r' - its group's mean (per episode; or per turn, from returns-to-go)
+    A        = ADVANTAGE_FN[advantage](r') per episode, or per turn from returns-to-go
+               (default group_centered: r' - its group's mean)
     datums   = one per episode: loss on the policy's tokens only, each carrying its A
     num_substeps x (forward_backward(minibatch, loss_fn); optim_step)               time/update
     sampler  = save_weights_and_get_sampling_client()                               time/sync
     every save_every: save_state (resumable); every eval_every: greedy held-out accuracy
 
-Advantages are group-centred, with no std and no length normalisation. Episode i of a
-group plays turns t = 0..T_i-1 with step rewards r_it (its group reward added to its last
-turn), shaped as r'_it = r_it - beta * KL_it where KL_it = sum over the tokens of action t
+Advantages come from the advantage fn registered as ``config.advantage`` in ADVANTAGE_FN (the
+registry a recipe's ``algorithm.advantage`` uses; :mod:`.advantages` says what it is given),
+so ``rloo``, ``grpo`` (``advantage_params={"norm_by_std": False}`` is Dr.GRPO) or a plugin's
+estimator is one field away. The default, ``group_centered``, is the group's mean as the
+baseline, with no std and no length normalisation. Episode i of a group plays turns
+t = 0..T_i-1 with step rewards r_it (its group reward added to its last turn), shaped as r'_it = r_it - beta * KL_it where KL_it = sum over the tokens of action t
 of log pi_sampler(a) - log pi_ref(a): the k1 estimator summed over the turn, whose
 expectation is the KL of the turn's tokens (the sampler's logprobs are the policy's at
 temperature 1). The penalty is part of the reward, never of the loss.
+
+With ``group_centered``:
 
 - default: A_i = R_i - mean_j R_j with R_i = sum_t r'_it, on every policy token of episode i.
 - ``advantage_per_turn``: A_it = G_it - mean_j G_jt with G_it = sum_{s >= t} r'_is, the
   return-to-go from turn t (0 for an episode that ended before turn t); the tokens of
   action t get A_it, so a reward earned before turn t does not credit turn t. Turn 0 gets
   the default advantage, and so does every turn when all episodes of the group have as
-  many turns and are rewarded at their last one only.
+  many turns and are rewarded at their last one only. Another estimator takes the place
+  of "minus the mean" in both (the per-turn estimator sees the group's returns-to-go of
+  turn t).
 
-A group whose values are all equal gets exactly 0 and, by default, is left out of the
-batch (``train/skipped_groups``): it would cost a forward and backward and teach nothing.
+A group whose advantages are all 0 (a group-relative estimator, rewards all equal) is, by
+default, left out of the batch (``train/skipped_groups``): it would cost a forward and
+backward and teach nothing.
 
 This file's loop is synchronous: sample the whole batch, then train. ``num_minibatches``
 (streaming: train each minibatch as soon as its groups are sampled) and
 ``max_steps_off_policy`` (K: sample with weights up to K iterations old while the learner
-trains) run the same stages on :mod:`trinity_like.client.rl_async`'s sampling stream;
+trains) run the same stages on :mod:`cookbook.rl.stream`'s sampling stream;
 ``docs/async.md`` explains them and their trade-offs (``ppo`` or ``tis`` for K > 0).
 
 Example::
 
     from trinity_like.client import ServiceClient
-    from trinity_like.client.rl_train import RLTrainConfig, train
-    from trinity_like.envs.calculator import calculator_tasks
+    from cookbook.rl.train import RLTrainConfig, train
+    from cookbook.envs.calculator import calculator_tasks
     from trinity_like.envs.dataset import build_env_factory
 
     training = ServiceClient().create_lora_training_client("smollm2-135m-instruct", rank=0, seed=0)
@@ -59,7 +68,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from trinity_like.client.rl_core import (  # the loop's parts, importable from here as before
+from cookbook.rl.advantages import Estimator, group_advantages, turn_advantages
+from cookbook.rl.core import (  # the loop's parts, importable from here
     CHECKPOINTS,
     RL_LOSSES,
     Episode,
@@ -67,7 +77,6 @@ from trinity_like.client.rl_core import (  # the loop's parts, importable from h
     RLTrainConfig,
     TrainResult,
     build_rows,
-    centred,
     collect,
     episode_datum,
     evaluate,
@@ -79,7 +88,6 @@ from trinity_like.client.rl_core import (  # the loop's parts, importable from h
     save_checkpoint,
     submit_minibatch,
     train_step,
-    turn_advantages,
 )
 from trinity_like.client.sampling import SamplingClient
 from trinity_like.client.training import TrainingClient
@@ -93,14 +101,15 @@ __all__ = [
     "CHECKPOINTS",
     "RL_LOSSES",
     "Episode",
+    "Estimator",
     "Pending",
     "RLTrainConfig",
     "TrainResult",
     "build_rows",
-    "centred",
     "collect",
     "episode_datum",
     "evaluate",
+    "group_advantages",
     "group_episodes",
     "minibatches",
     "reference_kl",
@@ -151,7 +160,7 @@ def train(
         if do_eval and start == 0:
             log(0, evaluate(sampler, factory, eval_tasks, config))
         if config.streaming:  # streaming minibatches / off-by-K: the samplers run beside the learner
-            from trinity_like.client.rl_async import ChunkStream, stream_iteration
+            from cookbook.rl.stream import ChunkStream, stream_iteration
 
             stream = ChunkStream(config, dataset, sampler, start=start, reference=reference)
         for it in range(start + 1, config.iterations + 1):

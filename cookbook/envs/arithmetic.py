@@ -24,7 +24,7 @@ from trinity_like.envs.dataset import TaskGroupBuilder
 from trinity_like.envs.types import Env, EnvFactory, EnvGroupBuilder, StepResult, StopCondition
 from trinity_like.experience import Task
 from trinity_like.explorer.rewards import RewardCall, build_reward_fn
-from trinity_like.models.resolve import render_prompt
+from trinity_like.models.chat import render_prompt
 from trinity_like.registry import ENV
 
 

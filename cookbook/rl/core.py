@@ -1,8 +1,8 @@
-"""The building blocks of :mod:`trinity_like.client.rl_train`'s loop: its config, episodes and
-their advantages, the datums and the training step, evaluation and checkpoints.
+"""The building blocks of :mod:`cookbook.rl.train`'s loop: its config, episodes, the datums
+(advantages by :mod:`.advantages`) and the training step, evaluation and checkpoints.
 
-:mod:`.rl_train` (the synchronous loop) and :mod:`.rl_async` (streaming minibatches and
-off-by-K sampling) both build on these; read :mod:`.rl_train`'s docstring for what one
+:mod:`.train` (the synchronous loop) and :mod:`.stream` (streaming minibatches and
+off-by-K sampling) both build on these; read :mod:`.train`'s docstring for what one
 iteration does.
 """
 
@@ -13,7 +13,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from itertools import accumulate, pairwise
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from tinker import types
 
+from cookbook.rl.advantages import DEFAULT, Estimator, group_advantages
 from trinity_like.client.losses import CLIENT_LOSSES, RL_INPUTS, THRESHOLDS, loss_spec
 from trinity_like.client.sampling import SamplingClient
 from trinity_like.client.training import TrainingClient
@@ -50,7 +51,7 @@ class RLTrainConfig:
     log_path: str  # run folder: metrics.jsonl, checkpoints.jsonl; one holding checkpoints is resumed
     iterations: int = 20  # sampling iterations
     batch_size: int = 8  # env groups (tasks) per iteration: tinker-cookbook's groups_per_batch
-    group_size: int = 8  # episodes per group; their advantages are centred on the group's mean
+    group_size: int = 8  # episodes per group: the group an advantage fn compares an episode with
     num_substeps: int = 1  # optimiser steps per iteration, each over its own disjoint minibatch of episodes
     num_minibatches: int = 0  # streaming: forward_backward calls per substep, each on its share of the groups as soon as they are sampled; 0: sample the whole batch, then train
     max_steps_off_policy: int = (
@@ -65,6 +66,12 @@ class RLTrainConfig:
     weight_decay: float = 0.0
     grad_clip_norm: float = 1.0  # 0: no clipping
     kl_penalty_coef: float = 0.0  # beta of the shaping r - beta * KL(pi || ref); 0: no reference pass at all
+    advantage: str = (
+        DEFAULT  # ADVANTAGE_FN name: group_centered (r - group mean), grpo, rloo, a plugin's (cookbook.rl.advantages)
+    )
+    advantage_params: Mapping[str, Any] = field(
+        default_factory=dict
+    )  # that fn's params, e.g. grpo's {"norm_by_std": False}
     advantage_per_turn: bool = False  # each turn's advantage from its return-to-go (module docstring)
     skip_zero_advantage_groups: bool = True  # leave groups whose advantages are all 0 out of the batch (counted)
     max_total_tokens: int = 2048  # tokens of one episode, history and actions (an action's length is the env's)
@@ -94,11 +101,17 @@ class RLTrainConfig:
         self._check("learning_rate", self.learning_rate > 0, "must be > 0")
         self._check("kl_penalty_coef", self.kl_penalty_coef >= 0, "must be >= 0")
         self._check("loss_fn", self.loss_fn in RL_LOSSES, f"must be one of {', '.join(RL_LOSSES)}")
-        load_plugins()  # the losses are registry entries
+        load_plugins()  # the losses and advantage fns are registry entries
         try:
             loss_spec(self.loss_fn, self.loss_fn_config)
         except ConfigError as exc:
             raise ConfigError(f"RLTrainConfig.{exc}") from None
+        self._check("advantage_params", isinstance(self.advantage_params, Mapping), "must be a mapping")
+        self.estimator()  # an unknown name, a bad param or an input the loop lacks fails here, not mid-run
+
+    def estimator(self) -> Estimator:
+        """The advantage fn ``advantage`` looked up in ADVANTAGE_FN, with its params object."""
+        return Estimator.build(self.advantage, self.advantage_params, where="RLTrainConfig.advantage")
 
     def _check(self, name: str, ok: bool, why: str) -> None:
         if not ok:
@@ -106,7 +119,7 @@ class RLTrainConfig:
 
     @property
     def streaming(self) -> bool:
-        """Whether iterations run on :mod:`trinity_like.client.rl_async`'s sampling stream."""
+        """Whether iterations run on :mod:`cookbook.rl.stream`'s sampling stream."""
         return self.num_minibatches > 0 or self.max_steps_off_policy > 0
 
     @property
@@ -177,37 +190,6 @@ def group_episodes(group: GroupRollout, version: int = 0) -> list[Episode]:
     return out
 
 
-def centred(values: Sequence[float]) -> list[float]:
-    """``values`` minus their mean; exactly 0 when they are all equal.
-
-    >>> centred([1.0, 0.0, 0.0, 1.0]), centred([0.1, 0.1, 0.1])
-    ([0.5, -0.5, -0.5, 0.5], [0.0, 0.0, 0.0])
-    """
-    if all(v == values[0] for v in values):
-        return [0.0] * len(values)
-    mean = statistics.fmean(values)
-    return [v - mean for v in values]
-
-
-def turn_advantages(rewards_G: Sequence[Sequence[float]], *, per_turn: bool) -> list[list[float]]:
-    """The advantage of each turn of each episode of a group, from per-turn (shaped) rewards.
-
-    Default: every turn gets its episode's return minus the group's mean return. Per turn:
-    the return-to-go from that turn minus the group's mean return-to-go from the same turn
-    (0 for an episode that ended before it).
-
-    >>> turn_advantages([[0.0, 1.0], [0.0]], per_turn=False)
-    [[0.5, 0.5], [-0.5]]
-    >>> turn_advantages([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]], per_turn=True)  # returns-to-go [2, 1, 1], [1, 1, 0]
-    [[0.5, 0.0, 0.5], [-0.5, 0.0, -0.5]]
-    """
-    if not per_turn:
-        return [[a] * len(r) for a, r in zip(centred([sum(r) for r in rewards_G]), rewards_G, strict=True)]
-    to_go = [list(accumulate(reversed(r)))[::-1] for r in rewards_G]
-    columns = [centred([g[t] if t < len(g) else 0.0 for g in to_go]) for t in range(max(map(len, to_go)))]
-    return [[columns[t][i] for t in range(len(g))] for i, g in enumerate(to_go)]
-
-
 @dataclass
 class _Row:
     """A datum and where its policy tokens are (datum position p predicts token p + 1)."""
@@ -266,19 +248,24 @@ def reference_kl(reference: SamplingClient, episodes: Sequence[Episode]) -> dict
     return {"kl/ref_k1": kl["ppo_kl"], "kl/ref_k3": kl["approx_kl"]}
 
 
-def build_rows(groups: Sequence[Sequence[Episode]], config: RLTrainConfig) -> tuple[list[_Row], dict[str, float]]:
-    """The datums of an iteration, group by group, and what their advantages look like."""
+def episode_rows(groups: Sequence[Sequence[Episode]], config: RLTrainConfig) -> tuple[list[_Row], int, list[float]]:
+    """The datums of ``groups``, trained together: their advantages come from one call of the
+    config's advantage fn over all of them (:mod:`.advantages`); with the groups left out as all
+    zero, and every episode's shaped return."""
+    rewards = [[ep.shaped_rewards(config.kl_penalty_coef) for ep in episodes] for episodes in groups]
+    advantages = group_advantages(rewards, config.estimator(), per_turn=config.advantage_per_turn) if groups else []
     rows: list[_Row] = []
     skipped = 0
-    shaped: list[float] = []
-    for episodes in groups:
-        rewards = [ep.shaped_rewards(config.kl_penalty_coef) for ep in episodes]
-        shaped += [sum(r) for r in rewards]
-        advantages = turn_advantages(rewards, per_turn=config.advantage_per_turn)
-        if config.skip_zero_advantage_groups and not any(a for adv in advantages for a in adv):
+    for episodes, group in zip(groups, advantages, strict=True):
+        if config.skip_zero_advantage_groups and not any(a for adv in group for a in adv):
             skipped += 1
             continue
-        rows += [episode_datum(ep, adv) for ep, adv in zip(episodes, advantages, strict=True)]
+        rows += [episode_datum(ep, adv) for ep, adv in zip(episodes, group, strict=True)]
+    return rows, skipped, [sum(r) for group in rewards for r in group]
+
+
+def rows_metrics(rows: Sequence[_Row], skipped: int, shaped: Sequence[float]) -> dict[str, float]:
+    """What an iteration's datums and their advantages look like."""
     policy = sum(len(r.policy_P) for r in rows)
     metrics = {
         "train/skipped_groups": float(skipped),
@@ -289,7 +276,13 @@ def build_rows(groups: Sequence[Sequence[Episode]], config: RLTrainConfig) -> tu
         metrics["reward/shaped_mean"] = statistics.fmean(shaped)
     if policy:
         metrics["train/advantage_abs_mean"] = float(sum(np.abs(r.advantages_P).sum() for r in rows) / policy)
-    return rows, metrics
+    return metrics
+
+
+def build_rows(groups: Sequence[Sequence[Episode]], config: RLTrainConfig) -> tuple[list[_Row], dict[str, float]]:
+    """The datums of an iteration's groups, trained together, and what their advantages look like."""
+    rows, skipped, shaped = episode_rows(groups, config)
+    return rows, rows_metrics(rows, skipped, shaped)
 
 
 @dataclass

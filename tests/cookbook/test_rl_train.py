@@ -1,4 +1,4 @@
-"""The client's RL loop (trinity_like/client/rl_train.py) on the tiny model: advantages against
+"""The client's RL loop (cookbook/rl/train.py) on the tiny model: advantages against
 hand-computed values, KL shaping against a manual reference forward, substeps that use every
 datum once, greedy evaluation against a direct decode, checkpoints that resume exactly."""
 
@@ -13,8 +13,9 @@ import pytest
 import torch
 
 import trinity_like.client as tinker
-from trinity_like.client import rl_core, rl_train
-from trinity_like.client.rl_train import (
+from cookbook.rl import core as rl_core
+from cookbook.rl import train as rl_train
+from cookbook.rl.train import (
     Episode,
     RLTrainConfig,
     build_rows,
@@ -25,7 +26,6 @@ from trinity_like.client.rl_train import (
     turn_advantages,
 )
 from trinity_like.client.sampling import SamplingClient
-from trinity_like.envs.chat import message_tokens
 from trinity_like.envs.dataset import TaskGroupBuilder, build_env_factory
 from trinity_like.envs.rollout import RolloutParams
 from trinity_like.envs.types import Env, EnvFactory, StepResult, StopCondition
@@ -33,7 +33,8 @@ from trinity_like.errors import ConfigError
 from trinity_like.explorer.engine import RolloutEngine
 from trinity_like.explorer.engine import SamplingParams as EngineSampling
 from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks
-from trinity_like.models.resolve import load_model, render_prompt
+from trinity_like.models.chat import message_tokens, render_prompt
+from trinity_like.models.resolve import load_model
 from trinity_like.monitor.plot import plot_run
 
 types = tinker.types

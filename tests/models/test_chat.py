@@ -1,12 +1,16 @@
-"""Assistant-only supervision, checked token by token against a ChatML oracle and by decoding."""
+"""trinity_like.models.chat: assistant-only supervision, checked token by token against a ChatML
+oracle and by decoding; and message_tokens, the chat template's tokens for new messages
+appended after an action, checked against the template rendering the whole conversation."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
 
-from trinity_like.buffer.chat import end_of_turn, tokenize_chat, tokenize_prompt, tokenize_response
+from trinity_like.errors import TrinityError
+from trinity_like.models.chat import end_of_turn, message_tokens, render_prompt, tokenize_chat, tokenize_response
 
 CONVERSATION = [
     {"role": "system", "content": "You are terse."},
@@ -95,6 +99,62 @@ def test_a_conversation_without_assistant_is_refused(tiny_tokenizer: Any) -> Non
 def test_pair_pieces(qwen3_tokenizer: Any) -> None:
     tok = qwen3_tokenizer
     assert end_of_turn(tok) == "<|im_end|>"
-    prompt = tokenize_prompt(tok, [{"role": "user", "content": "hi"}])
+    prompt = render_prompt(tok, [{"role": "user", "content": "hi"}])
     assert tok.decode(prompt) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert tok.decode(tokenize_response(tok, "a b", tok.convert_tokens_to_ids("<|im_end|>"))) == "a b<|im_end|>"
+
+
+# -- message_tokens -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tok(tiny_tokenizer: Any) -> Any:
+    return tiny_tokenizer
+
+
+# SmolLM2's template in short: a default system prompt when the conversation has none.
+DEFAULT_SYSTEM_TEMPLATE = (
+    "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nBe brief.<|im_end|>\n' }}{% endif %}"
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+USER = [{"role": "user", "content": "What is 2 + 2?"}]
+TOOL = [{"role": "tool", "content": "4"}]
+
+
+def with_template(tok, template):
+    tok = copy.deepcopy(tok)
+    tok.chat_template = template
+    return tok
+
+
+@pytest.mark.parametrize("template", [None, DEFAULT_SYSTEM_TEMPLATE])
+@pytest.mark.parametrize("action_text", ["<calc>2+2</calc>", "It is 4.<|im_end|>"])
+def test_the_history_decodes_to_the_template_rendering_of_the_conversation(tok, template, action_text):
+    """Independent oracle: the template rendering the whole conversation as text."""
+    tok = with_template(tok, template) if template else tok
+    prompt = render_prompt(tok, USER)
+    action = tok.encode(action_text, add_special_tokens=False)
+    history = prompt + action + message_tokens(tok, USER, TOOL, action_tokens=action)
+    content = action_text.removesuffix("<|im_end|>")
+    conversation = [*USER, {"role": "assistant", "content": content}, *TOOL]
+    assert tok.decode(history) == tok.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+
+
+def test_the_closing_token_is_not_written_twice(tok):
+    closed = tok.encode("4<|im_end|>", add_special_tokens=False)
+    open_ = tok.encode("4", add_special_tokens=False)
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert message_tokens(tok, USER, TOOL, action_tokens=open_) == [im_end] + message_tokens(
+        tok, USER, TOOL, action_tokens=closed
+    )
+
+
+def test_templates_it_cannot_use_are_errors(tok):
+    with pytest.raises(TrinityError, match="has no chat template"):
+        message_tokens(with_template(tok, None), USER, TOOL, action_tokens=[5])
+    upper = "{% for m in messages %}{{ m['content'] | lower }}{% endfor %}"
+    with pytest.raises(TrinityError, match="does not write an assistant message's content verbatim"):
+        message_tokens(with_template(tok, upper), USER, TOOL, action_tokens=[5])
+    with pytest.raises(TrinityError, match="no new messages"):
+        message_tokens(tok, USER, [], action_tokens=[5])

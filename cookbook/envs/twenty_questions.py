@@ -48,7 +48,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from trinity_like.envs.chat import Message, message_tokens
 from trinity_like.envs.dataset import TaskGroupBuilder
 from trinity_like.envs.types import (
     Env,
@@ -59,7 +58,7 @@ from trinity_like.envs.types import (
 )
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Task
-from trinity_like.models.resolve import render_prompt
+from trinity_like.models.chat import Message, message_tokens, render_prompt
 from trinity_like.registry import ENV, TASK_SOURCE
 
 TRAIN_WORDS = (

@@ -33,14 +33,13 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from trinity_like.envs.chat import Message, message_tokens
 from trinity_like.envs.dataset import TaskGroupBuilder
 from trinity_like.envs.types import Env, EnvFactory, EnvGroupBuilder, StepResult, StopCondition
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Task
 from trinity_like.explorer.rewards import exact_match
 from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks
-from trinity_like.models.resolve import render_prompt
+from trinity_like.models.chat import Message, message_tokens, render_prompt
 from trinity_like.registry import ENV
 
 CALCULATOR_SYSTEM_PROMPT = (
@@ -149,7 +148,7 @@ def evaluate(expression: str) -> Fraction:
     >>> evaluate("7/0")
     Traceback (most recent call last):
     ...
-    trinity_like.envs.calculator.CalcError: division by zero
+    cookbook.envs.calculator.CalcError: division by zero
     """
     parser = _Parser(_tokens(expression))
     value = parser.expr()

@@ -1,4 +1,4 @@
-"""Streaming minibatches and off-by-K sampling in the client's RL loop (trinity_like/client/rl_async.py),
+"""Streaming minibatches and off-by-K sampling in the client's RL loop (cookbook/rl/stream.py),
 on the tiny model: every datum trained exactly once, the first minibatch trained while the
 others are still being sampled, K = 0 exactly the synchronous loop (checked against a loop
 written out here), K = 1 training on the weights one iteration old (the sampler's logprobs
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import trinity_like.client as tinker
-from trinity_like.client import rl_async
-from trinity_like.client.rl_async import interval_union, overlap_fraction
-from trinity_like.client.rl_train import (
+from cookbook.rl import stream as rl_stream
+from cookbook.rl.stream import interval_union, overlap_fraction
+from cookbook.rl.train import (
     RLTrainConfig,
     build_rows,
     group_episodes,
@@ -29,7 +29,7 @@ from trinity_like.envs.types import Env, EnvFactory, StepResult, StopCondition
 from trinity_like.errors import ConfigError, TrinityError
 from trinity_like.explorer.engine import sample_seed
 from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks
-from trinity_like.models.resolve import render_prompt
+from trinity_like.models.chat import render_prompt
 
 types = tinker.types
 WAIT_S = 60.0  # a gate that is never opened fails the test after this long instead of hanging it
@@ -153,7 +153,7 @@ def logprobs_of(training, datum):
 
 
 def test_docstring_examples():
-    assert doctest.testmod(rl_async).failed == 0
+    assert doctest.testmod(rl_stream).failed == 0
 
 
 def test_overlap_by_hand():

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trinity_like.envs.dataset import build_env_factory
-from trinity_like.envs.rollout import RolloutParams, rollout_groups
-from trinity_like.envs.twenty_questions import (
+from cookbook.envs.twenty_questions import (
     HELD_OUT_WORDS,
     PLAYER_SYSTEM_PROMPT,
     TRAIN_WORDS,
@@ -15,9 +13,11 @@ from trinity_like.envs.twenty_questions import (
     opening,
     twenty_questions_tasks,
 )
+from trinity_like.envs.dataset import build_env_factory
+from trinity_like.envs.rollout import RolloutParams, rollout_groups
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Task
-from trinity_like.models.resolve import render_prompt
+from trinity_like.models.chat import render_prompt
 
 CANDIDATES = ["cat", "bread", "lamp", "cup"]
 TASK = Task(

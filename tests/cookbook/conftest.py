@@ -1,0 +1,24 @@
+"""A tiny real model and its rollout engine, shared by the cookbook's env tests (as in tests/envs)."""
+
+from __future__ import annotations
+
+import pytest
+
+from trinity_like.explorer.engine import RolloutEngine
+from trinity_like.models.tiny import build_tiny_model
+
+
+@pytest.fixture(scope="package")
+def tiny():
+    return build_tiny_model(seed=0)
+
+
+@pytest.fixture(scope="package")
+def engine(tiny):
+    model, tok = tiny
+    return RolloutEngine(model, tok)
+
+
+@pytest.fixture(scope="package")
+def tok(tiny):
+    return tiny[1]
