@@ -190,6 +190,16 @@ def markdown(results: list[dict], args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
+READING = "## Reading it"
+
+
+def kept_reading(md: Path) -> str:
+    """The hand-written section of a results file (from its ``## Reading it`` heading on), kept
+    when the table above it is written again."""
+    text = md.read_text() if md.exists() else ""
+    return "\n" + text[text.index(READING) :] if READING in text else ""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="recipe names to run (default: all)")
@@ -231,7 +241,8 @@ def main() -> None:
         results = [previous[r.name] for r in RECIPES if r.name in previous]
         RESULTS.mkdir(parents=True, exist_ok=True)
         out_json.write_text(json.dumps(results, indent=1))
-        (RESULTS / f"{stem}.md").write_text(markdown(results, args))
+        md = RESULTS / f"{stem}.md"
+        md.write_text(markdown(results, args) + kept_reading(md))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The README's `trinity-like view` / `report` commands run as written (on tiny runs in the folders they name)."""
+"""docs/view.md's `trinity-like view` / `report` / `plot` commands run as written (on tiny runs in the folders they name)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,9 @@ from tiny_runs import run
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def readme_commands() -> list[str]:
-    section = ROOT.joinpath("README.md").read_text().split("## See what the model did", 1)[1]
-    block = re.search(r"```bash\n(.*?)```", section, flags=re.S).group(1)
-    return [line.split("#")[0].split() for line in block.splitlines() if line.strip()]
+def doc_commands() -> list[list[str]]:
+    blocks = re.findall(r"```bash\n(.*?)```", ROOT.joinpath("docs", "view.md").read_text(), flags=re.S)
+    return [line.split("#")[0].split() for block in blocks for line in block.splitlines() if line.strip()]
 
 
 def free_port() -> int:
@@ -29,9 +28,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_readme_view_and_report_commands_run_as_written(tmp_path):
-    commands = readme_commands()
-    assert [c[:2] for c in commands] == [["trinity-like", "view"], ["trinity-like", "view"], ["trinity-like", "report"]]
+def test_doc_view_report_and_plot_commands_run_as_written(tmp_path):
+    commands = doc_commands()
+    assert [c[1] for c in commands] == ["view", "view", "report", "plot", "plot"]
     made = run(tmp_path, "trainer.total_steps=1")  # runs/grpo_arith
     assert made == tmp_path / "grpo_arith"
     (tmp_path / "runs").mkdir()
@@ -44,6 +43,12 @@ def test_readme_view_and_report_commands_run_as_written(tmp_path):
             r = subprocess.run(cli + args, cwd=tmp_path, capture_output=True, text=True)
             assert r.returncode == 0, r.stderr
             assert "window.REPORT" in (tmp_path / args[args.index("--out") + 1]).read_text()
+            continue
+        if args[0] == "plot":  # the PNG its comment names
+            r = subprocess.run(cli + args, cwd=tmp_path, capture_output=True, text=True)
+            assert r.returncode == 0, r.stderr
+            png = tmp_path / r.stdout.strip().splitlines()[-1]
+            assert png.name in ("metrics.png", "timeline.png") and png.read_bytes()[:4] == b"\x89PNG"
             continue
         port = free_port()  # the default 8420 may be taken on a CI machine
         proc = subprocess.Popen(cli + args + ["--port", str(port)], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
