@@ -1,5 +1,5 @@
 """The Ray backend gives what the in-process one gives: the same types, the same samples and
-logprobs, the same losses and gradients, and the same RL run (rl_train.train) step for step.
+logprobs, the same losses and gradients, and the same RL run (cookbook.rl.train.train) step for step.
 
 The oracle is the in-process client on the same tiny model and seed. Both run torch on one
 thread (the actors get 1-CPU bundles), so the learner's numbers are equal exactly. Sampled
@@ -159,7 +159,7 @@ async def _awaited(future):
 
 
 def test_the_rl_loop_gives_the_same_run_in_process_and_on_ray(services, one_sampler, threads_one, tmp_path):
-    """A few iterations of rl_train.train, fixed seed, one sampler: the same metrics at every
+    """A few iterations of cookbook.rl.train.train, fixed seed, one sampler: the same metrics at every
     step (but the times) and the same final weights, bit for bit."""
     local, _ = services
     on_ray = one_sampler

@@ -25,7 +25,7 @@ correction): a datum's ``logprobs`` are the sampler's (the loss's ``rollout_logp
 the proximal policy is the learner's weights of this very call (``old_logprob`` =
 ``logprob``, detached), so the gradient is ``-A min(pi / mu, tis_cap) grad log pi``: the
 ``importance_sampling`` gradient with its ratio truncated at ``tis_cap``. Exact when each
-datum gets one update, as in ``rl_train``.
+datum gets one update, as in the cookbook loop (``cookbook.rl.train``).
 
 Example (``lp``: the learner's logprobs of the target tokens, ``[B, T]``)::
 
