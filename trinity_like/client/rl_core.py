@@ -34,7 +34,6 @@ from trinity_like.envs.rollout import (
 from trinity_like.envs.types import EnvFactory, EnvGroupBuilder
 from trinity_like.errors import ConfigError
 from trinity_like.experience import Task
-from trinity_like.monitor.jsonl import JsonlAppender
 from trinity_like.monitor.sinks import read_jsonl_metrics
 from trinity_like.ops import ratio_metrics
 from trinity_like.plugins import load_plugins
@@ -386,7 +385,8 @@ def evaluate(
 # -- checkpoints ----------------------------------------------------------------------------------
 def save_checkpoint(training: TrainingClient, log_path: Path, iteration: int) -> str:
     path = training.save_state(f"iter_{iteration:06d}", overwrite=True).result().path
-    JsonlAppender(log_path / CHECKPOINTS).append([{"iteration": iteration, "path": path}])  # cuts a torn tail first
+    with open(log_path / CHECKPOINTS, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"iteration": iteration, "path": path}) + "\n")
     return path
 
 
