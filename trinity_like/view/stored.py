@@ -87,8 +87,8 @@ def decode_row(
 ) -> tuple[StoredRow | None, str]:
     """``(row, "")`` of one buffer row and its training record, or ``(None, why)`` when it cannot be shown.
 
-    A training record that does not fit its row (lengths that differ from the response) is
-    dropped, not the row: the row is still what was sampled.
+    A training record that does not decode is dropped, not the row: the row is still what
+    was sampled. (A record shorter than the response colours the tokens it covers.)
     """
     try:
         row = unpack(kind, header, blob)
@@ -105,7 +105,6 @@ def decode_row(
             trained = unpack_floats(layout, t_blob)
         except (ValueError, TypeError, AttributeError, RecursionError):
             trained = {}
-        n = row.response_length
-        if not isinstance(trained, dict) or any(not isinstance(v, list) or len(v) != n for v in trained.values()):
+        if not isinstance(trained, dict) or not all(isinstance(v, list) for v in trained.values()):
             trained = {}
     return StoredRow(row, STATUSES[status], step, t_step if trained else None, trained), ""
