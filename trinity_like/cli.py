@@ -35,6 +35,28 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
+def _port(text: str) -> int:
+    """A TCP port for ``view --port``: a whole number 1..65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (1..65535)")
+    return port
+
+
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (``plot --last``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
+    return value
+
+
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--plugin",
@@ -74,14 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="draw when each actor (explorer, trainer) was busy, from <run_dir>/timeline.jsonl",
     )
-    plot.add_argument("--last", type=float, metavar="SECONDS", help="with --timeline: only the run's last SECONDS")
+    plot.add_argument("--last", type=_seconds, metavar="SECONDS", help="with --timeline: only the run's last SECONDS")
     plot.add_argument("--debug", action="store_true", help="show tracebacks")
 
     view = sub.add_parser(
         "view", help="a local web page over runs: curves, every rollout in the buffer, held-out answers"
     )
     view.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (several: curves overlaid)")
-    view.add_argument("--port", type=int, default=8420, help="port on 127.0.0.1 (default 8420)")
+    view.add_argument("--port", type=_port, default=8420, help="port on 127.0.0.1 (default 8420)")
     view.add_argument("--debug", action="store_true", help="show tracebacks")
 
     rep = sub.add_parser("report", help="the view's page as one self-contained HTML file (curves, sampled rollouts)")

@@ -390,3 +390,52 @@ def test_cpu_threads_share_the_cores_only_when_the_explorer_runs_beside_cpu_work
     assert plan(**ahead, cluster={"ray_address": "auto"}) == (8, 8, 8, 8, False)  # the workers may be elsewhere
     assert plan(**ahead, cluster={"explorer_threads": 2, "trainer_threads": 6}) == (2, 6, 2, 6, False)
     assert Config(cluster={"num_cpus": 1}, synchronizer={"offset": 1}).cpu_threads() == (1, 1, 1, 1, True)
+
+
+# -- hostile recipe files: bounded reads and bounded aliases (tests/faults/test_hostile_recipes.py runs them
+# through the CLI) ---------------------------------------------------------------------------------------------
+def test_anchors_and_aliases_a_person_writes_still_work(tmp_path):
+    p = write(
+        tmp_path,
+        BASE.replace("trainer:\n  engine: local", "trainer: &trainer\n  engine: local")
+        + "stages:\n  - name: a\n    trainer: *trainer\n  - name: b\n    trainer:\n      total_steps: 5\n",
+    )
+    plan = load_plan(p)
+    assert [(s.config.trainer.total_steps, s.config.trainer.optimizer.lr) for s in plan.stages] == [
+        (3, 1e-5),
+        (5, 1e-5),
+    ]
+
+
+def test_aliases_may_expand_to_the_bound_and_not_past_it(tmp_path):
+    from trinity_like.config.loader import MAX_ALIAS_NODES, load_recipe
+
+    assert MAX_ALIAS_NODES == 10_000
+    anchor = "a: &a [" + ", ".join(["1"] * 99) + "]\n"  # 100 nodes: the list and its 99 items
+    hundred = "b: [" + ", ".join(["*a"] * 100) + "]\n"  # 100 aliases of it: 10,000 nodes
+    assert len(load_recipe(write(tmp_path, anchor + hundred)).data["b"]) == 100
+    p = write(tmp_path, anchor + hundred + "c: *a\n")
+    with pytest.raises(ConfigError, match=rf"^{p}:3: alias \*a: aliases expand to more than 10000 nodes in all"):
+        load_recipe(p)
+
+
+def test_a_recipe_that_is_not_a_regular_file_or_too_large_is_refused(tmp_path):
+    from trinity_like.config.loader import MAX_RECIPE_BYTES, load_recipe
+
+    link = tmp_path / "r.yaml"
+    link.symlink_to("/dev/null")
+    with pytest.raises(ConfigError, match=r"r\.yaml: not a regular file \(a device\); a recipe is read from a file$"):
+        load_recipe(link)
+    big = write(tmp_path, BASE + "#" * MAX_RECIPE_BYTES, name="big.yaml")
+    with pytest.raises(ConfigError, match=r"big\.yaml: larger than 4 MB; a recipe is read up to 4 MB$"):
+        load_recipe(big)
+
+
+def test_override_values_are_bounded_like_the_recipe(tmp_path):
+    p = write(tmp_path, BASE)
+    plan = load_plan(p, ["explorer.sampling.stop=[&s x, *s]"])
+    assert plan.stages[0].config.explorer.sampling.stop == ["x", "x"]
+    msg = error_of(p, ["explorer.sampling.stop=&s [*s]"])
+    assert (
+        msg == "override 'explorer.sampling.stop=&s [*s]': alias *s is inside the node &s it names (a recursive alias)"
+    )

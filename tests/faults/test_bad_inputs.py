@@ -196,6 +196,47 @@ CASES = [
         r"r\.txt: unknown recipe format '\.txt' \(use \.yaml, \.yml or \.toml\)",
         recipe_name="r.txt",
     ),
+    # YAML that expands without bound or names what a safe loader refuses: aliases are bounded
+    # (tests/faults/test_hostile_recipes.py runs the FIFO, /dev/zero and "billion laughs" cases)
+    Case(
+        "yaml_self_alias",
+        r"r\.yaml:18: alias \*t is inside the node &t it names \(a recursive alias\)",
+        recipe=GRPO + "explorer: &t\n  x: *t\n",
+    ),
+    Case(
+        "yaml_aliases_expand_too_far",
+        r"r\.yaml:\d+: alias \*c: aliases expand to more than 10000 nodes in all .*",
+        recipe=GRPO
+        + "x: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n"
+        + "y: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+        + "z: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b, *b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\n"
+        + "w: [*c, *c]\n",
+    ),
+    Case(
+        "yaml_too_deep",
+        r"r\.yaml:17: nested deeper than 100 levels",
+        recipe=GRPO + "x: " + "[" * 200 + "]" * 200 + "\n",
+    ),
+    Case(
+        "yaml_python_tag",
+        r"r\.yaml:17: bad YAML: tag 'tag:yaml\.org,2002:python/object/apply:os\.system' is not allowed in a recipe",
+        recipe=GRPO + "x: !!python/object/apply:os.system [echo hi]\n",
+    ),
+    Case(
+        "yaml_bad_int_tag",
+        r"r\.yaml:13: bad YAML: invalid literal for int\(\) with base 10: 'one'",
+        recipe=GRPO.replace("total_steps: 1", "total_steps: !!int one"),
+    ),
+    Case(
+        "yaml_list_as_key",
+        r"r\.yaml:17: a key must be a plain value, not a list or mapping",
+        recipe=GRPO + "? [a, b]\n: 1\n",
+    ),
+    Case(
+        "override_recursive_alias",
+        r"override 'trainer\.total_steps=&x \[\*x\]': alias \*x is inside the node &x it names \(a recursive alias\)",
+        args=("trainer.total_steps=&x [*x]",),
+    ),
     # -- recipes: TOML ------------------------------------------------------------------
     Case(
         "toml_syntax",
@@ -219,6 +260,12 @@ CASES = [
         "toml_missing_data_file",
         r"r\.toml:10: buffer\.tasks\.path: gone\.jsonl: no such data file or folder .*",
         recipe=GRPO_TOML.replace('path = "data.jsonl"', 'path = "gone.jsonl"'),
+        recipe_name="r.toml",
+    ),
+    Case(
+        "toml_too_deep",
+        r"r\.toml: bad TOML: nested too deeply",
+        recipe=GRPO_TOML + "x = " + "[" * 20000 + "]" * 20000 + "\n",
         recipe_name="r.toml",
     ),
     Case(

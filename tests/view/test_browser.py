@@ -388,3 +388,104 @@ def test_flat_curves_get_a_range_and_an_explorer_process_curves_join_the_trainer
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+# -- hostile text: what a model wrote is data, never markup ----------------------------------------------
+PWN = "window.pwned = (window.pwned || 0) + 1"
+HOSTILE = [
+    "<!--<script>",
+    f"</script><script>{PWN}</script>",
+    f"<script>{PWN}</script>",
+    f'<img src=x onerror="{PWN}">',
+    "]]> <![CDATA[ x ]]>",
+    "line\u2028separator\u2029paragraph",
+    "&lt;not an entity&gt; &amp;",
+]
+
+
+@pytest.fixture(scope="module")
+def hostile_run(tmp_path_factory) -> Path:
+    """A DPO-like run folder whose every text is hostile: run name, metric name, held-out answers, training pairs;
+    and a damaged metrics line the page must name."""
+    run_dir = tmp_path_factory.mktemp("hostile") / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps({"name": HOSTILE[1], "algorithm": {"type": HOSTILE[0]}}))
+    rows = [{"step": s, "reward/mean": s / 4, f"<script>{PWN}</script>": 1.0} for s in (1, 2, 3)]
+    lines = [json.dumps(r) for r in rows]
+    lines.insert(1, '{"step": 9, "reward/mean": 0.')  # a torn line: named in the page, the rest drawn
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    answers = [
+        {"step": 0, "kind": "answer", "task_id": f"t{i}", "prompt": t, "answer": t, "response": t, "reward": 1.0}
+        for i, t in enumerate(HOSTILE)
+    ]
+    (run_dir / "evals.jsonl").write_text("".join(json.dumps(a) + "\n" for a in answers))
+    pairs = [
+        {
+            "step": 1,
+            "kind": "pair",
+            "task_id": f"p{i}",
+            "prompt": t,
+            "chosen": t,
+            "rejected": t,
+            "metrics": {"margin": 0.5},
+        }
+        for i, t in enumerate(HOSTILE)
+    ]
+    (run_dir / "trained_pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    return run_dir
+
+
+def check_hostile_page(pg, run_dir: Path) -> None:
+    """The page renders every part, shows every text exactly as written, and ran no script from the data."""
+    dialogs: list[str] = []
+    pg.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    pg.wait_for_selector(".panel[data-title='reward'] canvas")
+    assert points(pg, "reward") == 3
+    assert pg.inner_text("#runs") == f"{HOSTILE[1]} ({HOSTILE[0]})"
+    warnings = pg.inner_text("#warnings")
+    assert f"{run_dir / 'metrics.jsonl'}:2: not JSON" in warnings
+    pg.click("text=Held-out")
+    pg.wait_for_selector("table.evals")
+    cells = [td.inner_text() for td in pg.query_selector_all("table.evals tr[data-task] td:first-child")]
+    assert cells == HOSTILE
+    pg.click("text=Rollouts")
+    pg.click(".step[data-version='1']")
+    pg.wait_for_function("document.querySelector('#summary').textContent.startsWith('step 1:')")
+    assert [el.inner_text() for el in pg.query_selector_all("#groups .chosen")] == HOSTILE
+    assert pg.evaluate("window.pwned") is None and not dialogs
+    assert not pg.query_selector_all("img") and len(pg.query_selector_all("script")) == 2 + pg.evaluate(
+        "!!window.REPORT"
+    )
+
+
+def test_hostile_text_is_shown_as_text_in_the_served_page(browser, hostile_run, tmp_path):
+    proc, url = serve(hostile_run)
+    try:
+        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        pg.on("pageerror", lambda exc: errors.append(str(exc)))
+        pg.goto(url)
+        check_hostile_page(pg, hostile_run)
+        pg.screenshot(path=str(tmp_path / "hostile.png"), full_page=True)
+        assert not errors, errors
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_hostile_text_is_shown_as_text_in_the_report(browser, hostile_run, tmp_path):
+    out = tmp_path / "report.html"
+    r = subprocess.run(
+        [sys.executable, "-m", "trinity_like.cli", "report", str(hostile_run), "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0 and "metrics.jsonl:2: not JSON" in r.stderr, r.stderr
+    pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    pg.route("**/*", lambda route: route.abort() if not route.request.url.startswith("file:") else route.continue_())
+    pg.goto(out.as_uri())
+    check_hostile_page(pg, hostile_run)
+    pg.screenshot(path=str(tmp_path / "hostile_report.png"), full_page=True)
+    assert not errors, errors

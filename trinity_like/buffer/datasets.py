@@ -79,6 +79,9 @@ def data_files(path: str | Path) -> tuple[str, list[Path]]:
     formats = {_FORMATS.get(p.suffix) for p in files}
     if not files or None in formats:
         raise DataError(f"{path}: expected .jsonl or .parquet data files")
+    special = next((p for p in files if not p.is_file()), None)  # a FIFO would block the read for ever
+    if special is not None:
+        raise DataError(f"{special}: not a regular file (a FIFO, device or socket); data is read from files")
     if len(formats) > 1:
         raise DataError(f"{path}: mixes JSONL and parquet files; keep one format per folder")
     return formats.pop(), files

@@ -24,6 +24,7 @@ from typing import Any
 import jsonlines
 
 from trinity_like.buffer.rows import Row, check_claim_args, check_status, decode, fields_of, kind_of, model_version
+from trinity_like.monitor.jsonl import cut_torn_tail
 from trinity_like.registry import BUFFER_STORAGE
 
 
@@ -78,7 +79,7 @@ class JsonlStorage:
             kind_of(row)
         with self._lock:
             if self._ids is None:  # the ids of the file, read once, at the first put
-                self._drop_torn_tail()
+                cut_torn_tail(self.path)  # a line a killed writer left, which this append would run into
                 self._ids = {record["eid"] for record in self._records()}
             new = []
             for row in rows:
@@ -87,24 +88,6 @@ class JsonlStorage:
                     new.append(row)
             with jsonlines.open(self.path, mode="a", compact=True, flush=True) as writer:
                 writer.write_all(fields_of(row) for row in new)
-
-    def _drop_torn_tail(self) -> None:
-        """Cut a last line without its newline (a writer killed mid-line), which the next
-        append would otherwise run into; a reader never took it (it waits for the newline)."""
-        with open(self.path, "rb+") as f:
-            end = f.seek(0, os.SEEK_END)
-            if end == 0 or (f.seek(end - 1), f.read(1))[1] == b"\n":
-                return
-            pos = end
-            while pos > 0:  # back to the last newline, a block at a time (not the whole file)
-                start = max(0, pos - 65536)
-                f.seek(start)
-                cut = f.read(pos - start).rfind(b"\n")
-                if cut >= 0:
-                    f.truncate(start + cut + 1)
-                    return
-                pos = start
-            f.truncate(0)
 
     def _records(self) -> Iterator[dict[str, Any]]:
         """Every complete line of the file, decoded (a torn last line is not one)."""

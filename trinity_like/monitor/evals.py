@@ -12,7 +12,8 @@ answer at step 0, 10, 20?). ``step`` is the trainer step whose weights answered.
 A pair's ``metrics`` are what the run's pair loss reports for that pair alone (DPO's
 implicit rewards and margin, a reward model's margin), and each per-row output of the
 model for its two rows (a reward model's ``scores_chosen`` / ``scores_rejected``). Lines are
-appended and flushed per evaluation; a torn last line (a killed run) is skipped when read.
+appended and flushed per evaluation; a torn last line (a killed run) is cut before the next
+append and skipped when read, as is any line that is not such an item (with a warning).
 
 A DPO or reward-model stage also appends each *training* pair of each step, in the same
 ``pair`` format, to ``<run_dir>/trained_pairs.jsonl``: the scores the step's own forward
@@ -25,32 +26,41 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
+
+from trinity_like.monitor.jsonl import JsonlAppender, Read, needs, read_file_records, read_records
 
 EVALS_FILE = "evals.jsonl"
 TRAINED_PAIRS_FILE = "trained_pairs.jsonl"
 
+_STEP = needs({"step": int})
+_ITEM = needs({"step": int, "kind": str, "task_id": str, "prompt": str})
+_KIND = {
+    "answer": needs({"response": str}),
+    "pair": needs({"chosen": str, "rejected": str, "metrics": dict}),
+}
+
+
+def check_item(record: dict[str, Any]) -> str | None:
+    """Why ``record`` is not an item of the two kinds above (None when it is one)."""
+    why = _ITEM(record)
+    if why is None and record["kind"] not in _KIND:
+        why = f'field "kind" must be "answer" or "pair" (got {json.dumps(record["kind"])[:40]})'
+    return why or _KIND[record["kind"]](record)
+
 
 def append_evals(path: str | os.PathLike, step: int, items: Iterable[dict[str, Any]]) -> None:
-    """Append one evaluation's ``items`` (each gets ``"step": step`` first)."""
-    text = "".join(json.dumps({"step": step, **item}) + "\n" for item in items)
-    if not text:
-        return
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
+    """Append one evaluation's ``items`` (each gets ``"step": step`` first), durably."""
+    JsonlAppender(path, fsync=True).append({"step": step, **item} for item in items)
+
+
+def read_items(path: str | os.PathLike, name: str | None = None) -> Read:
+    """The items of ``path`` with the damaged lines it skipped (for a caller that reports them itself)."""
+    return read_records(path, check=check_item, name=name)
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Every complete record of a JSON Lines file (a torn last line left by a kill is skipped)."""
-    rows = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if not line.endswith("\n"):
-                break
-            if line.strip():
-                rows.append(json.loads(line))
-    return rows
+    """Every record (with a whole-number ``step``) of an ``evals.jsonl`` / ``trained_pairs.jsonl``; a torn
+    last line left by a kill is skipped, and so is a damaged line, with a warning naming its file and line
+    (on stderr). The view reads with :func:`read_items`, which also checks each item's shape."""
+    return [r for _, r in read_file_records(path, _STEP).records]

@@ -3,14 +3,23 @@
 Reads ``metrics.jsonl`` (what every run writes) and draws reward (with the gold reward of a
 learned-reward run on a right-hand axis), held-out accuracy (with
 its standard error), the loss terms, response length and the time of each phase per step.
+A damaged line is skipped with a warning naming it; a value that is not a number, or too
+large to draw (beyond +-:data:`DRAWABLE`), is left out of its chart with one warning per metric.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from trinity_like.errors import TrinityError
+from trinity_like.monitor.jsonl import warn
 from trinity_like.monitor.sinks import read_jsonl_metrics
+
+DRAWABLE = 1e100  # matplotlib cannot lay out an axis that spans values near a float's limit
 
 PANELS = (
     ("reward", ("reward/mean",)),
@@ -29,6 +38,90 @@ PHASES = (
 )
 
 
+def number(value: Any) -> float | None:
+    """``value`` as a float a chart can draw, or None (not a number, a boolean, or too large)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) <= DRAWABLE:
+        return float(value)
+    return None
+
+
+def points(rows: list[dict], key: str, where: str = "") -> list[tuple[float, float]]:
+    """``(step, value)`` of each row with a drawable ``key``; one warning when some value of it was left out."""
+    pts, left_out = [], 0
+    for r in rows:
+        if key not in r or r[key] is None:
+            continue
+        x, y = number(r["step"]), number(r[key])
+        if x is None or y is None:
+            left_out += 1
+        else:
+            pts.append((x, y))
+    if left_out:
+        warn(f"{where}: {key}: {left_out} values not drawn (not a number, or beyond +-{DRAWABLE:g})")
+    return pts
+
+
+def out_file(out: str | Path, formats: dict[str, str] | None = None) -> Path:
+    """``out`` checked before any work: its folder exists, it is a regular file or not there yet,
+    and (``formats``: suffix -> name) its suffix is one of them."""
+    out = Path(out)
+    if out.is_dir():
+        raise TrinityError(f"--out {out}: is a folder; give a file name")
+    if (out.exists() or out.is_symlink()) and not out.is_file():
+        raise TrinityError(f"--out {out}: exists and is not a regular file")
+    if not out.parent.is_dir():
+        raise TrinityError(f"--out {out}: no folder {out.parent}")
+    if formats is not None and out.suffix.lstrip(".").lower() not in formats:
+        raise TrinityError(
+            f"--out {out}: not an image format matplotlib writes (use one of {', '.join(sorted(formats))})"
+        )
+    return out
+
+
+def write_atomic(out: Path, write: Callable[[str], None]) -> None:
+    """Call ``write(tmp_path)`` for a new file beside ``out``, then rename it over ``out``: a failed
+    write leaves nothing behind, and a reader never sees half a file. An OSError is one line."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+        os.close(fd)
+    except OSError as exc:
+        raise TrinityError(f"--out {out}: cannot be written ({exc.strerror})") from None
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out)
+    except OSError as exc:
+        raise TrinityError(f"--out {out}: cannot be written ({exc.strerror})") from None
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def image_formats() -> dict[str, str]:
+    """Suffix -> format name of every image file matplotlib writes."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return FigureCanvasBase.get_supported_filetypes()
+
+
+def _source(run_dir: Path, name: str, hint: str) -> Path:
+    path = run_dir / name
+    if not path.exists() and not path.is_symlink():
+        raise TrinityError(f"{run_dir}: no {name} ({hint})")
+    if not path.is_file():
+        raise TrinityError(f"{path}: not a regular file")
+    return path
+
+
+def _save(fig: Any, target: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    try:
+        write_atomic(target, lambda tmp: fig.savefig(tmp, dpi=90, format=target.suffix.lstrip(".").lower()))
+    finally:
+        plt.close(fig)
+    return target
+
+
 def phase_rows(rows: list[dict]) -> list[dict]:
     """One row per trained step with its phase times, merged over the step's lines (its
     checkpoint's time is logged on a line of its own, after the step's).
@@ -39,14 +132,17 @@ def phase_rows(rows: list[dict]) -> list[dict]:
     """
     merged: dict[int, dict] = {}
     for r in rows:
-        merged.setdefault(r["step"], {}).update({k: v for k, v in r.items() if k in PHASES or k == "time/step"})
+        if number(r["step"]) is not None:
+            merged.setdefault(r["step"], {}).update(
+                {k: v for k, v in r.items() if (k in PHASES or k == "time/step") and number(v) is not None}
+            )
     return [{"step": s, **m} for s, m in sorted(merged.items()) if "time/step" in m]
 
 
-def _gold_beside_reward(ax, rows: list[dict]) -> None:
+def _gold_beside_reward(ax, rows: list[dict], where: str) -> None:
     """The verifier's reward (``reward/gold_mean``) on the reward chart, on its own right-hand
     axis (a learned reward's scale is arbitrary): the two curves parting is reward hacking."""
-    pts = [(r["step"], r["reward/gold_mean"]) for r in rows if isinstance(r.get("reward/gold_mean"), (int, float))]
+    pts = points(rows, "reward/gold_mean", where)
     if not pts:
         return
     twin = ax.twinx()
@@ -63,21 +159,21 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     import matplotlib.pyplot as plt
 
     run_dir = Path(run_dir)
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        raise TrinityError(f"{run_dir}: no metrics.jsonl (is it a run directory?)")
-    rows = read_jsonl_metrics(path)
+    path = _source(run_dir, "metrics.jsonl", "is it a run directory?")
+    target = out_file(out if out else run_dir / "metrics.png", image_formats())
+    rows = read_jsonl_metrics(path, step=True)
     if not rows:
         raise TrinityError(f"{path}: no metrics yet")
     fig, axes = plt.subplots(2, 3, figsize=(15, 8), constrained_layout=True)
     for ax, (title, keys) in zip(axes.flat, PANELS):
         for key in keys:
-            pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+            pts = points(rows, key, str(path))
             if not pts:
                 continue
             xs, ys = zip(*pts)
             if key == "eval/accuracy":
-                errs = [r.get("eval/accuracy_stderr", 0.0) for r in rows if isinstance(r.get(key), (int, float))]
+                stderr = {number(r["step"]): number(r.get("eval/accuracy_stderr")) for r in rows if key in r}
+                errs = [stderr.get(x) or 0.0 for x in xs]
                 ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, label=key)
                 ax.set_ylim(0, 1)
             else:
@@ -86,12 +182,12 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         ax.set_xlabel("step")
         if ax.lines or ax.containers:
             ax.legend(fontsize=8)
-    _gold_beside_reward(axes.flat[0], rows)
+    _gold_beside_reward(axes.flat[0], rows, str(path))
     ax = axes.flat[4]
     steps = phase_rows(rows)
     bottom = [0.0] * len(steps)
     for phase in PHASES:
-        vals = [float(r.get(phase, 0.0)) for r in steps]
+        vals = [number(r.get(phase, 0.0)) or 0.0 for r in steps]
         if any(vals):
             ax.bar([r["step"] for r in steps], vals, bottom=bottom, label=phase.split("/")[1])
             bottom = [b + v for b, v in zip(bottom, vals)]
@@ -100,16 +196,13 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     if steps:
         ax.legend(fontsize=8)
     ax = axes.flat[5]
-    pts = [(r["step"], r["throughput/tokens_per_s"]) for r in rows if "throughput/tokens_per_s" in r]
+    pts = points(rows, "throughput/tokens_per_s", str(path))
     if pts:
         ax.plot(*zip(*pts), marker=".")
     ax.set_title("trained tokens / s")
     ax.set_xlabel("step")
     fig.suptitle(str(run_dir))
-    target = Path(out) if out else run_dir / "metrics.png"
-    fig.savefig(target, dpi=90)
-    plt.close(fig)
-    return target
+    return _save(fig, target)
 
 
 # Colours of the timeline's phases (any other phase gets the next free colour).
@@ -141,10 +234,17 @@ def plot_timeline(run_dir: str | Path, out: str | Path | None = None, last_s: fl
     )
 
     run_dir = Path(run_dir)
-    path = run_dir / TIMELINE_FILE
-    if not path.exists():
-        raise TrinityError(f"{run_dir}: no {TIMELINE_FILE} (is it a run directory of mode both, train or explore?)")
+    path = _source(run_dir, TIMELINE_FILE, "is it a run directory of mode both, train or explore?")
+    target = out_file(out if out else run_dir / "timeline.png", image_formats())
+    if last_s is not None and not 0 < last_s <= DRAWABLE:
+        raise TrinityError(f"--last {last_s}: must be a positive number of seconds")
     spans = read_spans(path)
+    drawable = [s for s in spans if 0 <= s.start <= s.end <= DRAWABLE]
+    if len(drawable) < len(spans):
+        warn(
+            f"{path}: {len(spans) - len(drawable)} spans not drawn (an end before its start, or times beyond +-{DRAWABLE:g})"
+        )
+    spans = drawable
     if not spans:
         raise TrinityError(f"{path}: no spans yet")
     if last_s is not None:
@@ -182,7 +282,4 @@ def plot_timeline(run_dir: str | Path, out: str | Path | None = None, last_s: fl
     hidden = overlap_fraction(spans)
     note = "no rollouts" if hidden is None else f"{hidden:.0%} of rollout time hidden behind training"
     ax.set_title(f"{run_dir}: {note}")
-    target = Path(out) if out else run_dir / "timeline.png"
-    fig.savefig(target, dpi=90)
-    plt.close(fig)
-    return target
+    return _save(fig, target)

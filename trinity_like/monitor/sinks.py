@@ -3,18 +3,19 @@
 Every sink is a class built as ``Sink(run_dir=..., params=...)`` with ``log(step,
 metrics)`` and ``close()``. Metrics are flat ``{"name/sub": float}`` dicts; a step's
 record also carries wall time. Writes are flushed per step so a killed run keeps every
-step it finished.
+step it finished, and a resumed run first cuts the line a kill left torn
+(:class:`~trinity_like.monitor.jsonl.JsonlAppender`).
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from trinity_like.monitor.jsonl import JsonlAppender, needs, read_file_records
 from trinity_like.registry import MONITOR
 
 
@@ -29,20 +30,13 @@ class JsonlMonitor:
 
     def __init__(self, *, run_dir: str, params: JsonlParams) -> None:
         self.path = Path(run_dir) / params.filename
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 -- held open for the run, closed by close()
+        self._log = JsonlAppender(self.path, keep_open=True, fsync=True).open()  # closed by close()
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        clean = {
-            k: (v if isinstance(v, (int, float)) and math.isfinite(v) else None if isinstance(v, float) else v)
-            for k, v in metrics.items()
-        }
-        self._fh.write(json.dumps({"step": step, "time": time.time(), **clean}) + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        self._log.append([{"step": step, "time": time.time(), **metrics}])  # a NaN is written as null
 
     def close(self) -> None:
-        self._fh.close()
+        self._log.close()
 
 
 GOLD_CHART = ("reward/mean", "reward/gold_mean")  # drawn on one chart (TensorBoard, `trinity-like plot`)
@@ -75,16 +69,11 @@ class TensorBoardMonitor:
         self.writer.close()
 
 
-def read_jsonl_metrics(path: str | os.PathLike) -> list[dict]:
-    """Read back a metrics file (skips a torn last line left by a kill)."""
-    rows = []
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-    return rows
+METRICS_ROW = needs({"step": int})  # what makes a line of metrics.jsonl a step's record
+
+
+def read_jsonl_metrics(path: str | os.PathLike, *, step: bool = False) -> list[dict[str, Any]]:
+    """The records of a JSON Lines log, in order: a damaged line is skipped with a warning naming
+    its file and line (on stderr), a torn last line left by a kill is skipped. ``step``: a record
+    must have a whole-number ``step`` (a metrics file)."""
+    return [r for _, r in read_file_records(path, METRICS_ROW if step else None).records]

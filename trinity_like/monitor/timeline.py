@@ -12,20 +12,23 @@ line up)::
     overlap_fraction(spans)   # share of the explorer's rollout time the trainer was busy too
 
 Each span is appended and flushed as one line when it ends, under a lock (the explorer
-thread writes beside the driver): a kill loses at most the spans still open, and a line
-cut short by it is skipped by :func:`read_spans`. A resumed run appends to the same file;
-its spans come after the killed run's.
+thread writes beside the driver; another process on the same run directory takes the
+file's ``flock``): a kill loses at most the spans still open, and the line it cut short is
+cut before the next append (:class:`~trinity_like.monitor.jsonl.JsonlAppender`). A resumed
+run appends to the same file; its spans come after the killed run's. :func:`read_spans`
+skips a damaged line with a warning naming it.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from trinity_like.monitor.jsonl import JsonlAppender, needs, read_file_records
 
 TIMELINE_FILE = "timeline.jsonl"
 IDLE_PHASES = frozenset({"wait"})  # phases in which an actor waits on another: not busy
@@ -50,21 +53,18 @@ class Timeline:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
+        self._log = JsonlAppender(self.path)
 
     def add(self, span: Span) -> None:
-        line = json.dumps(
-            {
-                "actor": span.actor,
-                "phase": span.phase,
-                "step": span.step,
-                "start": round(span.start, 4),
-                "end": round(span.end, 4),
-            }
-        )
+        record = {
+            "actor": span.actor,
+            "phase": span.phase,
+            "step": span.step,
+            "start": round(span.start, 4),
+            "end": round(span.end, 4),
+        }
         with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(line + "\n")
+            self._log.append([record])
 
     @contextmanager
     def span(self, actor: str, phase: str, step: int) -> Iterator[None]:
@@ -76,16 +76,14 @@ class Timeline:
             self.add(Span(actor, phase, int(step), start, time.time()))
 
 
+SPAN_ROW = needs({"actor": str, "phase": str, "step": int, "start": float, "end": float})
+
+
 def read_spans(path: str | Path) -> list[Span]:
-    """The spans of a timeline file, in the order they ended; a torn last line is skipped."""
-    spans = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:  # cut short by a kill
-            continue
-        spans.append(Span(row["actor"], row["phase"], int(row["step"]), float(row["start"]), float(row["end"])))
-    return spans
+    """The spans of a timeline file, in the order they ended; a torn last line is skipped, and so is
+    a damaged line, with a warning naming its file and line (on stderr)."""
+    got = read_file_records(path, SPAN_ROW)
+    return [Span(r["actor"], r["phase"], r["step"], float(r["start"]), float(r["end"])) for _, r in got.records]
 
 
 def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -4,6 +4,11 @@ The same page as ``trinity-like view`` with its script, styles and chart library
 and the run's data embedded (``window.REPORT``): every curve, the held-out answers, and
 the first :data:`ROWS_PER_STEP` rollouts of up to :data:`MAX_STEPS` steps spread over the
 run. It opens from disk, offline, and can be attached to a paper or an issue.
+
+The run's data is text a model wrote: it sits in the page as JSON inside a ``<script>``,
+with ``<``, ``>``, ``&`` and U+2028/U+2029 written as ``\\uXXXX`` escapes, so no text
+(``</script>``, ``<!--<script>``, ``]]>``) can end the script early or change how the
+browser parses it, and the page puts every text into the document as a text node.
 """
 
 from __future__ import annotations
@@ -14,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from trinity_like.errors import TrinityError
+from trinity_like.monitor.jsonl import finite, warn
+from trinity_like.monitor.plot import out_file, write_atomic
 from trinity_like.view.rollouts import step_page
-from trinity_like.view.run import Run
+from trinity_like.view.run import BufferUnreadable, Run
 from trinity_like.view.server import STATIC, run_summary
 
 ROWS_PER_STEP = 8  # rollouts kept per step: one group of the main job
@@ -32,23 +39,43 @@ def spread(items: list[Any], n: int) -> list[Any]:
 def report_data(runs: list[Run]) -> dict[str, Any]:
     data: dict[str, Any] = {"runs": [], "metrics": [], "versions": [], "rollouts": [], "evals": []}
     for i, run in enumerate(runs):
-        versions = run.steps()
-        data["runs"].append(run_summary(i, run))
+        unreadable = ""
+        try:
+            versions = run.steps()
+            rollouts = {
+                v["version"]: step_page(run, v["version"], page_size=ROWS_PER_STEP) for v in spread(versions, MAX_STEPS)
+            }
+        except BufferUnreadable as exc:  # the curves and held-out answers are still worth a report
+            warn(f"{exc}; the report has no rollouts of this run")
+            unreadable, versions, rollouts = f"{exc}: rollouts cannot be shown", [], {}
         data["metrics"].append(run.metrics()[0])
         data["versions"].append(versions)
-        data["rollouts"].append(
-            {v["version"]: step_page(run, v["version"], page_size=ROWS_PER_STEP) for v in spread(versions, MAX_STEPS)}
-        )
+        data["rollouts"].append(rollouts)
         data["evals"].append(run.evals())
+        summary = run_summary(i, run)  # last: with the warnings of everything read above
+        summary["buffer_missing"] = unreadable or summary["buffer_missing"]
+        data["runs"].append(summary)
     return data
 
 
 def _script(text: str) -> str:
-    return "<script>" + text.replace("</", "<\\/") + "</script>"  # no "</script>" inside may end it early
+    """One of the page's own files inlined (no "</script>" inside may end it early)."""
+    return "<script>" + text.replace("</", "<\\/") + "</script>"
+
+
+_IN_SCRIPT = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})  # U+2028/9: ensure_ascii escapes them
+
+
+def data_script(data: dict[str, Any]) -> str:
+    """``<script>window.REPORT = {...};</script>`` of run data: strict JSON (a NaN is null) whose every
+    character that HTML or JavaScript would read as markup or a line end is a JSON escape."""
+    text = json.dumps(finite(data), allow_nan=False, separators=(",", ":"))  # ASCII: a lone surrogate is an escape too
+    return "<script>window.REPORT = " + text.translate(_IN_SCRIPT) + ";</script>"
 
 
 def write_report(run_dirs: list[str], out: str | Path) -> Path:
     """Write the report of ``run_dirs`` to ``out``; a run with nothing to show is a one-line error."""
+    out = out_file(out)
     runs = [Run.open(d) for d in run_dirs]
     data = report_data(runs)
     for i, run in enumerate(runs):
@@ -62,9 +89,6 @@ def write_report(run_dirs: list[str], out: str | Path) -> Path:
     )
     page = re.sub(r'<script src="static/([^"]+)"></script>', lambda m: _script((STATIC / m.group(1)).read_text()), page)
     # the data first: the page's script reads it when it starts
-    page = page.replace(
-        "<script>", _script("window.REPORT = " + json.dumps(data, separators=(",", ":")) + ";") + "<script>", 1
-    )
-    out = Path(out)
-    out.write_text(page, encoding="utf-8")
+    page = page.replace("<script>", data_script(data) + "<script>", 1)
+    write_atomic(out, lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))
     return out

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from trinity_like.experience import Experience, PairExperience
-from trinity_like.view.run import Filters, Run, StoredRow
+from trinity_like.view.run import Filters, Run
+from trinity_like.view.stored import StoredRow
 
 NOT_STORED = {
     "no_records": "this buffer predates training records (the trainer's advantages and logprobs per row): colouring "
@@ -67,9 +68,13 @@ def _pair(run: Run, row: PairExperience) -> dict[str, Any]:
     }
 
 
-def _notes(run: Run, records: bool, sampled: list[dict[str, Any]], stored: dict[str, bool]) -> list[str]:
+def _notes(
+    run: Run, records: bool, sampled: list[dict[str, Any]], stored: dict[str, bool], skipped: list[str]
+) -> list[str]:
     """What the page cannot show for this step, and why."""
     notes = [run.tokenizer_error] if run.tokenizer is None else []
+    if skipped:
+        notes.append(f"{len(skipped)} damaged rows of this step are not shown: " + "; ".join(skipped[:3]))
     if not sampled:
         return notes
     if not records:
@@ -95,6 +100,7 @@ def step_page(
             else {"error": run.buffer_missing()}
         )
     found = buffer.rows(version)
+    run.warn([f"{buffer.path}: {why}: row skipped" for why in buffer.skipped])
     experiences = [r for r in found if isinstance(r.row, Experience)]
     pairs = [r.row for r in found if isinstance(r.row, PairExperience)]
     # Text of every row of the step (one batched decode): the text filter needs it, and a
@@ -136,7 +142,7 @@ def step_page(
         "pages": pages,
         "page_size": page_size,
         "stored": stored_fields,
-        "notes": _notes(run, buffer.has_training_records(), experiences, stored_fields),
+        "notes": _notes(run, buffer.has_training_records(), experiences, stored_fields, buffer.skipped),
         "finish_reasons": sorted({r.row.finish_reason for r in experiences}),
         "groups": list(groups.values()),
         "pairs": [_pair(run, r) for r in pairs[:page_size]],

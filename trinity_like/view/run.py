@@ -26,22 +26,40 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
-from contextlib import closing, contextmanager
+import threading
+from contextlib import closing
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from trinity_like.buffer.rows import STATUSES, unpack, unpack_floats
+from trinity_like.buffer.rows import STATUSES
 from trinity_like.buffer.sqlite_storage import SqliteParams
 from trinity_like.errors import TrinityError
-from trinity_like.experience import Experience, PairExperience
-from trinity_like.monitor.evals import EVALS_FILE, TRAINED_PAIRS_FILE, read_jsonl
+from trinity_like.experience import Experience
+from trinity_like.monitor.evals import EVALS_FILE, TRAINED_PAIRS_FILE, read_items
+from trinity_like.monitor.jsonl import Read, line_at, read_records, warn
+from trinity_like.monitor.sinks import METRICS_ROW
+from trinity_like.view.stored import StoredRow, decode_row
 
 METRICS_FILE = "metrics.jsonl"
 EXPLORER_METRICS_FILE = "explorer/metrics.jsonl"  # an explorer process's own (modes explore / train)
 CONFIG_FILE = "config.json"
+MAX_CONFIG_BYTES = 16 * 2**20  # a run's config.json is a few KB
+MAX_WARNINGS = 50  # kept for the page; each is printed once on stderr
+
+
+class BufferUnreadable(TrinityError):
+    """The run's SQLite buffer cannot be read (damaged, not a database, locked): one line naming it."""
+
+
+_SQLITE_WHY = {  # SQLite's message -> what a person can do about it
+    "file is not a database": "not a SQLite database (damaged, or not a buffer)",
+    "database disk image is malformed": "damaged (database disk image is malformed)",
+    "database is locked": "locked by another process: try again",
+    "no such table": "not a trinity-like buffer",
+    "no such column": "not a trinity-like buffer",
+}
 
 
 @dataclass(frozen=True)
@@ -73,24 +91,9 @@ class Filters:
 def connect_read_only(path: Path) -> sqlite3.Connection:
     """A connection that can neither write ``path`` nor block its writers (see the module doc)."""
     live = path.with_name(path.name + "-wal").exists()
-    db = sqlite3.connect(f"{path.resolve().as_uri()}?{'mode=ro' if live else 'immutable=1'}", uri=True)
+    db = sqlite3.connect(f"{path.resolve().as_uri()}?{'mode=ro' if live else 'immutable=1'}", uri=True, timeout=1.0)
     db.execute("PRAGMA query_only = 1")
     return db
-
-
-def read_new_lines(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
-    """The JSON records of ``path`` from byte ``offset`` on, and the offset after the last complete line.
-
-    A line still being written has no newline yet: it is left for the next call, so a page
-    polling a live run never reads half a record. A missing file has none (offset 0).
-    """
-    if not path.is_file():
-        return [], 0
-    with open(path, "rb") as fh:
-        fh.seek(offset)
-        data = fh.read()
-    end = data.rfind(b"\n") + 1
-    return [json.loads(line) for line in data[:end].splitlines() if line.strip()], offset + end
 
 
 def explorer_key(key: str) -> str:
@@ -100,29 +103,34 @@ def explorer_key(key: str) -> str:
 
 
 class Buffer:
-    """Read-only queries over a run's SQLite buffer (the schema of :mod:`trinity_like.buffer.sqlite_storage`)."""
+    """Read-only queries over a run's SQLite buffer (the schema of :mod:`trinity_like.buffer.sqlite_storage`).
+
+    A file SQLite cannot read (damaged, not a database, a table missing, locked) is a
+    :class:`BufferUnreadable` naming it; a row that does not decode is skipped and named in
+    :attr:`skipped` (``rows``), so one bad row does not hide its step.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.skipped: list[str] = []  # rows the last ``rows`` call could not decode, and why
 
-    @contextmanager
-    def _db(self) -> Iterator[sqlite3.Connection]:
-        with closing(connect_read_only(self.path)) as db:
-            yield db
+    def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
+        try:
+            with closing(connect_read_only(self.path)) as db:
+                return db.execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            text = " ".join(str(exc).split())
+            why = next((w for key, w in _SQLITE_WHY.items() if text.startswith(key)), "cannot be read")
+            raise BufferUnreadable(f"{self.path}: {why} ({text})") from None
 
     def versions(self) -> list[dict[str, int]]:
         """``[{"version": v, "rows": n}, ...]``: how many rows each model version sampled."""
-        with self._db() as db:
-            got = db.execute("SELECT model_version, COUNT(*) FROM state GROUP BY model_version ORDER BY model_version")
-            return [{"version": v, "rows": n} for v, n in got]
+        got = self._query("SELECT model_version, COUNT(*) FROM state GROUP BY model_version ORDER BY model_version")
+        return [{"version": v, "rows": n} for v, n in got if type(v) is int]
 
     def has_training_records(self) -> bool:
         """Whether the buffer has the ``trained`` table (buffers written before it existed do not)."""
-        with self._db() as db:
-            return (
-                db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'trained'").fetchone()
-                is not None
-            )
+        return bool(self._query("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'trained'"))
 
     def rows(self, version: int) -> list[StoredRow]:
         """Every row of ``version``, in write order, with what the trainer recorded for it.
@@ -135,44 +143,44 @@ class Buffer:
         extra = ", t.step, t.layout, t.arrays" if trained else ", NULL, NULL, NULL"
         join = " LEFT JOIN trained t ON t.seq = s.seq" if trained else ""
         sql = (
-            f"SELECT r.kind, r.header, r.arrays, s.status, s.step{extra} FROM state s JOIN rows r ON r.seq = s.seq{join} "
-            f"WHERE s.status IN ({marks}) AND s.model_version = ? ORDER BY s.seq"
+            f"SELECT s.seq, r.kind, r.header, r.arrays, s.status, s.step{extra} FROM state s "
+            f"JOIN rows r ON r.seq = s.seq{join} WHERE s.status IN ({marks}) AND s.model_version = ? ORDER BY s.seq"
         )
-        with self._db() as db:
-            got = db.execute(sql, (*range(len(STATUSES)), version)).fetchall()
-        return [
-            StoredRow(
-                unpack(kind, header, blob),
-                STATUSES[status],
-                step,
-                t_step,
-                unpack_floats(layout, t_blob) if layout is not None else {},
-            )
-            for kind, header, blob, status, step, t_step, layout, t_blob in got
-        ]
+        out, self.skipped = [], []
+        for seq, *fields in self._query(sql, (*range(len(STATUSES)), version)):
+            row, why = decode_row(*fields)
+            if row is None:
+                self.skipped.append(f"row {seq}: {why}")
+            else:
+                out.append(row)
+        return out
 
 
-@dataclass(frozen=True)
-class StoredRow:
-    """One buffer row as the view shows it."""
-
-    row: Experience | PairExperience
-    status: str  # available | claimed | consumed | dropped
-    consumed_by: int | None  # the checkpoint step that consumed it
-    trained_at: int | None  # the step that trained on it, where the trainer recorded it
-    trained: dict[
-        str, list[float]
-    ]  # what that step computed per token (rows.TrainedRecord): advantages, trainer_logprob
+def setting(config: dict[str, Any], *keys: str) -> Any:
+    """``config[k1][k2]...``, None where a level is missing or is not a mapping."""
+    node: Any = config
+    for key in keys:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
 
 
 class Run:
-    """One run directory, opened for reading."""
+    """One run directory, opened for reading.
+
+    A damaged line of its JSON Lines files is skipped and named once (:meth:`warn`): on
+    stderr, and in :attr:`warnings` for the page.
+    """
 
     def __init__(self, path: Path, config: dict[str, Any]) -> None:
         self.path = path
         self.config = config
-        self.name = config.get("name") or path.name
+        name = config.get("name")
+        self.name = name if isinstance(name, str) and name else path.name
         self.tokenizer_error = ""
+        self.warnings: list[str] = []
+        self._warned: set[str] = set()
+        self._lines: dict[tuple[str, int], int] = {}  # (file, byte offset) -> its line number
+        self._lock = threading.Lock()
 
     @classmethod
     def open(cls, path: str | Path) -> Run:
@@ -183,39 +191,91 @@ class Run:
         config_file = path / CONFIG_FILE
         if not config_file.is_file() and not (path / METRICS_FILE).is_file():
             raise TrinityError(f"{path}: not a run directory (no {CONFIG_FILE} or {METRICS_FILE})")
-        try:
-            config = json.loads(config_file.read_text()) if config_file.is_file() else {}
-        except json.JSONDecodeError as exc:
-            raise TrinityError(f"{config_file}: not valid JSON ({exc})") from None
+        config: Any = {}
+        if config_file.is_file():
+            try:
+                with open(config_file, "rb") as fh:
+                    text = fh.read(MAX_CONFIG_BYTES + 1)
+                if len(text) > MAX_CONFIG_BYTES:
+                    raise TrinityError(
+                        f"{config_file}: larger than {MAX_CONFIG_BYTES // 2**20} MiB: not a run's config"
+                    )
+                config = json.loads(text)
+            except (ValueError, RecursionError) as exc:
+                raise TrinityError(f"{config_file}: not valid JSON ({' '.join(str(exc).split())[:200]})") from None
+            except OSError as exc:
+                raise TrinityError(f"{config_file}: cannot be read ({exc.strerror})") from None
+            if not isinstance(config, dict):
+                raise TrinityError(f"{config_file}: not a run's config (a JSON {type(config).__name__}, not an object)")
         return cls(path, config)
 
+    def warn(self, messages: list[str]) -> None:
+        """Report each of ``messages`` once: one line on stderr, and kept for the page."""
+        with self._lock:
+            new = [m for m in messages if m not in self._warned]
+            self._warned.update(new)
+            self.warnings += new[: max(0, MAX_WARNINGS - len(self.warnings))]
+        for message in new:
+            warn(message)
+
     # -- metrics and evaluations -------------------------------------------------------------
-    def metrics(self, offset: int = 0, explorer_offset: int = 0) -> tuple[list[dict[str, Any]], int, int]:
+    def _read(self, name: str, offset: int, max_bytes: int | None) -> Read:
+        """Records of the run's file ``name`` from byte ``offset`` (its damaged lines reported)."""
+        path = self.path / name
+        if not path.is_file():
+            return Read(name, end=0)
+        with self._lock:
+            line = self._lines.get((name, offset))
+        if line is None:
+            line = line_at(path, offset)
+        got = read_records(path, offset, line, check=METRICS_ROW, max_bytes=max_bytes, name=str(path))
+        with self._lock:
+            if len(self._lines) > 4096:  # offsets no page asks for again (a client that made them up)
+                self._lines.clear()
+            self._lines[(name, got.end)] = got.next_line
+        self.warn(got.messages())
+        return got
+
+    def metrics(
+        self, offset: int = 0, explorer_offset: int = 0, max_bytes: int | None = None
+    ) -> tuple[list[dict[str, Any]], int, int]:
         """Rows of ``metrics.jsonl`` and of an explorer process's ``explorer/metrics.jsonl``
         from byte offsets on, and the offsets after their last complete lines.
+
+        A line still being written has no newline yet: it is left for the next call, so a page
+        polling a live run never reads half a record. ``max_bytes``: read about this much of
+        each file at most (the next call goes on from the offsets returned).
 
         In split mode (``explore`` / ``train``) the explorer process logs apart from the trainer;
         its rows join the curves under :func:`explorer_key` names, so its reward and phase
         times sit beside the trainer's (which has the same keys) instead of over them.
         """
-        rows, end = read_new_lines(self.path / METRICS_FILE, offset)
-        explored, explorer_end = read_new_lines(self.path / EXPLORER_METRICS_FILE, explorer_offset)
-        rows += [{k if k == "step" else explorer_key(k): v for k, v in r.items()} for r in explored]
-        return rows, end, explorer_end
+        got = self._read(METRICS_FILE, offset, max_bytes)
+        explored = self._read(EXPLORER_METRICS_FILE, explorer_offset, max_bytes)
+        rows = [r for _, r in got.records]
+        rows += [{k if k == "step" else explorer_key(k): v for k, v in r.items()} for _, r in explored.records]
+        return rows, got.end, explored.end
+
+    def _items(self, name: str) -> list[dict[str, Any]]:
+        path = self.path / name
+        if not path.is_file():
+            return []
+        got = read_items(path)
+        self.warn(got.messages())
+        return [r for _, r in got.records]
 
     def evals(self) -> list[dict[str, Any]]:
         """Every item of every held-out evaluation (``evals.jsonl``, :mod:`trinity_like.monitor.evals`)."""
-        path = self.path / EVALS_FILE
-        return read_jsonl(path) if path.is_file() else []
+        return self._items(EVALS_FILE)
 
     def trained_pairs(self) -> dict[int, list[dict[str, Any]]]:
         """``step -> pairs`` a DPO / RM stage trained on, each with what its loss reported for it
         (``trained_pairs.jsonl``). A pair written again at a step (a run resumed from an
         earlier checkpoint trains the same pairs again) replaces what was written of it before."""
-        path = self.path / TRAINED_PAIRS_FILE
         out: dict[int, dict[str, dict[str, Any]]] = {}
-        for item in read_jsonl(path) if path.is_file() else []:
-            out.setdefault(item["step"], {})[item["task_id"]] = item
+        for item in self._items(TRAINED_PAIRS_FILE):
+            if item["kind"] == "pair":
+                out.setdefault(item["step"], {})[item["task_id"]] = item
         return {step: list(pairs.values()) for step, pairs in sorted(out.items())}
 
     # -- the buffer ----------------------------------------------------------------------------
@@ -224,8 +284,8 @@ class Run:
 
         An absolute path from another machine (a copied run) is looked for here by its name.
         """
-        args = self.config.get("buffer", {}).get("experience", {}).get("args") or {}
-        path = Path(args.get("path") or SqliteParams.path)
+        given = setting(self.config, "buffer", "experience", "args", "path")
+        path = Path(given if isinstance(given, str) and given and "\0" not in given else SqliteParams.path)
         if not path.is_absolute():
             return self.path / path
         return path if path.is_file() else self.path / path.name
@@ -246,7 +306,7 @@ class Run:
         """Why there are no rollouts to show ("" when there are)."""
         if self.buffer() is not None or (self.path / TRAINED_PAIRS_FILE).is_file():
             return ""
-        storage = self.config.get("buffer", {}).get("experience", {}).get("storage", "?")
+        storage = setting(self.config, "buffer", "experience", "storage") or "?"
         return (
             f"no buffer database at {self.buffer_path()} (buffer.experience.storage: {storage}); "
             "rollouts are shown from an on-disk SQLite buffer only"
@@ -257,8 +317,8 @@ class Run:
         """The run's tokenizer (from ``model.path``), or None with :attr:`tokenizer_error` saying why."""
         from trinity_like.models.resolve import load_tokenizer
 
-        model = self.config.get("model", {}).get("path")
-        if not model:
+        model = setting(self.config, "model", "path")
+        if not isinstance(model, str) or not model:
             self.tokenizer_error = "the run names no model.path: tokens are shown as ids"
             return None
         try:
@@ -271,7 +331,10 @@ class Run:
         tok = self.tokenizer
         if tok is None:
             return [" ".join(map(str, ids)) for ids in sequences]
-        return tok.batch_decode(sequences, skip_special_tokens=False)
+        try:
+            return tok.batch_decode(sequences, skip_special_tokens=False)
+        except (OverflowError, TypeError, ValueError, IndexError):  # an id no tokenizer has: shown as ids
+            return [" ".join(map(str, ids)) for ids in sequences]
 
     def pieces(self, ids: list[int]) -> list[str]:
         """Each token's own text (ids when there is no tokenizer), for per-token colouring."""

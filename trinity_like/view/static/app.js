@@ -1,6 +1,7 @@
 // The page of `trinity-like view` (served: data from /api) and `trinity-like report` (one file:
 // data embedded as window.REPORT). Charts are uPlot's (vendor/). Every text from a run goes
-// into the page as a text node, never as HTML.
+// into the page as a text node, never as HTML; a number from a run is checked before use
+// (a damaged file may hold null, text or 1e308 where a number belongs).
 "use strict";
 
 const REPORT = window.REPORT || null;
@@ -20,6 +21,7 @@ const PANELS = [  // keys a panel draws when present; `prefix` takes every key t
   {title: "held-out pairs", keys: ["eval/reward_margin", "eval/reward_accuracy", "eval/margin"]},
 ];
 const POLL_MS = 2000;
+const DRAWABLE = 1e100;  // larger values are left out of the charts (an axis cannot span them)
 
 const state = {runs: [], metrics: [], offsets: [], charts: {}, extra: [], version: null, page: 0};
 const ZERO_SPAN = 1;  // a curve of zeros is drawn on [-1, 1] (yRange)
@@ -37,14 +39,33 @@ function h(tag, attrs, ...children) {
   return el;
 }
 const $ = (sel) => document.querySelector(sel);
-const fmt = (x, d = 3) => (x === null || x === undefined) ? "-" : (Number.isInteger(x) ? String(x) : Number(x).toFixed(d));
+const isNum = (x) => typeof x === "number" && Number.isFinite(x);
+const drawable = (x) => isNum(x) && Math.abs(x) <= DRAWABLE;
+const fmt = (x, d = 3) => !isNum(x) ? (x === null || x === undefined ? "-" : String(x)) : (Number.isInteger(x) ? String(x) : x.toFixed(d));
+
+function showWarnings(messages) {
+  // damaged lines the server skipped (each once): named here as on its stderr
+  const box = $("#warnings");
+  state.warnings = state.warnings || new Set();
+  for (const m of messages || []) state.warnings.add(m);
+  box.hidden = !state.warnings.size;
+  box.replaceChildren(...[...state.warnings].map((m) => h("li", {}, m)));
+}
+
+function failed(where, err) {  // a request that failed: said where its answer would have gone
+  where.replaceChildren(h("p", {class: "message"}, `error: ${err.message}`));
+}
 
 async function api(path, params = {}) {
   if (REPORT) return fromReport(path, params);
   const url = new URL(path, location.href);
   for (const [k, v] of Object.entries(params)) if (v !== "" && v !== null && v !== undefined) url.searchParams.set(k, v);
   const r = await fetch(url);
-  if (!r.ok) throw new Error(`${path}: ${r.status} ${await r.text()}`);
+  if (!r.ok) {
+    let detail = await r.text();
+    try { detail = JSON.parse(detail).detail || detail; } catch (_) { /* not JSON: the text as it came */ }
+    throw new Error(`${path}: ${r.status} ${detail}`);
+  }
   return r.json();
 }
 
@@ -65,24 +86,24 @@ function panelKeys(panel, keys) {
 
 function allKeys() {
   const keys = new Set();
-  for (const rows of state.metrics) for (const r of rows) for (const [k, v] of Object.entries(r)) if (typeof v === "number") keys.add(k);
+  for (const rows of state.metrics) for (const r of rows) for (const [k, v] of Object.entries(r)) if (drawable(v)) keys.add(k);
   keys.delete("step"); keys.delete("time");
   return [...keys];
 }
 
 function chartData(keys, band) {
   // x: the union of the steps of every run; one y series per (run, key), null where absent.
-  const steps = [...new Set(state.metrics.flatMap((rows) => rows.map((r) => r.step)))].sort((a, b) => a - b);
+  const steps = [...new Set(state.metrics.flatMap((rows) => rows.map((r) => r.step).filter(drawable)))].sort((a, b) => a - b);
   const at = new Map(steps.map((s, j) => [s, j]));
   const data = [steps], series = [{label: "step"}], bands = [];
   state.metrics.forEach((rows, i) => {
     keys.forEach((key, k) => {
       const y = new Array(steps.length).fill(null), lo = band ? y.slice() : null, hi = band ? y.slice() : null;
       for (const r of rows) {
-        if (typeof r[key] !== "number") continue;
+        if (!drawable(r[key]) || !drawable(r.step)) continue;
         const j = at.get(r.step);
         y[j] = r[key];
-        if (band) { const e = r[band] || 0; lo[j] = r[key] - e; hi[j] = r[key] + e; }
+        if (band) { const e = drawable(r[band]) ? r[band] : 0; lo[j] = r[key] - e; hi[j] = r[key] + e; }
       }
       const color = COLORS[(state.runs.length > 1 ? i : k) % COLORS.length];
       const label = state.runs.length > 1 ? `${state.runs[i].name}: ${key}` : key;
@@ -153,6 +174,7 @@ async function pollMetrics() {
       const at = state.offsets[run.id];
       const got = await api(`api/runs/${run.id}/metrics`, {offset: at.offset, explorer_offset: at.explorer_offset});
       if (got.rows.length) { state.metrics[run.id].push(...got.rows); changed = true; }
+      showWarnings(got.warnings);
       state.offsets[run.id] = {offset: got.offset, explorer_offset: got.explorer_offset};
     } catch (err) {
       $("#live").textContent = `cannot reach the server: ${err.message}`;
@@ -198,10 +220,10 @@ function responseEl(sample, mode) {
     if (masked && m !== prev) out.append(h("span", {class: "turn"}, m ? `turn ${++turn} (policy)` : "environment (masked, not trained)"));
     prev = m;
     const lp = sample.logprobs ? sample.logprobs[t] : null, tlp = sample.trainer_logprobs ? sample.trainer_logprobs[t] : null;
-    const title = `token ${sample.token_ids[t]}` + (lp === null ? "" : `, sampler logprob ${lp.toFixed(4)}`) +
-      (tlp === null ? "" : `, trainer logprob ${tlp.toFixed(4)}`) +
-      (lp === null || tlp === null ? "" : `, ratio ${Math.exp(lp - tlp).toFixed(4)}`) +
-      (sample.advantages ? `, advantage ${sample.advantages[t].toFixed(4)}` : "");
+    const title = `token ${sample.token_ids[t]}` + (lp === null ? "" : `, sampler logprob ${fmt(lp, 4)}`) +
+      (tlp === null ? "" : `, trainer logprob ${fmt(tlp, 4)}`) +
+      (!isNum(lp) || !isNum(tlp) ? "" : `, ratio ${fmt(Math.exp(lp - tlp), 4)}`) +
+      (sample.advantages ? `, advantage ${fmt(sample.advantages[t], 4)}` : "");
     out.append(h("span", {class: m ? "tok" : "tok masked", style: m ? `background: ${tokenColour(mode, sample, t)}` : "",
                           "data-lp": lp, "data-tlp": tlp, "data-adv": sample.advantages ? sample.advantages[t] : null, title}, piece));
   });
@@ -240,7 +262,13 @@ async function loadVersions() {
     $("#steps").replaceChildren(h("p", {class: "message"}, summary.buffer_missing));
     return;
   }
-  const versions = await api(`api/runs/${run}/versions`);
+  let versions;
+  try {
+    versions = await api(`api/runs/${run}/versions`);
+  } catch (err) {
+    if (ticket === state.versionsTicket) failed($("#steps"), err);  // a buffer that cannot be read: said here
+    return;
+  }
   if (ticket !== state.versionsTicket) return;  // another run was chosen meanwhile: its steps win
   if (!versions.length) {
     $("#steps").replaceChildren(h("p", {class: "message"}, `${summary.path}: the buffer has no rows yet`));
@@ -256,7 +284,13 @@ async function showStep(version) {
   state.version = version;
   const run = Number($("#ro-run").value || 0), ticket = state.ticket = (state.ticket || 0) + 1;
   document.querySelectorAll(".step").forEach((b) => b.classList.toggle("active", Number(b.dataset.version) === version));
-  const got = await api(`api/runs/${run}/rollouts`, {version, page: state.page, ...filterParams()});
+  let got;
+  try {
+    got = await api(`api/runs/${run}/rollouts`, {version, page: state.page, ...filterParams()});
+  } catch (err) {
+    if (ticket === state.ticket) { $("#summary").replaceChildren(); failed($("#groups"), err); }
+    return;
+  }
   if (ticket !== state.ticket) return;  // a later click asked for another step meanwhile
   state.rollouts = got;
   if (got.error) { $("#groups").replaceChildren(h("p", {class: "message"}, got.error)); return; }
@@ -317,7 +351,13 @@ function pairScores(metrics) {
 // -- held-out evaluations -----------------------------------------------------------------------
 async function loadEvals() {
   const run = Number($("#ev-run").value || 0), ticket = state.evalsTicket = (state.evalsTicket || 0) + 1;
-  const items = await api(`api/runs/${run}/evals`);
+  let items;
+  try {
+    items = await api(`api/runs/${run}/evals`);
+  } catch (err) {
+    if (ticket === state.evalsTicket) failed($("#eval-body"), err);
+    return;
+  }
   if (ticket !== state.evalsTicket) return;  // another run was chosen meanwhile
   state.evals = items;
   renderEvals();
@@ -382,6 +422,7 @@ async function main() {
     runs.then(() => openTab(tab.dataset.tab));
   }));
   state.runs = await runs;
+  showWarnings(state.runs.flatMap((r) => r.warnings || []));
   state.metrics = state.runs.map(() => []);
   state.offsets = state.runs.map(() => ({offset: 0, explorer_offset: 0}));
   $("#runs").replaceChildren(...state.runs.map((r, i) => h("span", {title: r.path},
