@@ -35,6 +35,7 @@ from trinity_like.envs.rollout import (
 from trinity_like.envs.types import EnvFactory, EnvGroupBuilder
 from trinity_like.errors import ConfigError
 from trinity_like.experience import Task
+from trinity_like.monitor.jsonl import JsonlAppender
 from trinity_like.monitor.sinks import read_jsonl_metrics
 from trinity_like.ops import ratio_metrics
 from trinity_like.plugins import load_plugins
@@ -378,8 +379,8 @@ def evaluate(
 # -- checkpoints ----------------------------------------------------------------------------------
 def save_checkpoint(training: TrainingClient, log_path: Path, iteration: int) -> str:
     path = training.save_state(f"iter_{iteration:06d}", overwrite=True).result().path
-    with open(log_path / CHECKPOINTS, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps({"iteration": iteration, "path": path}) + "\n")
+    # a torn last line (a kill mid-append) is cut before this one is written (monitor/jsonl.py)
+    JsonlAppender(log_path / CHECKPOINTS, fsync=True).append([{"iteration": iteration, "path": path}])
     return path
 
 
@@ -393,7 +394,7 @@ def resume(training: TrainingClient, log_path: Path) -> int:
     start = int(saved[-1]["iteration"])
     metrics = log_path / "metrics.jsonl"
     if metrics.exists():
-        kept = [row for row in read_jsonl_metrics(metrics) if row["step"] <= start]
+        kept = [row for row in read_jsonl_metrics(metrics, step=True) if row["step"] <= start]
         metrics.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
     return start
 

@@ -329,13 +329,16 @@ def test_checkpoints_resume_the_iteration_counter_and_the_same_training(service,
     log_path = tmp_path / "split" / "run"
     saved = [json.loads(line) for line in (log_path / rl_train.CHECKPOINTS).read_text().splitlines()]
     assert [s["iteration"] for s in saved] == [2, 3]  # every 2 and at the end
-    (log_path / rl_train.CHECKPOINTS).write_text(json.dumps(saved[0]) + "\n")  # as if it died before saving 3
+    # as if it died while appending the save of 3: a torn last line
+    (log_path / rl_train.CHECKPOINTS).write_text(json.dumps(saved[0]) + "\n" + '{"iteration": 3, "pa')
 
     resumed = service.create_lora_training_client("tiny-random", rank=0, seed=0)
     result = train(run, resumed, factory, tasks("train", 8), tasks("eval", 4))
     assert result.start_iteration == 2 and [m["step"] for m in result.metrics] == [3]
     steps = [json.loads(line)["step"] for line in (log_path / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 1, 2, 3]  # the dead run's iteration 3 was dropped, then logged again
+    lines = (log_path / rl_train.CHECKPOINTS).read_text().splitlines()
+    assert [json.loads(line)["iteration"] for line in lines] == [2, 3]  # the torn line was cut, not appended to
     np.testing.assert_array_equal(logprobs_of(resumed, probe), logprobs_of(straight, probe))
     assert not np.array_equal(
         logprobs_of(resumed, probe),
