@@ -218,7 +218,7 @@ def run_offline(spec: ResolvedStage) -> dict[str, float]:
                     trainer.record(step, rows, batch, outputs)
             trainer.free_reference()
             loop.model_version = step
-            tokens = int(batch["attention_mask"].sum())
+            tokens = int(batch["attention_mask"].sum()) if trained else 0
             end_step(stage, loop, step, timer, t0, last, tokens, evaluate=trainer.held_out)
         if has_eval:
             final = trainer.evaluate(total, loop.model_version)

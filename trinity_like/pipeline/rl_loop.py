@@ -152,8 +152,9 @@ def learn(stage: Stage, loop: LoopState, step: int, timer: PhaseTimer) -> tuple[
 
     In mode ``both`` a step short of rows (skipped tasks) trains on what the buffer holds,
     and a step with none is skipped (``skipped/short_batch_rows``, ``skipped/empty_batch``);
-    mode ``train`` waits for an explorer process to write a full batch.
-    Returns the metrics and the real tokens of the batch (0 when nothing was left to train).
+    mode ``train`` waits for an explorer process to write a full batch. A batch whose groups
+    all have equal rewards (dynamic sampling drops them all: ``skipped/no_signal``) or whose
+    loss is not finite trains nothing. Returns the metrics and the tokens trained on (0: none).
     """
     size = stage.spec.train_batch_size
     short: dict[str, float] = {}  # what a step short of rows misses (mode both)
@@ -180,16 +181,23 @@ def learn(stage: Stage, loop: LoopState, step: int, timer: PhaseTimer) -> tuple[
     if stage.spec.dynamic_sampling:
         batch, metrics["dynamic_sampling/dropped_rows"], keep = drop_uninformative_groups(batch)
         rows = [rows[i] for i in keep.tolist()]
+    tokens = 0
     if batch is None:
         metrics["skipped/no_signal"] = 1.0
+        dropped = int(metrics["dynamic_sampling/dropped_rows"])
+        stage.run.logger.write(
+            f"step {step}: every group's rewards are equal: dynamic sampling dropped all {dropped} rows"
+        )
     else:
         outputs: Batch = {}
         metrics.update(update(stage, loop, step, batch, timer, prepare=prepare_rl_batch, outputs=outputs))
-        if isinstance(stage.storage, TrainingRecorder) and "skipped/nan_loss" not in metrics:
-            with timer("record"):  # for people (trinity-like view): what the loss saw, no extra pass
-                stage.storage.record_trained(step, trained_records(rows, batch, outputs))
+        if "skipped/nan_loss" not in metrics:
+            tokens = int(batch["attention_mask"].sum())
+            if isinstance(stage.storage, TrainingRecorder):
+                with timer("record"):  # for people (trinity-like view): what the loss saw, no extra pass
+                    stage.storage.record_trained(step, trained_records(rows, batch, outputs))
     loop.model_version = step
-    return metrics, int(batch["attention_mask"].sum()) if batch is not None else 0
+    return metrics, tokens
 
 
 def rollout_stats(batch: Batch, model_version: int) -> dict[str, float]:
@@ -347,13 +355,17 @@ def end_step(
     sync: Callable[[int], None] | None = None,
     before_checkpoint: Callable[[int], None] | None = None,
 ) -> None:
-    """Sync weights, evaluate, log and checkpoint the end of ``step``; ``tokens``: its batch's.
+    """Sync weights, evaluate, log and checkpoint the end of ``step``; ``tokens``: what it trained on.
 
     Weights go to the explorer every ``synchronizer.interval`` steps of an online stage, and
     at the last step when an explorer process waits for them (``train`` mode) to evaluate
     the final model. ``evaluate`` replaces :meth:`Stage.evaluate` (an offline stage's held-out
     loss), ``sync`` :meth:`Stage.sync_weights` (the background explorer's published snapshots);
     ``before_checkpoint(step)`` runs just before a checkpoint is written.
+
+    ``throughput/tokens_per_s`` is the tokens trained on (prompt and response, padding left
+    out) over ``time/step``; a step that trained nothing (no rows, no signal, a non-finite
+    loss) logs no throughput rather than a rate of 0.
 
     The step's metrics are logged *before* its checkpoint: a run killed in between redoes the
     step from the previous checkpoint and logs it again (readers keep a step's last line), while
@@ -374,7 +386,8 @@ def end_step(
     metrics.update(timer.metrics())
     metrics.update(stage.memory())
     metrics["time/step"] = time.perf_counter() - t0
-    metrics["throughput/tokens_per_s"] = tokens / max(metrics["time/step"], 1e-9)
+    if tokens:
+        metrics["throughput/tokens_per_s"] = tokens / max(metrics["time/step"], 1e-9)
     stage.log(step, metrics)
     if step % cfg.checkpoint.interval == 0 or step == total:
         if before_checkpoint is not None:
