@@ -15,7 +15,7 @@ Contenders (``--contenders``, default all five):
 - ``verl`` / ``local``: ``examples/grpo_arith.yaml`` (our default GRPO recipe) with the
   workload overridden and ``algorithm.dynamic_sampling=false``: every group trained, the
   same work as TRL. Built by ``build_stage`` and stepped by the real ``run_online`` loop,
-  one step per call (``trainer.total_steps`` raised by one, ``start_step`` set;
+  one step per call (``trainer.total_steps`` raised by one, the loop's ``LoopState`` kept;
   checkpointing and evaluation off). The step time is the loop's ``time/step``, the phases
   its ``time/*`` metrics, with ``update`` split into forward_backward / optim_step and
   ``sync`` into gather (``export_weights``) / transfer by timing wrappers on the engine.
@@ -129,7 +129,8 @@ class Ours:
 
     def __init__(self, name: str, args: argparse.Namespace, run_root: str) -> None:
         from trinity_like.config import load_plan
-        from trinity_like.pipeline.stage import build_stage
+        from trinity_like.pipeline.build import build_stage
+        from trinity_like.pipeline.rl_loop import LoopState
 
         engine, _, dyn = name.partition("-")
         self.overrides = [
@@ -151,9 +152,12 @@ class Ours:
         self.stage = load_plan(args.recipe, self.overrides).stages[0]
         self.ctx = build_stage(self.stage, "both")
         self.ctx.data.eval_tasks = None  # no evaluation (the loop evaluates after its last step)
-        self.ctx.checkpoint = lambda step: None  # the loop checkpoints at its last step; TRL saves nothing either
+        self.ctx.save_checkpoint = lambda step, loop_state: (
+            None
+        )  # the loop checkpoints at its last step; TRL saves nothing either
         self.extra: dict[str, float] = {}
-        actor = self.ctx.actor
+        self.loop = LoopState.resume(self.ctx)  # a fresh run directory: step 0
+        actor = self.ctx.trainer.actor
         actor.forward_backward = self.counted(timed(actor.forward_backward, self.extra, "time/update.forward_backward"))
         actor.optim_step = timed(actor.optim_step, self.extra, "time/update.optim_step")
         actor.export_weights = timed(actor.export_weights, self.extra, "time/sync.gather")
@@ -177,9 +181,8 @@ class Ours:
         cfg = self.stage.config
         trainer = cfg.trainer.model_copy(update={"total_steps": self.step_no})
         self.ctx.spec = dataclasses.replace(self.stage, config=cfg.model_copy(update={"trainer": trainer}))
-        self.ctx.start_step = self.step_no - 1
         self.extra.clear()
-        m: dict[str, Any] = dict(run_online(self.ctx))
+        m: dict[str, Any] = dict(run_online(self.ctx, self.loop))
         m.update(self.extra)
         if "time/sync" in m and "time/sync.gather" in m:
             m["time/sync.transfer"] = m["time/sync"] - m["time/sync.gather"]

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from trinity_like.config.schema import CpuThreads
-from trinity_like.trainer.shared_weights import remove_orphans, shm_dir
+from trinity_like.shm import remove_orphans, shm_dir
 
 PREFIX = "trinity-like-cores-"
 EXPLORER, TRAINER = 0, 1  # the two sides: a byte each on the board

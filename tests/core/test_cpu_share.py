@@ -12,7 +12,7 @@ import torch
 
 from trinity_like.config.schema import Config
 from trinity_like.cpu_share import EXPLORER, PREFIX, TRAINER, CoreShare
-from trinity_like.trainer.shared_weights import shm_dir
+from trinity_like.shm import shm_dir
 
 
 @pytest.fixture

@@ -97,7 +97,7 @@ def test_unknown_sources_and_args_fail_at_resolve_time_with_file_and_line(tmp_pa
 
 
 def test_a_colon_names_the_dataset_of_a_source_that_has_one(tmp_path):
-    from trinity_like.explorer.tasks import task_source
+    from trinity_like.buffer.task_sources import task_source
 
     source, params = task_source("reasoning_gym:basic_arithmetic", {"config": {"min_terms": 2}}, "buffer.tasks")
     assert source is TASK_SOURCE.get("reasoning_gym")

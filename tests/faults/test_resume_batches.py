@@ -5,7 +5,7 @@ The killed run had written step ``t``'s rollouts; on resume the buffer hands the
 (available) and the explorer, restarted from the checkpoint's task position, explores step
 ``t`` again. Before the fix the copy got new random row ids: step ``t`` claimed the old rows,
 step ``t + 1`` the re-explored copy, and step ``t + 1``'s own rollouts were left over. Rows
-now get deterministic ids (run, step, task, place in the group; ``Stage.put_rows``), so the
+now get deterministic ids (run, step, task, place in the group; ``Stage.put``), so the
 buffer's ``INSERT OR IGNORE`` drops the copy. Buffer rows by id are each consumed once either
 way, so row counts cannot show it; the content of each step's batch (task ids, model
 versions, rewards) against an uninterrupted run does.

@@ -101,7 +101,7 @@ def test_verl_workers_and_the_explorer_actor_share_the_cores_through_a_board(tmp
     """The default recipe's layout (verl's CPU worker, the explorer as a Ray actor) with offset 1:
     the run says it shares the cores, trains every step with staleness 1, and removes its board."""
     from trinity_like.cpu_share import PREFIX
-    from trinity_like.trainer.shared_weights import shm_dir
+    from trinity_like.shm import shm_dir
 
     run_dir = run(
         tmp_path,
@@ -122,7 +122,8 @@ def test_the_explorer_actor_runs_ahead_too(tmp_path, monkeypatch):
     driver. It maps each published version where the trainer wrote it; 6 publishes take 3
     mailboxes (the version sampled with, the one loaded, the next one), reused, removed at the end."""
     from trinity_like.pipeline import async_loop
-    from trinity_like.trainer.shared_weights import PREFIX, WeightMailbox, shm_dir
+    from trinity_like.shm import shm_dir
+    from trinity_like.trainer.shared_weights import PREFIX, WeightMailbox
 
     made = []
     monkeypatch.setattr(async_loop, "WeightMailbox", lambda: made.append(WeightMailbox()) or made[-1])

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 
+import pytest
 from tiny_runs import RECIPE, TINY, final_weights, run
 
+from trinity_like.buffer.rows import unpack
 from trinity_like.config import load_plan
 from trinity_like.runner import run_plan
 
@@ -36,6 +39,37 @@ def test_two_steps_log_metrics_and_checkpoint(tmp_path):
     assert "eval/accuracy" in rows[-1] and "eval/response_length" in rows[-1]
     assert (run_dir / "checkpoints" / "step_000002" / "manifest.json").exists()
     assert any((run_dir / "tensorboard").iterdir())
+
+
+def test_throughput_is_the_tokens_a_step_trained_on_over_its_time(tmp_path):
+    """``throughput/tokens_per_s`` of a local-engine run: the real tokens (prompt and response) of
+    the rows each step trained on, read back from the buffer's record of what it trained, over
+    the step's ``time/step``."""
+    run_dir = run(tmp_path, "trainer.total_steps=2")
+    lines = map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+    logged = {r["step"]: r for r in lines if "time/step" in r}  # a step's own line (not its checkpoint's)
+    db = sqlite3.connect(run_dir / "buffer.sqlite")
+    tokens: dict[int, int] = {}
+    for step, kind, header, blob in db.execute(
+        "SELECT t.step, r.kind, r.header, r.arrays FROM trained t JOIN rows r USING (seq)"
+    ):
+        tokens[step] = tokens.get(step, 0) + len(unpack(kind, header, blob).tokens)
+    db.close()
+    assert set(tokens) == {1, 2}
+    for step in (1, 2):
+        row = logged[step]
+        assert row["throughput/tokens_per_s"] > 0
+        assert row["throughput/tokens_per_s"] == pytest.approx(tokens[step] / row["time/step"], rel=1e-9)
+
+
+def test_a_step_that_trains_nothing_logs_no_throughput_and_says_why(tmp_path, capsys):
+    """Every answer of the random model gets the same reward: dynamic sampling drops every group,
+    nothing is trained, and the step says so instead of logging a throughput of 0."""
+    run_dir = run(tmp_path, "trainer.total_steps=1", "explorer.reward_args={pattern: '(?!)'}")
+    step = next(r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "time/step" in r)
+    assert step["skipped/no_signal"] == 1.0 and step["dynamic_sampling/dropped_rows"] == 16.0
+    assert "throughput/tokens_per_s" not in step
+    assert "step 1: every group's rewards are equal: dynamic sampling dropped all 16 rows" in capsys.readouterr().out
 
 
 def test_stop_at_5_and_resume_equals_uninterrupted_10_steps(tmp_path):

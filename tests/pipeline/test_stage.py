@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import textwrap
@@ -16,6 +17,7 @@ from trinity_like.errors import ConfigError, TrinityError
 from trinity_like.experience import Experience
 from trinity_like.pipeline.batching import experience_batch
 from trinity_like.pipeline.rl_loop import drop_uninformative_groups
+from trinity_like.pipeline.stage import Stage, StageVerbs
 from trinity_like.runner import run_plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -151,3 +153,16 @@ def test_memory_of_processes_is_counted_and_gone_ones_are_zero():
     gone.wait()
     assert resident_bytes([gone.pid]) == 0
     assert resident_bytes([os.getpid(), gone.pid]) == pytest.approx(here, rel=0.1)
+
+
+def test_the_stage_implements_each_verb_of_the_protocol_as_declared():
+    """:class:`StageVerbs` is the loops' contract (a protocol, no base class): the stage has every
+    verb with the same signature, and each verb's contract is one line."""
+    verbs = {name: fn for name, fn in vars(StageVerbs).items() if inspect.isfunction(fn) and not name.startswith("_")}
+    assert {"explore", "put", "sync_weights", "evaluate", "save_checkpoint", "load_checkpoint", "log", "close"} <= set(
+        verbs
+    )
+    assert StageVerbs not in Stage.__mro__
+    for name, verb in verbs.items():
+        assert inspect.signature(getattr(Stage, name)) == inspect.signature(verb), name
+        assert verb.__doc__ and "\n" not in verb.__doc__.strip(), name

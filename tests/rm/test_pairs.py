@@ -7,8 +7,8 @@ import re
 
 from trinity_like.cli import main
 from trinity_like.experience import Experience, Task
+from trinity_like.monitor.reward_stats import response_format
 from trinity_like.pipeline.self_pairs import PAIR_KINDS, kind_pairs
-from trinity_like.rm_check.metrics import response_format
 
 TASK = Task(prompt="What is 2 + 3?", answer="5")
 

@@ -14,7 +14,7 @@ import torch
 from trinity_like.cli import main
 from trinity_like.models.reward_model import RewardModel, save_reward_model
 from trinity_like.models.tiny import build_tiny_model
-from trinity_like.rm_check.metrics import (
+from trinity_like.monitor.reward_stats import (
     auc,
     grouped_auc,
     pearson,

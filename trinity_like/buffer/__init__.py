@@ -6,6 +6,8 @@
   :mod:`.memory_storage` (bounded queue with back-pressure, in-process or a Ray actor),
   :mod:`.jsonl_storage` (JSON Lines files).
 - :mod:`.rows` -- how rows are serialised (JSON, or JSON + packed arrays; never pickle).
-- :mod:`.datasets` -- validated task / SFT / pair / expert sets with a resumable order.
+- :mod:`.datasets` -- validated task / SFT / pair / expert sets with a resumable order; their
+  rows read and checked line by line in :mod:`.records`.
+- :mod:`.task_sources` -- a generated data set's task source (TASK_SOURCE) looked up by name.
 - :mod:`.chat` -- chat rows to tokens with assistant-only masks.
 """

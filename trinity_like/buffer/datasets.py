@@ -1,19 +1,7 @@
 """Task, SFT, preference-pair and expert data sets from local JSONL / parquet files.
 
-Why validate before anything else: a run that dies at step 300 on line 17 of a data file
-wastes the 299 steps before it. Every row is checked when the set is built -- valid JSON,
-required fields present (``null`` counts as missing), right types, the same type on every
-row -- and the first bad one is a :class:`DataError` naming the file and line
-(``pairs.jsonl:17: missing field "rejected"``; parquet rows are named ``file:row 16``,
-counted from 0). Blank lines are skipped; a set with no rows is an error. Loading writes
-nothing to the run directory, so a recipe with bad data fails before a run starts.
-
-What else is rejected, not trained on silently: an empty or blank text where text is the
-point of the row (a prompt, a task's answer, an SFT response, a chosen or rejected
-response; a chat prompt whose messages are all blank), a NaN or infinite number (the
-``NaN`` / ``Infinity`` literals Python's ``json`` accepts but JSON does not), and a key
-written twice in one object (``json`` keeps the last one without a word). A UTF-8 byte
-order mark at the start of a file is accepted, as are CRLF line ends.
+Every row is checked when a set is built, and the first bad one is an error naming its
+file and line (:mod:`.records`: what is checked, and why before anything else runs).
 
 Field names of the file map to ours through :class:`DatasetOptions` (``prompt_key``,
 ``answer_key``, ...). The preference shape ``{"prompt", "chosen", "rejected"}`` and the
@@ -31,25 +19,26 @@ with exactly the rows the interrupted one would have seen next::
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-import datasets
 import numpy as np
-import pyarrow.parquet as pq
 
+from trinity_like.buffer.records import (
+    SameKind,
+    load_records,
+    messages_field,
+    prompt_field,
+    prompt_messages,
+    text_field,
+)
 from trinity_like.errors import DataError
 from trinity_like.experience import Experience, PairExperience, Task
 from trinity_like.models.chat import end_of_turn_id, tokenize_chat, tokenize_response
 from trinity_like.models.chat import render_prompt as tokenize_prompt
 
 T = TypeVar("T")
-RowCheck = Callable[[Mapping[str, Any], str], None]  # (record, "file:line") -> None or DataError
-_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
 @dataclass(frozen=True)
@@ -67,165 +56,6 @@ class DatasetOptions:
     shuffle: bool = True  # a new permutation each epoch, drawn from (seed, epoch)
     seed: int = 0  # shuffling seed
     epochs: int | None = 1  # passes before the set is exhausted; None cycles forever
-
-
-# -- files and rows ---------------------------------------------------------------
-def data_files(path: str | Path) -> tuple[str, list[Path]]:
-    """The ``datasets`` builder name and the data files of ``path`` (a file or a folder)."""
-    root = Path(path).expanduser()
-    if not str(path) or not root.exists():
-        raise DataError(f"{path or '(no path)'}: no such data file or folder")
-    files = sorted(p for p in root.rglob("*") if p.suffix in _FORMATS) if root.is_dir() else [root]
-    formats = {_FORMATS.get(p.suffix) for p in files}
-    if not files or None in formats:
-        raise DataError(f"{path}: expected .jsonl or .parquet data files")
-    special = next((p for p in files if not p.is_file()), None)  # a FIFO would block the read for ever
-    if special is not None:
-        raise DataError(f"{special}: not a regular file (a FIFO, device or socket); data is read from files")
-    if len(formats) > 1:
-        raise DataError(f"{path}: mixes JSONL and parquet files; keep one format per folder")
-    return formats.pop(), files
-
-
-def _name(file: Path, root: Path) -> str:
-    return str(file.relative_to(root)) if root.is_dir() else file.name
-
-
-def _strict_json(text: str, where: str) -> Any:
-    """``json.loads`` without what JSON does not allow: NaN / Infinity, a key twice in one object."""
-
-    def no_constant(name: str) -> Any:
-        raise DataError(f"{where}: invalid JSON ({name} is not a JSON number)")
-
-    def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in out:
-                raise DataError(f'{where}: duplicate key "{key}" in one JSON object')
-            out[key] = value
-        return out
-
-    return json.loads(text, parse_constant=no_constant, object_pairs_hook=unique_keys)
-
-
-def _jsonl_records(file: Path, name: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """``(where, record)`` of each non-blank line; invalid JSON or a non-object is a DataError."""
-    with open(file, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            where = f"{name}:{lineno}"
-            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a byte order mark (Windows editors write one)
-                raw = raw[3:]
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise DataError(f"{where}: not UTF-8 text ({exc.reason})") from None
-            if not text.strip():
-                continue
-            try:
-                record = _strict_json(text, where)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-            if not isinstance(record, dict):
-                raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            yield where, record
-
-
-def _parquet_origins(files: Sequence[Path], root: Path) -> list[str]:
-    return [f"{_name(f, root)}:row {i}" for f in files for i in range(pq.ParquetFile(f).metadata.num_rows)]
-
-
-def load_records(options: DatasetOptions, check: RowCheck) -> tuple[datasets.Dataset, list[str]]:
-    """Validate every row with ``check(record, where)``, then load the files with ``datasets``.
-
-    Returns the data set and, for each of its rows, where it came from (``file:line``).
-    JSONL is validated line by line before ``datasets`` reads it, so errors name lines.
-    """
-    fmt, files = data_files(options.path)
-    root = Path(options.path).expanduser()
-    if fmt == "json":
-        origins = []
-        for file in files:
-            for where, record in _jsonl_records(file, _name(file, root)):
-                check(record, where)
-                origins.append(where)
-    else:
-        origins = _parquet_origins(files, root)
-    if not origins:
-        raise DataError(f"{options.path}: the data set is empty")
-    try:
-        ds = datasets.load_dataset(fmt, data_files=[str(f) for f in files], split="train")
-    except datasets.exceptions.DatasetGenerationError as exc:
-        raise DataError(f"{options.path}: cannot be read as a table ({exc.__cause__ or exc})") from None
-    if fmt == "parquet":
-        for record, where in zip(ds, origins):
-            check(record, where)
-    return ds, origins
-
-
-# -- field checks -------------------------------------------------------------------
-def _json_kind(value: Any) -> str:
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "a list"
-    return f"a {type(value).__name__}"
-
-
-def field(record: Mapping[str, Any], key: str, where: str, allowed: Sequence[str]) -> Any:
-    """``record[key]``, which must be present, non-null and of one of the ``allowed`` kinds."""
-    value = record.get(key)
-    if value is None:
-        raise DataError(f'{where}: missing field "{key}"')
-    kind = _json_kind(value)
-    if kind not in allowed:
-        raise DataError(f'{where}: field "{key}" must be {" or ".join(allowed)}, got {kind}')
-    if kind == "a number" and not math.isfinite(value):  # parquet floats; JSONL rejects the literals earlier
-        raise DataError(f'{where}: field "{key}" is {value}, not a finite number')
-    return value
-
-
-def text_field(record: Mapping[str, Any], key: str, where: str, allowed: Sequence[str] = ("a string",)) -> Any:
-    """:func:`field`, and a string must hold more than whitespace (an empty prompt trains on nothing)."""
-    value = field(record, key, where, allowed)
-    if isinstance(value, str) and not value.strip():
-        raise DataError(f'{where}: field "{key}" is empty')
-    return value
-
-
-def messages_field(record: Mapping[str, Any], key: str, where: str) -> list[dict[str, str]]:
-    """A chat: a non-empty list of ``{"role": str, "content": str}`` objects."""
-    value = field(record, key, where, ["a list"])
-    if not value:
-        raise DataError(f'{where}: field "{key}" has no messages')
-    for i, m in enumerate(value):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise DataError(f'{where}: field "{key}" message {i} must have a string "role" and "content"')
-    return [{k: v for k, v in m.items() if v is not None} for m in value]
-
-
-class _Checker:
-    """Checks rows one by one, and that each field keeps the kind it had on the first row.
-
-    (A column that is text on line 1 and a number on line 40 would otherwise fail inside
-    the table reader with a message that names no line.)
-    """
-
-    def __init__(self, fields: Mapping[str, Sequence[str]]) -> None:
-        self.fields = fields  # key -> allowed kinds; keys absent from a row are skipped here
-        self.first: dict[str, tuple[str, str]] = {}  # key -> (kind, where first seen)
-
-    def same_kind(self, record: Mapping[str, Any], where: str) -> None:
-        for key, allowed in self.fields.items():
-            if record.get(key) is None:
-                continue
-            kind = _json_kind(field(record, key, where, allowed))
-            seen = self.first.setdefault(key, (kind, where))
-            if seen[0] != kind:
-                raise DataError(f'{where}: field "{key}" is {kind} here but {seen[0]} at {seen[1]}')
 
 
 # -- reading order ------------------------------------------------------------------
@@ -305,23 +135,6 @@ class RowSet(Generic[T]):
         self.order.load_state_dict(state)
 
 
-def _prompt_messages(prompt: str | list[dict[str, str]], system_prompt: str | None) -> list[dict[str, str]]:
-    if isinstance(prompt, list):
-        return prompt
-    system = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    return system + [{"role": "user", "content": prompt}]
-
-
-def _prompt(record: Mapping[str, Any], key: str, where: str) -> str | list[dict[str, str]]:
-    value = text_field(record, key, where, ["a string", "a list"])
-    if isinstance(value, str):
-        return value
-    messages = messages_field(record, key, where)
-    if not any(m["content"].strip() for m in messages):
-        raise DataError(f'{where}: field "{key}" is empty (every message is blank)')
-    return messages
-
-
 # -- the data sets ------------------------------------------------------------------
 class TaskSet(RowSet[Task]):
     """Tasks for the explorer: a prompt (text or chat) and a reference answer per row.
@@ -332,14 +145,14 @@ class TaskSet(RowSet[Task]):
 
     def __init__(self, options: DatasetOptions) -> None:
         o = options
-        checker = _Checker({o.prompt_key: ["a string", "a list"], o.answer_key: ["a string", "a number"]})
+        checker = SameKind({o.prompt_key: ["a string", "a list"], o.answer_key: ["a string", "a number"]})
 
         def check(record: Mapping[str, Any], where: str) -> None:
-            _prompt(record, o.prompt_key, where)
+            prompt_field(record, o.prompt_key, where)
             text_field(record, o.answer_key, where, ["a string", "a number"])
             checker.same_kind(record, where)
 
-        ds, origins = load_records(options, check)
+        ds, origins = load_records(options.path, check)
         rows = [_task(r, where, o) for r, where in zip(ds, origins)]
         super().__init__(rows, options, epochs=options.epochs)
 
@@ -347,7 +160,7 @@ class TaskSet(RowSet[Task]):
 def _task(record: Mapping[str, Any], where: str, o: DatasetOptions) -> Task:
     info = {k: v for k, v in record.items() if k not in (o.prompt_key, o.answer_key)}
     return Task(
-        prompt=_prompt(record, o.prompt_key, where),
+        prompt=prompt_field(record, o.prompt_key, where),
         answer=str(record[o.answer_key]),
         task_id=where,
         system_prompt=o.system_prompt,
@@ -375,13 +188,13 @@ class SftSet(RowSet[Experience]):
         template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         o = self.options = options  # _messages reads it while the rows are checked
-        checker = _Checker({o.prompt_key: ["a string", "a list"], o.response_key: ["a string"]})
+        checker = SameKind({o.prompt_key: ["a string", "a list"], o.response_key: ["a string"]})
 
         def check(record: Mapping[str, Any], where: str) -> None:
             self._messages(record, where)
             checker.same_kind(record, where)
 
-        ds, origins = load_records(options, check)
+        ds, origins = load_records(options.path, check)
         rows = [
             self._tokenize(self._messages(r, where), where, tokenizer, max_tokens, template_kwargs)
             for r, where in zip(ds, origins)
@@ -404,7 +217,7 @@ class SftSet(RowSet[Experience]):
             return msgs
         if record.get(o.prompt_key) is None:
             raise DataError(f'{where}: missing field "{o.messages_key}" (or "{o.prompt_key}" and "{o.response_key}")')
-        prompt = _prompt_messages(_prompt(record, o.prompt_key, where), o.system_prompt)
+        prompt = prompt_messages(prompt_field(record, o.prompt_key, where), o.system_prompt)
         response = text_field(record, o.response_key, where)
         return prompt + [{"role": "assistant", "content": response}]
 
@@ -454,19 +267,19 @@ class PairSet(RowSet[PairExperience]):
     ) -> None:
         o = options
         keys = (o.chosen_key, o.rejected_key)
-        checker = _Checker({o.prompt_key: ["a string", "a list"], **{k: ["a string"] for k in keys}})
+        checker = SameKind({o.prompt_key: ["a string", "a list"], **{k: ["a string"] for k in keys}})
 
         def check(record: Mapping[str, Any], where: str) -> None:
-            _prompt(record, o.prompt_key, where)
+            prompt_field(record, o.prompt_key, where)
             for key in keys:
                 text_field(record, key, where)
             checker.same_kind(record, where)
 
-        ds, origins = load_records(options, check)
+        ds, origins = load_records(options.path, check)
         end_id = end_of_turn_id(tokenizer, template_kwargs)
         rows = []
         for record, where in zip(ds, origins):
-            prompt = _prompt_messages(_prompt(record, o.prompt_key, where), o.system_prompt)
+            prompt = prompt_messages(prompt_field(record, o.prompt_key, where), o.system_prompt)
             pair = PairExperience(
                 prompt_tokens=tokenize_prompt(tokenizer, prompt, template_kwargs=template_kwargs),
                 chosen_tokens=tokenize_response(tokenizer, record[o.chosen_key], end_id),

@@ -14,7 +14,9 @@ Order of work (each step's errors name the file, key path and line):
 5. validate the typed schema; resolve every component name in its registry and build
    its params object (a weighted slot's ``coef`` is the slot's, a slot named ``none`` is
    off); check every input a component needs is provided by the algorithm -- the check
-   that makes a swap safe; resolve the task sources of the buffer's generated datasets.
+   that makes a swap safe (:mod:`.slots`); check what each section names exists and fits
+   the algorithm and mode: data sets and their task sources, storage, monitors, workflow,
+   reward functions, the model (:mod:`.checks`).
 """
 
 from __future__ import annotations
@@ -27,36 +29,18 @@ from typing import Any
 
 import pydantic
 
-from trinity_like.components import (
-    OFF,
-    REQUIRED_SLOTS,
-    SLOTS,
-    WEIGHTED_SLOTS,
-    AlgorithmType,
-    ComponentSpec,
-    build_params,
-    optional_inputs,
-    required_inputs,
-)
+from trinity_like.components import AlgorithmType, ComponentSpec
+from trinity_like.config.checks import check_data_paths, check_model, check_sections
 from trinity_like.config.loader import KeyPath, Locator, RawRecipe, apply_overrides, load_recipe
 from trinity_like.config.presets import apply_preset, swapped_slots
 from trinity_like.config.schema import AlgorithmConfig, Config, field_default
-from trinity_like.errors import ConfigError, DataError, TrinityError
-from trinity_like.explorer.tasks import task_source
+from trinity_like.config.slots import check_expert_data, check_inputs, resolve_components, resolve_name
+from trinity_like.errors import ConfigError, TrinityError
 from trinity_like.plugins import load_plugins, loaded_plugins
-from trinity_like.registry import (
-    ALGORITHM_TYPE,
-    BUFFER_STORAGE,
-    MONITOR,
-    REGISTRIES,
-    REWARD_FN,
-    WORKFLOW,
-    UnknownNameError,
-)
+from trinity_like.registry import ALGORITHM_TYPE
 
 # The handle of a resolved slot (kept under its old name for importers).
 ResolvedComponent = ComponentSpec
-_DATA_KEYS = ("tasks", "eval_tasks", "expert_data", "train_data", "eval_data")  # the buffer's data sets
 
 
 @dataclass(frozen=True)
@@ -157,220 +141,6 @@ def _model_at(model: type[pydantic.BaseModel], path: KeyPath) -> type[pydantic.B
     return model
 
 
-def _resolve_name(registry: Any, name: str, loc: Locator, path: KeyPath) -> Any:
-    try:
-        return registry.get(name)
-    except UnknownNameError as exc:
-        raise loc.error(path, str(exc)) from None
-
-
-def _build(component: Any, values: Any, where: str, loc: Locator) -> Any:
-    """``component``'s params object from ``values``; errors name the file and line of ``where``."""
-    try:
-        return build_params(component, values, where=where)
-    except ConfigError as exc:
-        raise loc.reraise(exc) from None
-
-
-def _resolve_components(cfg: Config, algo: AlgorithmType, loc: Locator) -> dict[str, ComponentSpec]:
-    """One :class:`ComponentSpec` per slot that is on; ``coef`` of a weighted slot taken here, the one place."""
-    out: dict[str, ComponentSpec] = {}
-    for slot, reg_name in SLOTS.items():
-        spec = dict(getattr(cfg.algorithm, slot))
-        if not spec:
-            continue
-        if "name" not in spec:
-            raise loc.error(
-                ("algorithm", slot), f"set `name` (algorithm {cfg.algorithm.type!r} does not fill this slot)"
-            )
-        name = spec.pop("name")
-        if not isinstance(name, str):
-            raise loc.error(
-                ("algorithm", slot, "name"),
-                f"must be a registered name, or {OFF!r} to switch the slot off (got {name!r})",
-            )
-        if name == OFF:  # off: the slot's other keys have nothing to configure
-            if slot in REQUIRED_SLOTS or (slot == "value_loss" and algo.use_critic):
-                raise loc.error(
-                    ("algorithm", slot, "name"), f"cannot be {OFF!r}: algorithm {cfg.algorithm.type!r} needs a {slot}"
-                )
-            continue
-        fn = _resolve_name(REGISTRIES[reg_name], name, loc, ("algorithm", slot, "name"))
-        coef = None
-        if slot in WEIGHTED_SLOTS:
-            coef = spec.pop("coef", None)
-            if coef is None:
-                raise loc.error(
-                    ("algorithm", slot, "coef"),
-                    f"set the weight of the {name!r} {slot} (or name: {OFF} to switch it off)",
-                    at=("algorithm", slot, "name"),
-                )
-            if isinstance(coef, bool) or not isinstance(coef, (int, float)) or coef < 0:
-                raise loc.error(("algorithm", slot, "coef"), f"must be a number >= 0 (got {coef!r})")
-            coef = float(coef)
-        if slot == "value_loss" and not algo.use_critic:
-            raise loc.error(
-                ("algorithm", slot, "name"),
-                f"algorithm {cfg.algorithm.type!r} trains no critic: nothing would use a value loss",
-            )
-        params = _build(fn, spec, f"algorithm.{slot}", loc)
-        out[slot] = ComponentSpec(reg_name, name, params, coef)
-    return out
-
-
-# Where a batch field comes from, for the error of a component that asks for a missing one.
-_SOURCE_OF = {
-    "ref_logprob": "a reference model (an algorithm type with use_reference, or a KL slot)",
-    "values": "a critic (an algorithm type with use_critic)",
-    "old_values": "a critic (an algorithm type with use_critic)",
-    "advantages": "an advantage slot",
-    "returns": "an advantage slot or a critic",
-    "scores": "a reward-model head (schema: pair)",
-}
-
-
-def _provided_inputs(algo: AlgorithmType, comps: dict[str, ComponentSpec]) -> set[str]:
-    """Batch fields the pipeline can provide for this algorithm."""
-    fields = {"logprob", "entropy", "action_mask", "num_tokens", "num_seqs"}
-    if algo.schema == "pair":
-        fields |= {"scores"}
-    else:
-        fields |= {"old_logprob", "rollout_logprob", "rewards", "group_index", "is_expert", "token_level_rewards"}
-    if "advantage" in comps:
-        fields |= {"advantages", "returns"}
-    if algo.use_reference or "kl_loss" in comps or "kl_penalty" in comps:
-        fields |= {"ref_logprob"}
-    if algo.use_critic:
-        fields |= {"values", "old_values", "returns"}
-    return fields
-
-
-def _check_inputs(algo: AlgorithmType, comps: dict[str, ComponentSpec], loc: Locator, algo_name: str) -> frozenset[str]:
-    """Every input a component asks for is provided: what makes a swapped slot safe."""
-    provided = _provided_inputs(algo, comps)
-    own = algo.components()
-    needs: set[str] = set()
-    for slot, comp in comps.items():
-        if slot in ("sample_strategy", "value_loss"):  # a class / the critic's loss: fed by their own stages
-            continue
-        req = required_inputs(comp.fn)
-        if SLOTS[slot] == "KL_FN":  # a KL estimator's logprob and ref_logprob are the core's to provide
-            req -= {"logprob", "ref_logprob"}
-        missing = req - provided
-        if missing:
-            how = "" if own.get(slot) == comp.name else f"swapped in for {own[slot]!r}" if slot in own else "added"
-            sources = "; ".join(f"{m} comes from {_SOURCE_OF[m]}" for m in sorted(missing) if m in _SOURCE_OF)
-            raise loc.error(
-                ("algorithm", slot, "name"),
-                f"{comp.name!r} needs {sorted(missing)}, which algorithm {algo_name!r} does not provide"
-                + (f" ({how})" if how else "")
-                + (f": {sources}" if sources else "")
-                + f"; it provides {', '.join(sorted(provided))}",
-            )
-        needs |= req
-    if "kl_loss" in comps or "kl_penalty" in comps:
-        needs |= {"ref_logprob"}
-    return frozenset(needs)
-
-
-def _check_model(cfg: Config, loc: Locator) -> None:
-    """The model must be a built-in id or a folder with a config.json; nothing is downloaded."""
-    from trinity_like.models.resolve import BUILTIN_MODELS
-
-    for key in ("path", "critic_path"):
-        ref = getattr(cfg.model, key)
-        if ref is None or ref in BUILTIN_MODELS:
-            continue
-        folder = Path(ref).expanduser()
-        if not (folder / "config.json").is_file():
-            why = "is a folder without config.json" if folder.is_dir() else "does not exist"
-            raise loc.error(
-                ("model", key),
-                f"model {ref!r} not found: {folder.resolve()} {why}, and it is not a built-in id "
-                f"({', '.join(sorted(BUILTIN_MODELS))}); nothing is downloaded",
-            )
-
-
-def _check_expert_data(cfg: Config, comps: dict[str, ComponentSpec], loc: Locator) -> None:
-    """Expert rows come with a sample strategy that declares ``uses_expert_data`` (MIX), and
-    then the policy loss must tell them from sampled rows (it takes ``is_expert``)."""
-    strategy = comps["sample_strategy"]
-    mixes = bool(getattr(strategy.fn, "uses_expert_data", False))
-    if mixes and cfg.buffer.expert_data is None:
-        raise loc.error(
-            ("buffer", "expert_data"),
-            f"the sample strategy {strategy.name!r} mixes expert rows into each batch: set buffer.expert_data",
-        )
-    if not mixes and cfg.buffer.expert_data is not None:
-        raise loc.error(
-            ("buffer", "expert_data"),
-            f"the sample strategy {strategy.name!r} uses no expert data; "
-            "pick one that does (e.g. algorithm.type: mix) or remove buffer.expert_data",
-        )
-    loss = comps["policy_loss"]
-    if mixes and "is_expert" not in required_inputs(loss.fn) | optional_inputs(loss.fn):
-        raise loc.error(
-            ("algorithm", "policy_loss", "name"),
-            f"{loss.name!r} cannot tell the expert rows that "
-            f"the sample strategy {strategy.name!r} mixes in from sampled ones (it takes no is_expert)",
-        )
-
-
-def _check_sections(cfg: Config, algo: AlgorithmType, loc: Locator) -> Any:
-    online = algo.use_rollout and cfg.mode in ("both", "explore", "bench")
-    if online and cfg.buffer.tasks is None and cfg.mode != "bench":
-        raise loc.error(("buffer", "tasks"), f"algorithm {cfg.algorithm.type!r} explores: set buffer.tasks")
-    if not algo.use_rollout and cfg.mode == "train" and cfg.buffer.train_data is None:
-        raise loc.error(("buffer", "train_data"), f"offline algorithm {cfg.algorithm.type!r}: set buffer.train_data")
-    if algo.use_rollout and cfg.mode in ("explore", "train"):
-        # explorer and trainer run as two processes: they share the buffer file and the weights folder
-        if cfg.synchronizer.method == "memory":
-            raise loc.error(
-                ("synchronizer", "method"),
-                f"mode {cfg.mode!r} runs explorer and trainer as separate "
-                "processes: weights cannot travel in memory; use 'checkpoint' (or 'auto')",
-            )
-        if cfg.buffer.experience.storage != "sqlite":
-            raise loc.error(
-                ("buffer", "experience", "storage"),
-                f"mode {cfg.mode!r}: the explorer and trainer "
-                f"processes share the buffer; {cfg.buffer.experience.storage!r} cannot, use 'sqlite'",
-            )
-    for key in _DATA_KEYS:
-        ds = getattr(cfg.buffer, key)
-        if (
-            ds is not None
-            and ds.pairs_from_samples is not None
-            and (key not in ("train_data", "eval_data") or algo.schema != "pair")
-        ):
-            raise loc.error(
-                ("buffer", key, "pairs_from_samples"),
-                "builds preference pairs from tasks: only for "
-                "buffer.train_data / buffer.eval_data of a pair algorithm (dpo, rm)",
-            )
-    for key in _DATA_KEYS:
-        ds = getattr(cfg.buffer, key)
-        if ds is not None and ds.generator is not None:  # a bad generator fails here, before anything runs
-            try:
-                task_source(ds.generator, ds.generator_args, where=f"buffer.{key}")
-            except ConfigError as exc:
-                raise loc.reraise(exc) from None
-    storage = _resolve_name(BUFFER_STORAGE, cfg.buffer.experience.storage, loc, ("buffer", "experience", "storage"))
-    _build(storage, cfg.buffer.experience.args, "buffer.experience.args", loc)
-    for i, backend in enumerate(cfg.monitor.backends):
-        _resolve_name(MONITOR, backend, loc, ("monitor", "backends", i))
-    reward_params = None
-    if algo.use_rollout:
-        workflow = _resolve_name(WORKFLOW, cfg.explorer.workflow, loc, ("explorer", "workflow"))
-        _build(workflow, cfg.explorer.workflow_args, "explorer.workflow_args", loc)
-        reward = _resolve_name(REWARD_FN, cfg.explorer.reward_fn, loc, ("explorer", "reward_fn"))
-        reward_params = _build(reward, cfg.explorer.reward_args, "explorer.reward_args", loc)
-        if cfg.explorer.eval_reward_fn is not None:
-            ev = _resolve_name(REWARD_FN, cfg.explorer.eval_reward_fn, loc, ("explorer", "eval_reward_fn"))
-            _build(ev, cfg.explorer.eval_reward_args, "explorer.eval_reward_args", loc)
-    return reward_params
-
-
 def _resolve_paths(data: dict, base: Path) -> dict:
     """Make data-file paths relative to the recipe's folder, as a user expects."""
     buf = data.get("buffer")
@@ -383,47 +153,25 @@ def _resolve_paths(data: dict, base: Path) -> dict:
     return data
 
 
-def _check_data_paths(cfg: Config, loc: Locator, base: Path) -> None:
-    """Every data file or folder a recipe names exists and holds data files: checked here, so the
-    error names the recipe's file, line and key (the data sets read the rows when a stage starts)."""
-    from trinity_like.buffer.datasets import data_files
-
-    for key in _DATA_KEYS:
-        ds = getattr(cfg.buffer, key)
-        if ds is None or ds.path is None:
-            continue
-        if not Path(ds.path).expanduser().exists():
-            where = (
-                ""
-                if Path(ds.path).expanduser().is_absolute()
-                else f" (looked in the recipe's folder {base.resolve()} and the working directory {Path.cwd()})"
-            )
-            raise loc.error(("buffer", key, "path"), f"{ds.path}: no such data file or folder{where}")
-        try:
-            data_files(ds.path)
-        except DataError as exc:
-            raise loc.error(("buffer", key, "path"), str(exc)) from None
-
-
 def resolve_stage(data: dict, loc: Locator, base: Path) -> ResolvedStage:
     alg = data.get("algorithm", {})
     default = field_default(AlgorithmConfig, "type")
     algo_name = alg.get("type", default) if isinstance(alg, dict) else default
     if not isinstance(algo_name, str):
         raise loc.error(("algorithm", "type"), f"must be a string (got {repr(algo_name)})")
-    algo = _resolve_name(ALGORITHM_TYPE, algo_name, loc, ("algorithm", "type"))
+    algo = resolve_name(ALGORITHM_TYPE, algo_name, loc, ("algorithm", "type"))
     if not isinstance(algo, AlgorithmType):
         raise loc.error(("algorithm", "type"), f"{algo_name!r} is registered but is not an AlgorithmType")
     data = apply_preset(data, algo, algo_name, loc)
     data = _resolve_paths(data, base)
     cfg = _validate_schema(data, loc)
-    _check_data_paths(cfg, loc, base)
-    comps = _resolve_components(cfg, algo, loc)
-    needs = _check_inputs(algo, comps, loc, algo_name)
-    reward_params = _check_sections(cfg, algo, loc)
+    check_data_paths(cfg, loc, base)
+    comps = resolve_components(cfg, algo, loc)
+    needs = check_inputs(algo, comps, loc, algo_name)
+    reward_params = check_sections(cfg, algo, loc)
     if algo.use_rollout:
-        _check_expert_data(cfg, comps, loc)
-    _check_model(cfg, loc)
+        check_expert_data(cfg, comps, loc)
+    check_model(cfg, loc)
     return ResolvedStage(cfg, algo, comps, needs, reward_params)
 
 

@@ -1,13 +1,15 @@
 """The explorer: turns tasks into scored experiences with the rollout engine.
 
 - :mod:`.engine` -- :class:`RolloutEngine`, :class:`SamplingParams`: batched KV-cache decoding
-  with shared-prefix groups and continuous batching (:mod:`.kv_cache`, :mod:`.sampling`).
+  with shared-prefix groups and continuous batching; what a call takes and returns in
+  :mod:`.engine_contract`, the decode loop of one call in :mod:`.decode` (:mod:`.kv_cache`,
+  :mod:`.prefix_cache`, :mod:`.sampling`).
 - :mod:`.worker` -- where the explorer runs: :class:`ExplorerWorker` in-process or
   :class:`RemoteExplorer` as a Ray actor, one :class:`Explorer` protocol (``run``,
   ``receive_weights``); the workflow's and the sampling params from a recipe.
 - :mod:`.workflows` -- the WORKFLOW registry's built-ins (``math``).
 - :mod:`.rewards` -- the REWARD_FN registry's built-ins and safe calling (time limits, retries).
-- :mod:`.tasks` -- the seeded arithmetic generator and the reasoning-gym adapter.
+- :mod:`.tasks` -- the built-in task sources: the seeded arithmetic generator and the reasoning-gym adapter.
 """
 
 __all__ = ["EngineParams", "Request", "RolloutEngine", "Sample", "SamplingParams"]

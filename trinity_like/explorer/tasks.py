@@ -1,24 +1,7 @@
-"""Task sources (TASK_SOURCE): a seeded arithmetic generator, and a reasoning-gym adapter.
+"""The built-in task sources (TASK_SOURCE): a seeded arithmetic generator, and a reasoning-gym adapter.
 
-A recipe names a task source in ``buffer.<key>.generator``; plugins register their own
-the same way (``@TASK_SOURCE.register_module("my_tasks")``). A source is a function (or a
-class) called with the dataset config's ``split`` ("train" | "eval"), ``size`` (None: the
-source's default), ``seed`` and ``system_prompt`` (None: the source's default), and
-``params``, its own frozen dataclass built from ``generator_args`` (unknown args are
-errors naming ``buffer.<key>.generator_args.<arg>``); it returns the tasks (any iterable
-of :class:`~trinity_like.experience.Task`). ``generator: "<name>:<dataset>"`` is short for
-``generator: <name>`` with ``generator_args: {dataset: <dataset>}``, for a source whose
-params have a ``dataset`` field (``reasoning_gym:gsm_symbolic``)::
-
-    @dataclass(frozen=True)
-    class CountParams:
-        upto: int = 10  # largest number asked for
-
-    @TASK_SOURCE.register_module("count")
-    def count_tasks(*, split, size, seed, system_prompt, params: CountParams):
-        \"\"\"'What comes after n?' for n < upto.\"\"\"
-        return [Task(prompt=f"What comes after {n}?", answer=str(n + 1), system_prompt=system_prompt)
-                for n in range(params.upto)][:size]
+What a task source is called with and returns, and how a recipe names one
+(``buffer.<key>.generator``), is in :mod:`trinity_like.buffer.task_sources`.
 
 **Arithmetic.** "What is 47 + 8?" with a calculator system prompt is the default task: a
 small instruct model starts at about 20 % and GRPO lifts it past 85 % within minutes
@@ -44,13 +27,12 @@ import importlib
 import itertools
 import random
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
-from trinity_like.components import build_params, params_type
-from trinity_like.errors import ConfigError, TrinityError
+from trinity_like.errors import TrinityError
 from trinity_like.experience import Task
-from trinity_like.registry import TASK_SOURCE, UnknownNameError
+from trinity_like.registry import TASK_SOURCE
 
 CALCULATOR_PROMPT = "You are a calculator. Reply with only the number."
 SPLITS = ("train", "eval")
@@ -230,34 +212,6 @@ def reasoning_gym_source(
         config=params.config,
         system_prompt=system_prompt,
     )
-
-
-# -- looking a source up ----------------------------------------------------------------------
-def task_source(generator: str, generator_args: Mapping[str, Any], where: str) -> tuple[Any, Any]:
-    """The TASK_SOURCE entry ``generator`` names and its params object built from ``generator_args``.
-
-    ``where`` is the dataset's key path (``buffer.tasks``); errors are one line naming
-    ``<where>.generator`` or ``<where>.generator_args.<arg>``.
-    """
-    name, colon, dataset = generator.partition(":")
-    try:
-        source = TASK_SOURCE.get(name)
-    except UnknownNameError as exc:
-        raise ConfigError(f"{where}.generator: {exc}") from None
-    args = dict(generator_args)
-    if colon:
-        ptype = params_type(source)
-        if ptype is None or "dataset" not in {f.name for f in fields(ptype)}:
-            raise ConfigError(f"{where}.generator: task source {name!r} takes no ':<dataset>' part (got {generator!r})")
-        if "dataset" in args:
-            raise ConfigError(f"{where}.generator_args.dataset: set twice (also in generator {generator!r})")
-        args["dataset"] = dataset
-    try:
-        return source, build_params(source, args, where=f"{where}.generator_args")
-    except ConfigError:
-        raise
-    except TrinityError as exc:  # the params object's own checks (ArithmeticParams.__post_init__)
-        raise ConfigError(f"{where}.generator_args: {exc}") from None
 
 
 def _jsonable(value: Any) -> Any:

@@ -46,8 +46,8 @@ from trinity_like.explorer.rewards import (
     score_with_retries,
 )
 from trinity_like.models.chat import render_prompt
+from trinity_like.monitor.reward_stats import pearson
 from trinity_like.registry import REWARD_TRANSFORM, WORKFLOW, UnknownNameError
-from trinity_like.rm_check.metrics import pearson
 
 if TYPE_CHECKING:  # the engine imports transformers: only when a workflow runs
     from trinity_like.config.schema import ExplorerConfig

@@ -36,10 +36,11 @@ Exactly once: only the driver writes the buffer and draws nothing; the explorer 
 draws tasks. A checkpoint (and an evaluation) first pauses the explorer at a batch
 boundary and puts every finished batch into the buffer, so the task position saved with
 the checkpoint matches the rows in the buffer, and the next batch's step is saved with it
-(``explorer_next_step``). A run killed anywhere resumes from its checkpoint like the
-reference loop: rows not yet committed come back, batches not yet in the buffer are
-explored again. After a resume only the checkpoint's weights exist, so ``fixed`` samples
-the first batches with them (newer than ``needed``: staleness stays within the bound).
+(``explorer_next_step``, in the loop's own state: :class:`.rl_loop.LoopState`). A run
+killed anywhere resumes from its checkpoint like the reference loop: rows not yet committed
+come back, batches not yet in the buffer are explored again. After a resume only the
+checkpoint's weights exist, so ``fixed`` samples the first batches with them (newer than
+``needed``: staleness stays within the bound).
 """
 
 from __future__ import annotations
@@ -47,24 +48,18 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
 
-from trinity_like.cpu_share import TRAINER
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Experience
-from trinity_like.explorer.worker import sampling_params
 from trinity_like.monitor.logger import PhaseTimer
 from trinity_like.monitor.timeline import Span
 from trinity_like.pipeline.explorer_process import needed_version
+from trinity_like.pipeline.rl_loop import begin, end_step, finish, learn
 from trinity_like.pipeline.stage import Stage
 from trinity_like.trainer.shared_weights import SharedWeights, WeightMailbox
 
-Learn = Callable[[Stage, int, PhaseTimer], "tuple[dict[str, float], Any]"]  # rl_loop.learn
-EndStep = Callable[..., None]  # rl_loop.end_step
-NEXT_STEP_KEY = "explorer_next_step"  # checkpoint state: the step of the first batch not in the buffer
+NEXT_STEP_KEY = "explorer_next_step"  # the loop's checkpoint state: the step of the first batch not in the buffer
 
 
 @dataclass(frozen=True)
@@ -114,14 +109,15 @@ class Snapshots:
 class BackgroundExplorer:
     """The explorer thread and what it shares with the driver, under one condition variable."""
 
-    def __init__(self, stage: Stage, first_step: int) -> None:
+    def __init__(self, stage: Stage, first_step: int, version: int) -> None:
+        """Explore from batch ``first_step`` on, with the explorer holding the weights of ``version``."""
         cfg = stage.config
         self.stage = stage
         self.total = cfg.trainer.total_steps
         self.offset, self.interval = cfg.synchronizer.offset, cfg.synchronizer.interval
         self.newest_first = cfg.synchronizer.sync_style == "explorer_driven"
         self.next_step = first_step  # the next batch the thread explores
-        self.version = stage.model_version  # the weights the explorer holds now
+        self.version = version  # the weights the explorer holds now
         self._published: dict[int, SharedWeights] = {}  # snapshots some later batch may load
         self._snapshots = Snapshots()
         self._holds: SharedWeights | None = None  # the snapshot the explorer samples with (None: not one of ours)
@@ -138,7 +134,7 @@ class BackgroundExplorer:
         """The trainer's weights now, as ``version``, for batches that may use them."""
         with self._cond:
             box = self._snapshots.spare()
-        weights = self.stage.actor.export_weights(box)  # outside the lock: the explorer goes on meanwhile
+        weights = self.stage.trainer.actor.export_weights(box)  # outside the lock: the explorer goes on meanwhile
         with self._cond:
             self._snapshots.hold(box)
             self._published[version] = weights
@@ -218,7 +214,7 @@ class BackgroundExplorer:
         self._snapshots.keep_only([*self._published.values(), self._holds, self._loading])
 
     def _loop(self) -> None:
-        timeline = self.stage.timeline
+        timeline = self.stage.run.timeline
         try:
             while True:
                 waited = time.time()
@@ -247,17 +243,15 @@ class BackgroundExplorer:
     def _explore(self, step: int, version: int, weights: SharedWeights | None) -> None:
         stage = self.stage
         if version != self.version:
-            with stage.span("explorer", "sync", step):
+            with stage.run.span("explorer", "sync", step):
                 stage.explorer.receive_weights(weights, version)
             with self._cond:
                 self.version, self._holds, self._loading = version, weights, None
                 self._prune()
-        tasks = stage.draw_tasks()
         t0 = time.perf_counter()
-        with stage.span("explorer", "rollout", step):
-            result = stage.explorer.run(tasks, sampling_params(stage.config, step=step))
+        with stage.run.span("explorer", "rollout", step):
+            rows, metrics = stage.explore(step)  # this thread alone draws tasks: exactly once
         seconds = time.perf_counter() - t0
-        rows, metrics = stage.explored(step, result)
         with self._cond:
             self._done.append(Explored(step, rows, metrics, seconds, version))
             self.next_step += 1
@@ -265,25 +259,23 @@ class BackgroundExplorer:
             self._cond.notify_all()
 
 
-def run_concurrent(stage: Stage, learn: Learn, end_step: EndStep) -> dict[str, float]:
-    """Mode ``both``, ``synchronizer.offset >= 1``: see the module doc. ``learn`` and ``end_step``
-    are the reference loop's (:func:`.rl_loop.learn`, :func:`.rl_loop.end_step`), handed over by
-    :func:`.rl_loop.run_online` (this module does not import it back)."""
-    cfg = stage.config
-    total = cfg.trainer.total_steps
-    last: dict[str, float] = {}
-    if cfg.monitor.eval_at_start and stage.eval_tasks and stage.start_step == 0:
-        stage.log(0, stage.evaluate(0))
-    first = int(stage.extra_state.get(NEXT_STEP_KEY, stage.start_step + 1))
-    explorer = BackgroundExplorer(stage, first)
+def run_concurrent(stage: Stage) -> dict[str, float]:
+    """Mode ``both``, ``synchronizer.offset >= 1``, ``synchronizer.concurrent``: see the module doc.
+    The start, each step's :func:`.rl_loop.learn` and :func:`.rl_loop.end_step`, and the end are the
+    reference loop's; what differs is who explores when."""
+    total = stage.config.trainer.total_steps
+    loop = begin(stage)
+    first = int(loop.extra.get(NEXT_STEP_KEY, loop.step + 1))
+    explorer = BackgroundExplorer(stage, first, loop.model_version)
     in_buffer = first - 1  # the last batch's step that is in the buffer
     pending: dict[str, float] = {}  # metrics of batches put into the buffer outside a step's wait
+    last: dict[str, float] = {}
 
     def put(batches: list[Explored], metrics: dict[str, float]) -> None:
         nonlocal in_buffer
         for b in batches:
-            with stage.span("trainer", "buffer_write", b.step):
-                stage.put_rows(b.rows, b.step)
+            with stage.run.span("trainer", "buffer_write", b.step):
+                stage.put(b.rows, b.step)
             in_buffer = b.step
             metrics.update(b.metrics)
             metrics["explorer/rollout_s"] = metrics.get("explorer/rollout_s", 0.0) + b.seconds
@@ -292,7 +284,7 @@ def run_concurrent(stage: Stage, learn: Learn, end_step: EndStep) -> dict[str, f
     def quiesce(step: int) -> None:
         """Before a checkpoint: every batch the explorer drew is in the buffer."""
         put(explorer.pause(), pending)
-        stage.extra_state[NEXT_STEP_KEY] = explorer.next_step
+        loop.extra[NEXT_STEP_KEY] = explorer.next_step
 
     def evaluate(step: int) -> dict[str, float]:
         put(explorer.pause(), pending)
@@ -303,27 +295,25 @@ def run_concurrent(stage: Stage, learn: Learn, end_step: EndStep) -> dict[str, f
             explorer.resume()
 
     try:
-        for step in range(stage.start_step + 1, total + 1):
+        for step in range(loop.step + 1, total + 1):
             timer, t0 = PhaseTimer(), time.perf_counter()
             metrics, pending = pending, {}
             with timer("rollout"):  # what the trainer waits for the explorer, not the explorer's time
                 while in_buffer < step:
-                    with stage.span("trainer", "wait", step):
+                    with stage.run.span("trainer", "wait", step):
                         batch = explorer.take()
                     put([batch], metrics)
-            with (
-                stage.span("trainer", "update", step),
-                stage.cores.computing(TRAINER) if stage.cores else nullcontext(),
-            ):
-                learned, batch_trained = learn(stage, step, timer)
+            with stage.run.span("trainer", "update", step), stage.resources.trainer_computing():
+                learned, tokens = learn(stage, loop, step, timer)
             metrics.update(learned)
             end_step(
                 stage,
+                loop,
                 step,
                 timer,
                 t0,
                 metrics,
-                batch_trained,
+                tokens,
                 evaluate=evaluate,
                 sync=explorer.publish,
                 before_checkpoint=quiesce,
@@ -333,10 +323,7 @@ def run_concurrent(stage: Stage, learn: Learn, end_step: EndStep) -> dict[str, f
         explorer.pause()
         explorer.load_newest()
         explorer.close()
-        if stage.eval_tasks:
-            final = stage.evaluate(total)
-            stage.log(total, final)
-            last.update(final)
+        finish(stage, last)
     except BaseException:
         explorer.close(wait=False)
         raise

@@ -12,6 +12,7 @@ from typing import Any
 
 from trinity_like.buffer.base import ExpertSource
 from trinity_like.buffer.datasets import DatasetOptions, ExpertSet, PairSet, RowSet, SftSet, TaskSet
+from trinity_like.buffer.task_sources import task_source
 from trinity_like.config import ResolvedStage
 from trinity_like.config.schema import DatasetConfig
 from trinity_like.errors import ConfigError, TrinityError
@@ -27,8 +28,6 @@ def dataset_options(ds: DatasetConfig, *, epochs: int | None) -> DatasetOptions:
 
 def generated_tasks(ds: DatasetConfig, where: str) -> list[Task]:
     """Tasks of the TASK_SOURCE ``ds.generator`` names (``where``: the dataset's key path, for errors)."""
-    from trinity_like.explorer.tasks import task_source
-
     source, params = task_source(ds.generator or "", ds.generator_args, where)
     try:
         return list(source(split=ds.split, size=ds.size, seed=ds.seed, system_prompt=ds.system_prompt, params=params))
@@ -91,7 +90,7 @@ def offline_rows(spec: ResolvedStage, key: str, source: Any, tokenizer: Any) -> 
 
 
 def load_stage_data(spec: ResolvedStage, role: str, tokenizer: Any) -> StageData:
-    """The data ``role`` reads (see :mod:`.stage`), loaded and validated."""
+    """The data ``role`` reads (see :mod:`.build`), loaded and validated."""
     cfg, buf = spec.config, spec.config.buffer
     data = StageData()
     if buf.eval_tasks is not None and role != "train":

@@ -13,6 +13,7 @@ from trinity_like.monitor.evals import EVALS_FILE
 from trinity_like.monitor.logger import MetricsLogger
 from trinity_like.pipeline.checkpoint import CheckpointManager
 from trinity_like.pipeline.data_sources import StageData, task_set
+from trinity_like.pipeline.run_dir import RunDir
 from trinity_like.pipeline.stage import Stage
 from trinity_like.trainer.lora import export_checkpoint, is_adapter_folder
 
@@ -38,6 +39,7 @@ def run_bench(spec: ResolvedStage) -> dict[str, float]:
         progress=cfg.monitor.progress,
         desc=f"bench {cfg.name}",
     )
+    run = RunDir(path=run_dir, logger=logger, checkpoints=checkpoints, eval_log=run_dir / "bench" / EVALS_FILE)
     last: dict[str, float] = {}
     merged = Path(tempfile.mkdtemp(prefix="bench-merged-"))
     try:
@@ -49,14 +51,11 @@ def run_bench(spec: ResolvedStage) -> dict[str, float]:
             stage = Stage(
                 spec=spec,
                 role="explore",
-                run_dir=run_dir,
                 model_path=model,
                 tokenizer=load_tokenizer(model),
                 data=data,
-                logger=logger,
-                checkpoints=checkpoints,
+                run=run,
                 explorer=ExplorerWorker(cfg, str(model)),
-                eval_log=run_dir / "bench" / EVALS_FILE,
             )
             step = int(CheckpointManager.read_state(path)["step"])
             last = stage.evaluate(step)

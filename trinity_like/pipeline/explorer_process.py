@@ -61,10 +61,10 @@ def needed_version(step: int, offset: int, interval: int) -> int:
 class ExplorerProcess:
     """The explorer process's loop over the weight channel and the buffer."""
 
-    def __init__(self, ctx: Stage, poll_s: float = 0.2) -> None:
-        self.ctx = ctx
-        self.channel = WeightChannel(ctx.run_dir)
-        self.state = ExplorerState(ctx.run_dir)
+    def __init__(self, stage: Stage, poll_s: float = 0.2) -> None:
+        self.stage = stage
+        self.channel = WeightChannel(stage.run_dir)
+        self.state = ExplorerState(stage.run_dir)
         self.version = 0  # the weights the explorer samples with (0: the initial model)
         self.poll_s = poll_s
 
@@ -78,13 +78,13 @@ class ExplorerProcess:
                 return time.perf_counter() - t0
             if latest is not None and latest >= version and latest > self.version:
                 try:
-                    self.ctx.explorer.receive_weights(self.channel.folder(latest), latest)
+                    self.stage.explorer.receive_weights(self.channel.folder(latest), latest)
                 except FileNotFoundError:  # pruned while we read it: take the newest again
                     continue
                 self.version = latest
                 return time.perf_counter() - t0
             if time.perf_counter() >= notice:
-                self.ctx.logger.write(
+                self.stage.run.logger.write(
                     f"waiting for trainer weights v{version} in {self.channel.root} "
                     f"(newest: {'none' if latest is None else f'v{latest}'})"
                 )
@@ -92,41 +92,41 @@ class ExplorerProcess:
             time.sleep(self.poll_s)
 
     def evaluate(self, step: int) -> dict[str, float]:
-        metrics = self.ctx.evaluate(step)
+        metrics = self.stage.evaluate(step)
         if metrics:
-            self.ctx.log(step, {**metrics, "explorer/model_version": float(self.version)})
+            self.stage.log(step, {**metrics, "explorer/model_version": float(self.version)})
         return metrics
 
     def run(self) -> dict[str, float]:
-        ctx = self.ctx
-        cfg = ctx.config
+        stage = self.stage
+        cfg = stage.config
         total, offset, interval = cfg.trainer.total_steps, cfg.synchronizer.offset, cfg.synchronizer.interval
         start = 0
         saved = self.state.load() if cfg.checkpoint.resume else None
         if saved is not None:
             start = int(saved["step"])
-            ctx.data.train.load_state_dict(saved["tasks"])
-            ctx.logger.write(f"explorer resumed after step {start}")
-            if ctx.logger.bar is not None:
-                ctx.logger.bar.update(start)
-        elif cfg.monitor.eval_at_start and ctx.eval_tasks:
+            stage.data.train.load_state_dict(saved["tasks"])
+            stage.run.logger.write(f"explorer resumed after step {start}")
+            if stage.run.logger.bar is not None:
+                stage.run.logger.bar.update(start)
+        elif cfg.monitor.eval_at_start and stage.data.eval_tasks:
             self.evaluate(0)
         last: dict[str, float] = {}
         for step in range(start + 1, total + 1):
             timer = PhaseTimer()
             t0 = time.perf_counter()
             before = self.version
-            with timer("wait_weights"), ctx.span("explorer", "wait", step):
+            with timer("wait_weights"), stage.run.span("explorer", "wait", step):
                 self.wait_for(needed_version(step, offset, interval))
             every = cfg.monitor.eval_interval
             if every and self.version // every != before // every and self.version != total:
                 with timer("eval"):  # the first version of each eval interval the explorer loads
                     self.evaluate(self.version)
-            with timer("rollout"), ctx.span("explorer", "rollout", step):
-                rows, metrics = ctx.explore(step)
+            with timer("rollout"), stage.run.span("explorer", "rollout", step):
+                rows, metrics = stage.explore(step)
             with timer("buffer_write"):
-                ctx.put_rows(rows, step)
-            self.state.save({"step": step, "tasks": ctx.data.train.state_dict(), "version": self.version})
+                stage.put(rows, step)
+            self.state.save({"step": step, "tasks": stage.data.train.state_dict(), "version": self.version})
             rewards = [float(r.reward or 0.0) for r in rows]
             metrics.update(timer.metrics())
             metrics.update(
@@ -137,16 +137,16 @@ class ExplorerProcess:
                     "time/step": time.perf_counter() - t0,
                 }
             )
-            ctx.log(step, metrics)
-            ctx.logger.advance()
+            stage.log(step, metrics)
+            stage.run.logger.advance()
             last = metrics
-        ctx.storage.mark_writer_done()
-        if ctx.eval_tasks:
+        stage.storage.mark_writer_done()
+        if stage.data.eval_tasks:
             self.wait_for(total)  # the trainer publishes its final weights
             last.update(self.evaluate(total))
         return last
 
 
-def run_explore(ctx: Stage) -> dict[str, float]:
+def run_explore(stage: Stage) -> dict[str, float]:
     """``explore`` mode: roll out and write experiences for a trainer process (see module doc)."""
-    return ExplorerProcess(ctx).run()
+    return ExplorerProcess(stage).run()

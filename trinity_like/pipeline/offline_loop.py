@@ -2,7 +2,8 @@
 
 No explorer samples training data. Each step takes the next ``train_batch_size`` rows of
 the training set (resumable, seeded order) and takes one optimiser step
-(:func:`.rl_loop.update`), then ends the step as the RL loop does (:func:`.rl_loop.end_step`):
+(:func:`.rl_loop.update`), then ends the step as the RL loop does (:func:`.rl_loop.end_step`),
+with the same loop state (:class:`.rl_loop.LoopState`):
 
 - SFT: masked NLL on assistant tokens;
 - DPO: the reference logprobs of each pair are computed once, the first time the pair is
@@ -33,8 +34,9 @@ from trinity_like.monitor.evals import TRAINED_PAIRS_FILE, append_evals
 from trinity_like.monitor.logger import PhaseTimer
 from trinity_like.ops import normalizers
 from trinity_like.pipeline.batching import experience_batch, pair_batch, split_rows
-from trinity_like.pipeline.rl_loop import end_step, update
-from trinity_like.pipeline.stage import Stage, build_stage
+from trinity_like.pipeline.build import build_stage
+from trinity_like.pipeline.rl_loop import LoopState, end_step, update
+from trinity_like.pipeline.stage import Stage
 from trinity_like.trainer.engines import build_engine
 
 Batch = dict[str, torch.Tensor]
@@ -70,9 +72,9 @@ def _pair_ref_logprob(stage: Stage, rows: list[Any], batch: Batch, cache: RefCac
     """``ref_logprob [2B, R]`` of a pair batch, from the cache or one reference forward."""
     keys = _row_keys(rows)
     if cache.missing(keys):
-        if stage.reference is None:
-            stage.reference = build_engine(stage.config, str(stage.model_path), forward_only=True)
-        ref = stage.reference.compute_logprobs(batch)["logprob"]
+        if stage.trainer.reference is None:
+            stage.trainer.reference = build_engine(stage.config, str(stage.model_path), forward_only=True)
+        ref = stage.trainer.reference.compute_logprobs(batch)["logprob"]
         lengths = (batch["response_mask"] > 0).sum(-1)
         for i, key in enumerate(keys):  # pair i: chosen in row 2i, rejected in row 2i + 1
             cache.values[f"{key}/c"] = ref[2 * i, : lengths[2 * i]].clone()
@@ -91,7 +93,7 @@ class OfflineTrainer:
 
     def __init__(self, stage: Stage) -> None:
         self.stage = stage
-        needs_ref = "ref_logprob" in stage.batch_needs
+        needs_ref = "ref_logprob" in stage.trainer.needs
         self.cache = RefCache(stage.run_dir / "ref_cache.safetensors") if needs_ref else None
         self.batch_size = stage.spec.train_batch_size
 
@@ -108,14 +110,14 @@ class OfflineTrainer:
 
     def free_reference(self) -> None:
         """Every training pair's reference logprobs are cached: the reference model can go."""
-        stage = self.stage
+        trainer = self.stage.trainer
         if (
             self.cache is not None
-            and stage.reference is not None
-            and not self.cache.missing(_row_keys(stage.data.train.rows))
+            and trainer.reference is not None
+            and not self.cache.missing(_row_keys(self.stage.data.train.rows))
         ):
-            stage.reference.close()
-            stage.reference = None
+            trainer.reference.close()
+            trainer.reference = None
 
     @torch.no_grad()
     def held_out(self, step: int) -> dict[str, float]:
@@ -129,14 +131,14 @@ class OfflineTrainer:
         for i in range(0, len(rows_all), self.batch_size):
             rows = rows_all[i : i + self.batch_size]
             batch = self.batch(rows)
-            outputs = stage.actor.compute_logprobs(batch)
-            _, m = stage.objective(outputs, batch)
+            outputs = stage.trainer.actor.compute_logprobs(batch)
+            _, m = stage.trainer.objective(outputs, batch)
             for k, v in m.items():
                 metrics.setdefault(k, []).append(float(v) * len(rows))
-            if stage.spec.algorithm.schema == "pair" and stage.eval_log is not None:
+            if stage.spec.algorithm.schema == "pair" and stage.run.eval_log is not None:
                 items += [self.pair_item(row, j, outputs, batch) for j, row in enumerate(rows)]
         if items:
-            append_evals(stage.eval_log, step, items)
+            append_evals(stage.run.eval_log, step, items)
         return {f"eval/{k}": sum(v) / len(rows_all) for k, v in metrics.items()}
 
     def pair_item(self, row: Any, j: int, outputs: Batch, batch: Batch) -> dict[str, Any]:
@@ -145,7 +147,7 @@ class OfflineTrainer:
         alone = split_rows(batch, two)
         alone.update(normalizers(alone["response_mask"]))
         mine = split_rows(outputs, two)
-        _, m = self.stage.objective(mine, alone)
+        _, m = self.stage.trainer.objective(mine, alone)
         m.update(
             {
                 f"{k}_{side}": float(v[i])
@@ -175,11 +177,11 @@ class OfflineTrainer:
             [self.pair_item(row, j, outputs, batch) for j, row in enumerate(rows)],
         )
 
-    def evaluate(self, step: int) -> dict[str, float]:
-        """Held-out rows, and answer accuracy on held-out tasks with the current weights."""
+    def evaluate(self, step: int, version: int) -> dict[str, float]:
+        """Held-out rows, and answer accuracy on held-out tasks with the current weights (``version``)."""
         stage = self.stage
         if stage.explorer is not None:
-            stage.explorer.receive_weights(stage.actor.export_weights(), stage.model_version)
+            stage.explorer.receive_weights(stage.trainer.actor.export_weights(), version)
         return {**self.held_out(step), **stage.evaluate(step)}
 
 
@@ -193,13 +195,15 @@ def run_offline(spec: ResolvedStage) -> dict[str, float]:
     stage = build_stage(spec, "offline")
     try:
         cfg, total = stage.config, stage.config.trainer.total_steps
+        loop = LoopState.resume(stage)
         pair_metrics = stage.data.summary
         trainer = OfflineTrainer(stage)
         has_eval = bool(stage.data.eval_rows or stage.data.eval_tasks)
-        if stage.start_step == 0 and (pair_metrics or (has_eval and cfg.monitor.eval_at_start)):
-            stage.log(0, {**pair_metrics, **(trainer.evaluate(0) if has_eval and cfg.monitor.eval_at_start else {})})
+        if loop.step == 0 and (pair_metrics or (has_eval and cfg.monitor.eval_at_start)):
+            at_start = trainer.evaluate(0, loop.model_version) if has_eval and cfg.monitor.eval_at_start else {}
+            stage.log(0, {**pair_metrics, **at_start})
         last: dict[str, float] = {}
-        for step in range(stage.start_step + 1, total + 1):
+        for step in range(loop.step + 1, total + 1):
             timer, t0 = PhaseTimer(), time.perf_counter()
             rows = stage.data.train.next_batch(trainer.batch_size)
             if not rows:
@@ -207,15 +211,17 @@ def run_offline(spec: ResolvedStage) -> dict[str, float]:
             with timer("reference"):
                 batch = trainer.batch(rows)
             outputs: Batch | None = {} if stage.spec.algorithm.schema == "pair" else None
-            last = update(stage, step, batch, timer, outputs=outputs)
-            if outputs and "skipped/nan_loss" not in last:
+            last = update(stage, loop, step, batch, timer, outputs=outputs)
+            trained = "skipped/nan_loss" not in last
+            if outputs and trained:
                 with timer("record"):
                     trainer.record(step, rows, batch, outputs)
             trainer.free_reference()
-            stage.model_version = step
-            end_step(stage, step, timer, t0, last, batch, evaluate=trainer.held_out)
+            loop.model_version = step
+            tokens = int(batch["attention_mask"].sum()) if trained else 0
+            end_step(stage, loop, step, timer, t0, last, tokens, evaluate=trainer.held_out)
         if has_eval:
-            final = trainer.evaluate(total)
+            final = trainer.evaluate(total, loop.model_version)
             stage.log(total, final)
             last.update(final)
         return last

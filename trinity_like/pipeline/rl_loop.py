@@ -1,29 +1,32 @@
 """The RL loop, top to bottom: explore, buffer, sample a batch, advantages, loss, optimiser, sync.
 
 Start reading here. One synchronous loop in one process (the train engine may still be
-verl's FSDP workers on Ray, the explorer a Ray actor); the :class:`~.stage.Stage` it drives
-holds the engines and data (:mod:`.stage`). One step of GRPO::
+verl's FSDP workers on Ray, the explorer a Ray actor). It drives a :class:`~.stage.Stage`
+through the verbs of :class:`~.stage.StageVerbs` and owns its own state
+(:class:`LoopState`). One step of GRPO reads top to bottom in this file and :mod:`.stage`;
+the loss itself is :mod:`trinity_like.trainer.objective`::
 
     tasks   = next explorer.batch_size tasks                       stage.explore  (resumable order)
     rows    = workflow(tasks): group_size samples each, rewarded        [explorer]
-    buffer.put(rows)                                                    [SQLite by default]
+    buffer.put(rows)                                                    stage.put  [SQLite by default]
     batch   = sample_strategy.sample(buffer, train_batch_size)         learn
     batch   = drop groups of equal rewards (dynamic sampling, DAPO)
     ref / old logprobs, critic values -- only what a component asks for
     advantages = advantage_fn(rewards, groups, ...)                     compute_advantages
     forward_backward(objective); optim_step                             update
     every sync_interval steps: explorer weights <- trainer weights      end_step -> stage.sync_weights
-    log the step's metrics; every checkpoint.interval steps: checkpoint, then buffer.commit(step)
+    log the step's metrics; every checkpoint.interval steps: stage.save_checkpoint, then buffer.commit(step)
 
 Off-policy: the explorer may run ``synchronizer.offset`` steps ahead of the trainer, so
 with offset k the batch trained at step t was sampled by the weights of step t - 1 - k;
 each row records the version that produced it and staleness is logged. This loop takes
-the turns one after the other (the reference); with offset >= 1 :mod:`.async_loop` runs the
-same schedule with the explorer in the background, exploring while the trainer trains.
+the turns one after the other (the reference); with offset >= 1 (and ``synchronizer.concurrent``)
+the runner runs :func:`.async_loop.run_concurrent` instead: the same schedule with the
+explorer in the background, exploring while the trainer trains, built from the pieces here.
 Either records when each actor was busy in ``<run_dir>/timeline.jsonl``.
 
-The offline loop (:mod:`.offline_loop`: SFT, DPO, RM) and the explorer process
-(:mod:`.explorer_process`) reuse :func:`update` and :func:`end_step`.
+The offline loop (:mod:`.offline_loop`: SFT, DPO, RM) reuses :class:`LoopState`,
+:func:`update` and :func:`end_step`.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -47,44 +52,82 @@ Batch = dict[str, torch.Tensor]
 Prepare = Callable[[Stage, Batch, PhaseTimer], dict[str, float]]  # adds what the losses read to a batch
 
 
-def run_online(stage: Stage) -> dict[str, float]:
-    """Mode ``both``: explore and train ``stage`` from ``start_step`` to ``trainer.total_steps``.
+@dataclass
+class LoopState:
+    """What a loop owns, not the stage: where it is, its NaN streak, and what it saves in each
+    checkpoint beside the stage's weights and data positions (:meth:`saved`)."""
 
-    With ``synchronizer.offset >= 1`` (and ``synchronizer.concurrent``) the explorer works in
-    the background (:func:`.async_loop.run_concurrent`); otherwise in turn, here."""
+    step: int = 0  # the last step finished; a resumed loop continues after it
+    model_version: int = 0  # the trainer's weights: the last step trained
+    nan_streak: int = 0  # steps skipped in a row for a non-finite loss (not saved: a resumed run counts afresh)
+    extra: dict[str, Any] = field(
+        default_factory=dict
+    )  # a loop's own keys saved with checkpoints (async: its next batch)
+
+    @classmethod
+    def resume(cls, stage: Stage) -> LoopState:
+        """The state the latest checkpoint saved, restoring the stage's with it (fresh: all zero)."""
+        step, saved = stage.load_checkpoint()
+        return cls(step=step, model_version=int(saved.pop("model_version", step)), extra=saved)
+
+    def saved(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the loop's state."""
+        return {"model_version": self.model_version, **self.extra}
+
+
+def begin(stage: Stage) -> LoopState:
+    """An online loop's start: its state from the latest checkpoint; before the first step of a
+    fresh run, the learned reward checked against the gold one (``monitor.rm_check_tasks``) and
+    the held-out evaluation (``monitor.eval_at_start``), both logged at step 0."""
+    loop = LoopState.resume(stage)
     cfg = stage.config
-    total, offset = cfg.trainer.total_steps, cfg.synchronizer.offset
-    if offset >= 1 and cfg.synchronizer.concurrent:
-        from trinity_like.pipeline.async_loop import run_concurrent
-
-        return run_concurrent(stage, learn, end_step)
-    last: dict[str, float] = {}
-    if cfg.monitor.eval_at_start and stage.eval_tasks and stage.start_step == 0:
+    if loop.step == 0 and stage.reward_watch is not None and cfg.monitor.rm_check_tasks:
+        tasks = (stage.data.eval_tasks or [])[: cfg.monitor.rm_check_tasks]
+        metrics, line = stage.reward_watch.check_at_start(stage.explorer, tasks)
+        stage.run.logger.write(line)
+        stage.log(0, metrics)
+    if loop.step == 0 and cfg.monitor.eval_at_start and stage.data.eval_tasks:
         stage.log(0, stage.evaluate(0))
-    pending: list[list[Experience]] = []  # explored batches waiting for the trainer (off-policy window)
-    for step in range(stage.start_step + 1, total + 1):
-        timer, t0 = PhaseTimer(), time.perf_counter()
-        metrics: dict[str, float] = {}
-        # -- explore: keep `offset` batches ahead of the trainer ------------------------------
-        while len(pending) <= offset and step + len(pending) <= total:
-            with timer("rollout"), stage.span("explorer", "rollout", step + len(pending)):
-                rows, explore_metrics = stage.explore(step + len(pending))
-            metrics.update(explore_metrics)
-            with timer("buffer_write"):
-                stage.put_rows(rows, step + len(pending))
-            pending.append(rows)
-        pending.pop(0)
-        # -- sample a batch, train, sync, checkpoint, log ---------------------------------------
-        with stage.span("trainer", "update", step):
-            learned, batch = learn(stage, step, timer)
-        metrics.update(learned)
-        end_step(stage, step, timer, t0, metrics, batch)
-        last = metrics
-    if stage.eval_tasks:
+    return loop
+
+
+def finish(stage: Stage, last: dict[str, float]) -> dict[str, float]:
+    """An online loop's end: the held-out evaluation of the final weights, logged at the last step."""
+    total = stage.config.trainer.total_steps
+    if stage.data.eval_tasks:
         final = stage.evaluate(total)
         stage.log(total, final)
         last.update(final)
     return last
+
+
+def run_online(stage: Stage, loop: LoopState | None = None) -> dict[str, float]:
+    """Mode ``both``, in turn: explore and train ``stage`` after the loop's step (the latest
+    checkpoint's, or ``loop``'s when given) up to ``trainer.total_steps``; returns the last metrics."""
+    cfg = stage.config
+    total, offset = cfg.trainer.total_steps, cfg.synchronizer.offset
+    loop = begin(stage) if loop is None else loop
+    last: dict[str, float] = {}
+    pending: list[list[Experience]] = []  # explored batches waiting for the trainer (off-policy window)
+    for step in range(loop.step + 1, total + 1):
+        timer, t0 = PhaseTimer(), time.perf_counter()
+        metrics: dict[str, float] = {}
+        # -- explore: keep `offset` batches ahead of the trainer ------------------------------
+        while len(pending) <= offset and step + len(pending) <= total:
+            with timer("rollout"), stage.run.span("explorer", "rollout", step + len(pending)):
+                rows, explore_metrics = stage.explore(step + len(pending))
+            metrics.update(explore_metrics)
+            with timer("buffer_write"):
+                stage.put(rows, step + len(pending))
+            pending.append(rows)
+        pending.pop(0)
+        # -- sample a batch, train, sync, checkpoint, log ---------------------------------------
+        with stage.run.span("trainer", "update", step):
+            learned, tokens = learn(stage, loop, step, timer)
+        metrics.update(learned)
+        end_step(stage, loop, step, timer, t0, metrics, tokens)
+        last = metrics
+    return finish(stage, last)
 
 
 def run_trainer(stage: Stage) -> dict[str, float]:
@@ -93,59 +136,68 @@ def run_trainer(stage: Stage) -> dict[str, float]:
     Weights are published to ``<run_dir>/sync`` for the explorer (:mod:`.weight_channel`);
     a claim waits until the explorer has written a full batch.
     """
+    loop = begin(stage)
     last: dict[str, float] = {}
-    for step in range(stage.start_step + 1, stage.config.trainer.total_steps + 1):
+    for step in range(loop.step + 1, stage.config.trainer.total_steps + 1):
         timer, t0 = PhaseTimer(), time.perf_counter()
-        with stage.span("trainer", "update", step):
-            last, batch = learn(stage, step, timer)
-        end_step(stage, step, timer, t0, last, batch)
+        with stage.run.span("trainer", "update", step):
+            last, tokens = learn(stage, loop, step, timer)
+        end_step(stage, loop, step, timer, t0, last, tokens)
     return last
 
 
 # -- the trainer's half of a step ------------------------------------------------------------
-def learn(stage: Stage, step: int, timer: PhaseTimer) -> tuple[dict[str, float], Batch | None]:
+def learn(stage: Stage, loop: LoopState, step: int, timer: PhaseTimer) -> tuple[dict[str, float], int]:
     """Sample a batch from the buffer and take one optimiser step on it.
 
     In mode ``both`` a step short of rows (skipped tasks) trains on what the buffer holds,
     and a step with none is skipped (``skipped/short_batch_rows``, ``skipped/empty_batch``);
-    mode ``train`` waits for an explorer process to write a full batch.
-    Returns the metrics and the batch trained on (None when nothing was left to train).
+    mode ``train`` waits for an explorer process to write a full batch. A batch whose groups
+    all have equal rewards (dynamic sampling drops them all: ``skipped/no_signal``) or whose
+    loss is not finite trains nothing. Returns the metrics and the tokens trained on (0: none).
     """
     size = stage.spec.train_batch_size
     short: dict[str, float] = {}  # what a step short of rows misses (mode both)
     if stage.role == "both":  # this process wrote every row the step will get: waiting for more would hang
         available = stage.storage.count("available")
         if available == 0:
-            stage.logger.write(f"step {step}: exploration produced no rows (every task skipped); step skipped")
-            stage.model_version = step
-            return {"skipped/empty_batch": 1.0}, None
+            stage.run.logger.write(f"step {step}: exploration produced no rows (every task skipped); step skipped")
+            loop.model_version = step
+            return {"skipped/empty_batch": 1.0}, 0
         if available < size:
-            stage.logger.write(
+            stage.run.logger.write(
                 f"step {step}: {available} rows explored for a batch of {size} "
                 f"(buffer.train_batch_size); training on them"
             )
             size, short = available, {"skipped/short_batch_rows": float(size - available)}
     with timer("sample"):
         rows = stage.strategy.sample(
-            experiences=stage.storage, batch_size=size, model_version=stage.model_version, expert=stage.data.expert
+            experiences=stage.storage, batch_size=size, model_version=loop.model_version, expert=stage.data.expert
         )
     if not rows:
         raise TrinityError(f"step {step}: the buffer gave no experiences (explorer produced none?)")
     batch: Batch | None = experience_batch(rows, stage.pad_id)
-    metrics = {**short, **rollout_stats(batch, stage.model_version)}
+    metrics = {**short, **rollout_stats(batch, loop.model_version)}
     if stage.spec.dynamic_sampling:
         batch, metrics["dynamic_sampling/dropped_rows"], keep = drop_uninformative_groups(batch)
         rows = [rows[i] for i in keep.tolist()]
+    tokens = 0
     if batch is None:
         metrics["skipped/no_signal"] = 1.0
+        dropped = int(metrics["dynamic_sampling/dropped_rows"])
+        stage.run.logger.write(
+            f"step {step}: every group's rewards are equal: dynamic sampling dropped all {dropped} rows"
+        )
     else:
         outputs: Batch = {}
-        metrics.update(update(stage, step, batch, timer, prepare=prepare_rl_batch, outputs=outputs))
-        if isinstance(stage.storage, TrainingRecorder) and "skipped/nan_loss" not in metrics:
-            with timer("record"):  # for people (trinity-like view): what the loss saw, no extra pass
-                stage.storage.record_trained(step, trained_records(rows, batch, outputs))
-    stage.model_version = step
-    return metrics, batch
+        metrics.update(update(stage, loop, step, batch, timer, prepare=prepare_rl_batch, outputs=outputs))
+        if "skipped/nan_loss" not in metrics:
+            tokens = int(batch["attention_mask"].sum())
+            if isinstance(stage.storage, TrainingRecorder):
+                with timer("record"):  # for people (trinity-like view): what the loss saw, no extra pass
+                    stage.storage.record_trained(step, trained_records(rows, batch, outputs))
+    loop.model_version = step
+    return metrics, tokens
 
 
 def rollout_stats(batch: Batch, model_version: int) -> dict[str, float]:
@@ -192,16 +244,16 @@ def drop_uninformative_groups(batch: Batch) -> tuple[Batch | None, float, torch.
 def prepare_rl_batch(stage: Stage, batch: Batch, timer: PhaseTimer) -> dict[str, float]:
     """What the losses read besides the policy's own logprobs: reference and old logprobs,
     critic values (each only when a component asks for it), then advantages."""
-    needs = stage.batch_needs
-    if "ref_logprob" in needs:
+    trainer = stage.trainer
+    if "ref_logprob" in trainer.needs:
         with timer("reference"):
-            batch["ref_logprob"] = stage.reference.compute_logprobs(batch)["logprob"]
-    if "old_logprob" in needs and not stage.objective.one_update:
+            batch["ref_logprob"] = trainer.reference.compute_logprobs(batch)["logprob"]
+    if "old_logprob" in trainer.needs and not trainer.objective.one_update:
         with timer("old_logprob"):
-            batch["old_logprob"] = stage.actor.compute_logprobs(batch)["logprob"]
-    if stage.critic is not None:
+            batch["old_logprob"] = trainer.actor.compute_logprobs(batch)["logprob"]
+    if trainer.critic is not None:
         with timer("values"):
-            batch["values"] = stage.critic.compute_logprobs(batch)["values"]
+            batch["values"] = trainer.critic.compute_logprobs(batch)["values"]
             batch["old_values"] = batch["values"]
     with timer("advantage"):
         return compute_advantages(stage, batch)
@@ -241,6 +293,7 @@ def compute_advantages(stage: Stage, batch: Batch) -> dict[str, float]:
 # -- shared by every loop ------------------------------------------------------------------------
 def update(
     stage: Stage,
+    loop: LoopState,
     step: int,
     batch: Batch,
     timer: PhaseTimer,
@@ -252,61 +305,67 @@ def update(
 
     ``prepare(stage, batch, timer)`` first adds what the losses read (reference logprobs,
     advantages, ...). A non-finite loss skips the step without touching the weights; more
-    than ``trainer.max_nan_steps`` in a row stop the run with the last good weights.
-    ``outputs``, when given, receives the actor's outputs of the first epoch (``logprob [B, R]``,
-    ...: the weights before this step), from the forward the loss ran.
+    than ``trainer.max_nan_steps`` in a row (``loop.nan_streak``) stop the run with the last
+    good weights. ``outputs``, when given, receives the actor's outputs of the first epoch
+    (``logprob [B, R]``, ...: the weights before this step), from the forward the loss ran.
     """
+    trainer = stage.trainer
     try:
         metrics = prepare(stage, batch, timer) if prepare is not None else {}
         with timer("update"):
             for epoch in range(stage.config.trainer.update_epochs):
-                out = stage.actor.forward_backward(
+                out = trainer.actor.forward_backward(
                     batch,
-                    stage.objective,
-                    need_entropy=stage.objective.need_entropy,
+                    trainer.objective,
+                    need_entropy=trainer.objective.need_entropy,
                     out=outputs if epoch == 0 else None,
                 )
                 if out.get("nonfinite_loss", 0.0) > 0 or not math.isfinite(out.get("loss", 0.0)):
-                    stage.actor.zero_grad()  # drop what the finite micro-batches accumulated
+                    trainer.actor.zero_grad()  # drop what the finite micro-batches accumulated
                     raise FloatingPointError("non-finite loss")
                 metrics.update(out)
-                metrics.update({f"actor/{k}": v for k, v in stage.actor.optim_step().items()})
-            if stage.critic is not None:
-                out = stage.critic.forward_backward(batch, stage.value_objective)
+                metrics.update({f"actor/{k}": v for k, v in trainer.actor.optim_step().items()})
+            if trainer.critic is not None:
+                out = trainer.critic.forward_backward(batch, trainer.value_objective)
                 metrics.update({f"critic/{k}": v for k, v in out.items()})
-                metrics.update({f"critic/{k}": v for k, v in stage.critic.optim_step().items()})
+                metrics.update({f"critic/{k}": v for k, v in trainer.critic.optim_step().items()})
     except FloatingPointError as exc:
-        stage.nan_streak += 1
-        stage.logger.write(f"step {step}: {exc}; step skipped ({stage.nan_streak} in a row)")
+        loop.nan_streak += 1
+        stage.run.logger.write(f"step {step}: {exc}; step skipped ({loop.nan_streak} in a row)")
         limit = stage.config.trainer.max_nan_steps
-        if stage.nan_streak > limit:
+        if loop.nan_streak > limit:
             raise TrinityError(
-                f"step {step}: {stage.nan_streak} non-finite losses in a row (trainer.max_nan_steps="
+                f"step {step}: {loop.nan_streak} non-finite losses in a row (trainer.max_nan_steps="
                 f"{limit}); stopping with the weights of the last good step"
             ) from None
         return {"skipped/nan_loss": 1.0}
-    stage.nan_streak = 0
+    loop.nan_streak = 0
     return metrics
 
 
 def end_step(
     stage: Stage,
+    loop: LoopState,
     step: int,
     timer: PhaseTimer,
     t0: float,
     metrics: dict[str, float],
-    batch: Batch | None,
+    tokens: int,
     evaluate: Callable[[int], dict[str, float]] | None = None,
     sync: Callable[[int], None] | None = None,
     before_checkpoint: Callable[[int], None] | None = None,
 ) -> None:
-    """Sync weights, evaluate, log and checkpoint the end of ``step``.
+    """Sync weights, evaluate, log and checkpoint the end of ``step``; ``tokens``: what it trained on.
 
     Weights go to the explorer every ``synchronizer.interval`` steps of an online stage, and
     at the last step when an explorer process waits for them (``train`` mode) to evaluate
     the final model. ``evaluate`` replaces :meth:`Stage.evaluate` (an offline stage's held-out
     loss), ``sync`` :meth:`Stage.sync_weights` (the background explorer's published snapshots);
     ``before_checkpoint(step)`` runs just before a checkpoint is written.
+
+    ``throughput/tokens_per_s`` is the tokens trained on (prompt and response, padding left
+    out) over ``time/step``; a step that trained nothing (no rows, no signal, a non-finite
+    loss) logs no throughput rather than a rate of 0.
 
     The step's metrics are logged *before* its checkpoint: a run killed in between redoes the
     step from the previous checkpoint and logs it again (readers keep a step's last line), while
@@ -319,22 +378,23 @@ def end_step(
     if stage.spec.algorithm.use_rollout and (
         step % cfg.synchronizer.interval == 0 or (step == total and cfg.mode == "train")
     ):
-        with timer("sync"), stage.span("trainer", "sync", step):
+        with timer("sync"), stage.run.span("trainer", "sync", step):
             (sync or stage.sync_weights)(step)
     if cfg.monitor.eval_interval and step % cfg.monitor.eval_interval == 0 and step != total:
-        with timer("eval"), stage.span("trainer", "eval", step):
+        with timer("eval"), stage.run.span("trainer", "eval", step):
             metrics.update((evaluate or stage.evaluate)(step))
     metrics.update(timer.metrics())
     metrics.update(stage.memory())
     metrics["time/step"] = time.perf_counter() - t0
-    tokens = float(batch["attention_mask"].sum()) if batch is not None else 0.0
-    metrics["throughput/tokens_per_s"] = tokens / max(metrics["time/step"], 1e-9)
+    if tokens:
+        metrics["throughput/tokens_per_s"] = tokens / max(metrics["time/step"], 1e-9)
     stage.log(step, metrics)
     if step % cfg.checkpoint.interval == 0 or step == total:
         if before_checkpoint is not None:
             before_checkpoint(step)
         t1 = time.perf_counter()
-        with stage.span("trainer", "checkpoint", step):
-            stage.checkpoint(step)
+        with stage.run.span("trainer", "checkpoint", step):
+            stage.save_checkpoint(step, loop.saved())
         stage.log(step, {"time/checkpoint": time.perf_counter() - t1})
-    stage.logger.advance()
+    loop.step = step
+    stage.run.logger.advance()

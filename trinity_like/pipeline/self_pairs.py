@@ -21,7 +21,7 @@ reward failed (``skipped``).
 near-miss" has never seen the free text a policy mostly samples, and one trained on "the
 answer vs the commonest wrong sample" learns "number vs text" instead of "right vs wrong".
 Pairs within one response format, and across formats in both directions, teach it the
-difference that matters (formats: :func:`~trinity_like.rm_check.metrics.response_format`).
+difference that matters (formats: :func:`~trinity_like.monitor.reward_stats.response_format`).
 
 The pairs are written once to ``<run_dir>/self_pairs/<name>.jsonl`` with a ``.json``
 summary holding what they were built from (tasks, sample count, model, sampling, reward,
@@ -87,7 +87,7 @@ def kind_pairs(task: Any, samples: list[Any], kinds: tuple[str, ...] = tuple(PAI
     "kind"}``: the commonest right response of the chosen format vs the commonest wrong one of the
     rejected format. A right bare number no sample gave is the reference answer itself (when it
     is a bare number), as in :func:`_pair`; every other response is the policy's own."""
-    from trinity_like.rm_check.metrics import response_format
+    from trinity_like.monitor.reward_stats import response_format
 
     right: dict[str | None, list[Any]] = {None: []}
     wrong: dict[str, list[Any]] = {}
@@ -223,7 +223,7 @@ def add_self_pairs(stage: Any) -> None:
     model), and count them in ``stage.data.summary``. Runs before any train engine exists."""
     data, cfg = stage.data, stage.config
     explorer = functools.cache(lambda: ExplorerWorker(cfg, str(stage.model_path)))
-    resuming = cfg.checkpoint.resume and stage.checkpoints.latest() is not None
+    resuming = cfg.checkpoint.resume and stage.run.checkpoints.latest() is not None
     for key, tasks in data.pair_tasks.items():
         source = getattr(cfg.buffer, key)
         ds, summary, built = build_self_pairs(

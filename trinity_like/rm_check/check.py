@@ -3,7 +3,7 @@
 Before RL on a learned reward, sample the policy RL starts from (the recipe's model, with
 the recipe's rollout sampling) on held-out tasks, score every sample with the reward model
 and with the task's rule-based verifier (the recipe's ``explorer.eval_reward_fn``, else its
-``reward_fn``), and report how well the two agree (:mod:`.metrics`, :mod:`.probes`):
+``reward_fn``), and report how well the two agree (:mod:`trinity_like.monitor.reward_stats`, :mod:`.probes`):
 
 - AUC of the RM score against the verifier's right/wrong, overall, within each response
   format, and within groups of the same prompt (the comparison GRPO makes);
@@ -32,17 +32,18 @@ from trinity_like.config.schema import Config, DatasetConfig
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Task
 from trinity_like.explorer.rewards import RewardCall
-from trinity_like.rm_check.metrics import (
+from trinity_like.monitor.reward_stats import (
     FORMATS,
     auc,
+    fmt,
     grouped_auc,
     pearson,
     response_format,
     spearman,
 )
+from trinity_like.pipeline.reward_watch import CHECK_SEED_STEP
 from trinity_like.rm_check.probes import probe_pairs
 
-CHECK_SEED_STEP = 3_000_000  # the sampling seed's step: draws differ from any training step's
 RECIPE_SUFFIXES = (".yaml", ".yml", ".toml")
 TRANSFORM_KEYS = ("reward_transform", "reward_transform_args")  # workflow args that rewrite a batch's rewards
 
@@ -215,10 +216,6 @@ def run_check(
     return report
 
 
-def _f(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
-
-
 def format_report(report: dict[str, Any]) -> str:
     """The terminal table of a report."""
     a = report["auc"]
@@ -227,52 +224,19 @@ def format_report(report: dict[str, Any]) -> str:
             f"reward model {report['scorer']} on {report['policy']}'s samples ({report['tasks']} tasks x "
             f"{report['samples_per_task']}, verifier {report['verifier']}, right {report['right_frac']:.1%})"
         ),
-        f"  AUC overall        {_f(a['overall'])}",
-        f"  AUC within prompt  {_f(a['within_group'])}   ({a['groups_with_both']} prompts with right and wrong samples)",
+        f"  AUC overall        {fmt(a['overall'])}",
+        f"  AUC within prompt  {fmt(a['within_group'])}   ({a['groups_with_both']} prompts with right and wrong samples)",
         "  by format          share   right      n    AUC   mean score",
     ]
-    for fmt, row in a["by_format"].items():
+    for form, row in a["by_format"].items():
         lines.append(
-            f"    {fmt:<16} {row['share']:6.1%} {row['right']:7d} {row['n']:6d} {_f(row['auc']):>6}   "
-            f"{_f(row['score_mean'])}"
+            f"    {form:<16} {row['share']:6.1%} {row['right']:7d} {row['n']:6d} {fmt(row['auc']):>6}   "
+            f"{fmt(row['score_mean'])}"
         )
     lines.append("  probes (first preferred)            rate     n")
     for name, row in report["probes"].items():
-        lines.append(f"    {name:<34} {_f(row['rate']):>5} {row['n']:5d}")
+        lines.append(f"    {name:<34} {fmt(row['rate']):>5} {row['n']:5d}")
     length = report["length"]
-    lines.append(f"  score vs length    spearman {_f(length['spearman'])}, pearson {_f(length['pearson'])}")
+    lines.append(f"  score vs length    spearman {fmt(length['spearman'])}, pearson {fmt(length['pearson'])}")
     lines += [f"warning: {w}" for w in report["warnings"]]
     return "\n".join(lines)
-
-
-def start_check(explorer: Any, tasks: list[Task], config: Config) -> tuple[dict[str, float], str]:
-    """The check's headline at the start of an RL run (``monitor.rm_check_tasks``): the
-    explorer's own workflow answers ``tasks`` ``group_size`` times, scoring each answer with
-    the trained reward and the gold one, and the AUCs of the first against the second come
-    back as ``rm_check/*`` metrics with a one-line summary (ending in a warning when the
-    within-prompt AUC is within 0.1 of chance). No probes: those need ``trinity-like rm-check``."""
-    from trinity_like.explorer.worker import sampling_params
-
-    if not tasks:
-        return {}, "reward check at start skipped (monitor.rm_check_tasks): the recipe has no buffer.eval_tasks"
-    sampling = dataclasses.replace(sampling_params(config, step=CHECK_SEED_STEP), n=config.explorer.group_size)
-    rows = [e for e in explorer.run(tasks, sampling).experiences if e.info.get("gold_reward") is not None]
-    scores = [float(e.info.get("raw_reward", e.reward)) for e in rows]
-    right = [float(e.info["gold_reward"]) >= 1.0 for e in rows]
-    overall = auc(scores, right)
-    within, n_groups = grouped_auc(scores, right, [e.task_id for e in rows])
-    metrics = {
-        "rm_check/samples": float(len(rows)),
-        "rm_check/right_frac": sum(right) / max(len(rows), 1),
-        "rm_check/prompts_with_both": float(n_groups),
-    }
-    metrics.update(
-        {k: v for k, v in (("rm_check/auc", overall), ("rm_check/auc_within_prompt", within)) if v is not None}
-    )
-    line = (
-        f"reward check at start ({len(tasks)} held-out tasks x {config.explorer.group_size}, gold right "
-        f"{metrics['rm_check/right_frac']:.1%}): AUC {_f(overall)}, within prompt {_f(within)} ({n_groups} prompts)"
-    )
-    if within is not None and abs(within - 0.5) <= 0.1:
-        line += " -- warning: within-prompt AUC near chance; see trinity-like rm-check"
-    return metrics, line

@@ -24,25 +24,18 @@ from __future__ import annotations
 import math
 import os
 import socket
-import tempfile
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import torch
 
+from trinity_like import shm
 from trinity_like.errors import TrinityError
 
 PREFIX = "trinity-like-weights-"
 ALIGN = 64  # byte alignment of each tensor in the file
-
-
-def shm_dir() -> Path:
-    """Where mailboxes live: ``/dev/shm`` (memory, never written to disk) where it exists."""
-    shm = Path("/dev/shm")
-    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
 
 
 def this_machine() -> str:
@@ -88,7 +81,7 @@ class WeightMailbox:
     changes, removed by :meth:`close`."""
 
     def __init__(self, directory: str | Path | None = None) -> None:
-        folder = Path(directory) if directory is not None else shm_dir()
+        folder = Path(directory) if directory is not None else shm.shm_dir()
         remove_orphans(folder)
         self.path = str(folder / f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
 
@@ -123,11 +116,8 @@ def write_into(path: str, items: Iterable[tuple[str, torch.Tensor]]) -> SharedWe
 
 
 def remove_orphans(folder: Path, prefix: str = PREFIX) -> None:
-    """Remove files ``<prefix><pid>-...`` (mailboxes) whose owner process is gone (killed before its close)."""
-    for f in folder.glob(f"{prefix}*"):
-        pid = f.name.removeprefix(prefix).split("-", 1)[0]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
-            f.unlink(missing_ok=True)
+    """Remove mailboxes in ``folder`` whose owner process is gone (:func:`trinity_like.shm.remove_orphans`)."""
+    shm.remove_orphans(folder, prefix)
 
 
 _MAPPINGS: dict[str, torch.Tensor] = {}  # path -> this process's mapping (uint8), kept across syncs

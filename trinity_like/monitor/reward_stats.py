@@ -1,5 +1,9 @@
-"""The numbers of a reward-model check: AUC (overall and within prompt groups), rank and
-linear correlation, and the response-format classifier they are broken down by.
+"""The numbers that compare a learned reward with the task's verifier: AUC (overall and within
+prompt groups), rank and linear correlation, and the response-format classifier they are
+broken down by. ``trinity-like rm-check`` reports them, the check at the start of an RL run
+(:mod:`trinity_like.pipeline.reward_watch`) logs them, a workflow with a gold reward logs
+their correlation at every step, and self-made pairs (:mod:`trinity_like.pipeline.self_pairs`)
+are told apart by format with them; they live here, below all of those.
 
 AUC here is the probability that a randomly drawn *right* response (by the task's
 verifier) scores above a randomly drawn *wrong* one, ties counting one half (the
@@ -110,3 +114,8 @@ def pearson(x: Sequence[float], y: Sequence[float]) -> float | None:
 def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
     """Spearman's rank correlation: Pearson's r of the (tie-averaged) ranks."""
     return pearson(ranks(x), ranks(y))
+
+
+def fmt(value: float | None) -> str:
+    """A statistic for a report line: three decimals, ``-`` when it is undefined (None)."""
+    return "-" if value is None else f"{value:.3f}"

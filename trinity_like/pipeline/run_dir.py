@@ -1,0 +1,74 @@
+"""A stage's run directory and everything the stage writes there, behind one handle.
+
+:meth:`RunDir.open` claims the directory for a role first (:mod:`.run_lock`: a second run on
+it stops there, before anything is written), then writes ``config.json`` and opens what the
+stage writes as it runs: the metrics logger (``metrics.jsonl``, TensorBoard, the progress
+bar; an explorer process logs under ``explorer/``), the checkpoints (:mod:`.checkpoint`),
+the timeline of when each actor was busy (``timeline.jsonl``,
+:mod:`~trinity_like.monitor.timeline`) and the held-out answers (``evals.jsonl``,
+:mod:`~trinity_like.monitor.evals`). :meth:`RunDir.close` comes last::
+
+    run = RunDir.open(config, "both")
+    with run.span("trainer", "update", step):
+        ...
+    run.logger.log(step, metrics)
+    run.close()                      # the logger's sinks, then the lock
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+from trinity_like.config.schema import Config
+from trinity_like.monitor.evals import EVALS_FILE
+from trinity_like.monitor.logger import MetricsLogger
+from trinity_like.monitor.timeline import TIMELINE_FILE, Timeline
+from trinity_like.pipeline.checkpoint import CheckpointManager
+from trinity_like.pipeline.run_lock import RunLock
+
+
+@dataclass
+class RunDir:
+    """The run directory of one stage and what is written there."""
+
+    path: Path
+    logger: MetricsLogger  # step metrics to every monitor, and lines for people
+    checkpoints: CheckpointManager
+    eval_log: Path | None = None  # where evaluations append each held-out answer (None: nowhere)
+    timeline: Timeline | None = None  # when each actor was busy (None: not recorded)
+    lock: RunLock | None = None  # the stage's claim on the directory, released by close()
+
+    @classmethod
+    def open(cls, cfg: Config, role: str) -> RunDir:
+        """Claim ``cfg.run_dir()`` for ``role``, write ``config.json`` and open the logger."""
+        path = Path(cfg.run_dir())
+        lock = RunLock.acquire(path, role)  # before anything is written: a second run on the directory stops here
+        (path / "config.json").write_text(cfg.model_dump_json(indent=1))
+        explorer_only = role == "explore"  # an explorer process logs beside the trainer, not over it
+        logger = MetricsLogger(
+            str(path / "explorer" if explorer_only else path),
+            cfg.monitor.backends,
+            total_steps=cfg.trainer.total_steps,
+            start_step=0,
+            progress=cfg.monitor.progress,
+            desc=f"{cfg.name} explorer" if explorer_only else cfg.name,
+        )
+        return cls(
+            path=path,
+            logger=logger,
+            checkpoints=CheckpointManager(path, cfg.checkpoint.keep_last),
+            eval_log=path / EVALS_FILE,
+            timeline=Timeline(path / TIMELINE_FILE),
+            lock=lock,
+        )
+
+    def span(self, actor: str, phase: str, step: int) -> AbstractContextManager[None]:
+        """Record the body as a span of ``actor`` in the timeline, if the directory keeps one."""
+        return self.timeline.span(actor, phase, step) if self.timeline is not None else nullcontext()
+
+    def close(self) -> None:
+        self.logger.close()
+        if self.lock is not None:
+            self.lock.release()
