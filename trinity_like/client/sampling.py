@@ -51,6 +51,7 @@ from tinker import types
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from trinity_like.client.data import ModelLimits, check_token_ids
 from trinity_like.client.futures import Job, RequestBatcher, sampler_weights_path
 from trinity_like.explorer.engine import Request, RolloutEngine, Sample, sample_seed
 from trinity_like.explorer.engine import SamplingParams as EngineSampling
@@ -182,8 +183,9 @@ def engine_sampling(
     )
 
 
-def prompt_ids(prompt: types.ModelInput, vocab_size: int) -> list[int]:
-    """The token ids of a text-only ``prompt``; errors name the offending chunk or token."""
+def prompt_ids(prompt: types.ModelInput, vocab_size: int | None, context: int | None = None) -> list[int]:
+    """The token ids of a text-only ``prompt`` that fits the model (``vocab_size``, ``context``:
+    :class:`~trinity_like.client.data.ModelLimits`); errors name the offending chunk or token."""
     if not isinstance(prompt, types.ModelInput):
         raise TypeError(f"prompt must be a tinker.types.ModelInput, got {type(prompt).__name__}")
     for i, chunk in enumerate(prompt.chunks):
@@ -192,9 +194,9 @@ def prompt_ids(prompt: types.ModelInput, vocab_size: int) -> list[int]:
     ids = [int(t) for t in prompt.to_ints()]
     if not ids:
         raise ValueError("prompt is empty: sampling needs at least one token")
-    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
-    if bad is not None:
-        raise ValueError(f"prompt token {bad} is outside the model's vocabulary of {vocab_size}")
+    if context is not None and len(ids) > context:
+        raise ValueError(f"prompt has {len(ids)} tokens, more than the model's context of {context}")
+    check_token_ids(np.asarray(ids), ModelLimits(vocab_size, context), "prompt")
     return ids
 
 
@@ -334,8 +336,8 @@ class SamplingClient:
             _, prompt, n, params, with_prompt, last_n = job.args
             if n < 1:
                 raise ValueError(f"num_samples must be >= 1, got {n}")
-            ids = prompt_ids(prompt, model.get_input_embeddings().num_embeddings)
             context = getattr(model.config, "max_position_embeddings", None)
+            ids = prompt_ids(prompt, model.get_input_embeddings().num_embeddings, context)
             sampling = engine_sampling(params, n, len(ids), context, engine.default_stop_ids)
             # The seeds engine.generate would give this prompt alone: batching changes no sample.
             requests.append(Request(tuple(ids), tuple(sample_seed(sampling.seed, 0, s) for s in range(n))))
@@ -370,7 +372,9 @@ class SamplingClient:
     def _compute_logprobs(jobs: list[Job]) -> list[list[float | None]]:
         self, prompt, last_n = jobs[0].args
         model = self._engine().model
-        logprob_P = prompt_logprobs(model, prompt_ids(prompt, model.get_input_embeddings().num_embeddings), last_n)
+        context = getattr(model.config, "max_position_embeddings", None)
+        ids = prompt_ids(prompt, model.get_input_embeddings().num_embeddings, context)
+        logprob_P = prompt_logprobs(model, ids, last_n)
         return [[None if math.isnan(x) else x for x in logprob_P.tolist()]]
 
     # -- the SDK's methods -----------------------------------------------------------------------
