@@ -134,6 +134,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     srv.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body in MiB (default 64)")
     srv.add_argument(
+        "--max-num-samples", type=int, default=128, help="most samples one sample request may ask for (default 128)"
+    )
+    srv.add_argument(
+        "--max-batch-datums",
+        type=int,
+        default=1024,
+        help="most datums in one forward_backward request (default 1024; the SDK splits larger batches)",
+    )
+    srv.add_argument(
         "--poll-seconds",
         type=float,
         default=10.0,
@@ -335,6 +344,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         micro_batch_size=args.micro_batch_size,
         models=tuple(args.model),
         poll_seconds=args.poll_seconds,
+        max_num_samples=args.max_num_samples,
+        max_batch_datums=args.max_batch_datums,
     )
     serve(params)
     return 0

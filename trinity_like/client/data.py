@@ -19,7 +19,8 @@ the target is used so that an engine that scores the response tokens themselves
 What the engine could not survive is refused first, by :func:`check_datum_values` (the
 in-process client, before a request reaches its engine, and ``trinity-like serve`` at the
 door, one code): a token id outside ``[0, vocabulary)``, a datum longer than the model's
-context, a NaN or infinite value in any ``loss_fn_inputs`` array.
+context, a NaN or infinite value in any ``loss_fn_inputs`` array. A sampling prompt is
+checked against the same :class:`ModelLimits` by :func:`prompt_ids`.
 
 Example::
 
@@ -118,6 +119,23 @@ def check_data(data: Sequence[tinker.types.Datum], limits: ModelLimits) -> None:
         raise DataError("data is empty: forward/backward needs at least one Datum")
     for i, datum in enumerate(data):
         check_datum_values(datum, i, limits)
+
+
+def prompt_ids(prompt: tinker.types.ModelInput, vocab_size: int | None, context: int | None = None) -> list[int]:
+    """The token ids of a text-only sampling ``prompt`` that fits the model (``vocab_size``,
+    ``context``: :class:`ModelLimits`); errors name the offending chunk or token."""
+    if not isinstance(prompt, tinker.types.ModelInput):
+        raise TypeError(f"prompt must be a tinker.types.ModelInput, got {type(prompt).__name__}")
+    for i, chunk in enumerate(prompt.chunks):
+        if chunk.type != "encoded_text":
+            raise ValueError(f"prompt chunk {i} is of type {chunk.type!r}; this sampler reads token chunks only")
+    ids = [int(t) for t in prompt.to_ints()]
+    if not ids:
+        raise ValueError("prompt is empty: sampling needs at least one token")
+    if context is not None and len(ids) > context:
+        raise ValueError(f"prompt has {len(ids)} tokens, more than the model's context of {context}")
+    check_token_ids(np.asarray(ids), ModelLimits(vocab_size, context), "prompt")
+    return ids
 
 
 def datum_tokens(datum: tinker.types.Datum, index: int) -> list[int]:
