@@ -132,35 +132,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     srv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --api-key)")
     srv.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0: any free port)")
-    srv.add_argument(
-        "--api-key",
-        default=os.environ.get("TRINITY_LIKE_SERVE_API_KEY"),
-        help="require this key (tml-...) on every request (default: $TRINITY_LIKE_SERVE_API_KEY)",
-    )
-    srv.add_argument(
-        "--data-dir",
-        default=None,
-        help="where tinker:// checkpoints live (default: $TRINITY_LIKE_CACHE/serve or ~/.cache/trinity_like/serve)",
-    )
-    srv.add_argument(
-        "--model",
-        action="append",
-        default=[],
-        metavar="M",
-        help="a model id or Hugging Face folder to list beside the built-ins (repeatable)",
-    )
+    key_help = "require this key (tml-...) on every request (default: $TRINITY_LIKE_SERVE_API_KEY)"
+    srv.add_argument("--api-key", default=os.environ.get("TRINITY_LIKE_SERVE_API_KEY"), help=key_help)
+    data_help = "where tinker:// checkpoints live (default: $TRINITY_LIKE_CACHE/serve or ~/.cache/trinity_like/serve)"
+    srv.add_argument("--data-dir", default=None, help=data_help)
+    model_help = "a model id or Hugging Face folder to list beside the built-ins (repeatable)"
+    srv.add_argument("--model", action="append", default=[], metavar="M", help=model_help)
     srv.add_argument("--train-engine", default="local", help="local (in-process torch, default) or verl")
-    srv.add_argument("--micro-batch-size", type=int, default=8, help="rows per forward/backward pass (default 8)")
-    srv.add_argument(
-        "--max-pending", type=int, default=512, help="requests queued at once before HTTP 429 (default 512)"
-    )
-    srv.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body in MiB (default 64)")
-    srv.add_argument(
-        "--poll-seconds",
-        type=float,
-        default=10.0,
-        help="how long a result fetch waits before the SDK is told to poll again (default 10)",
-    )
+    for flag, kind, default, what in (  # the server's numbers; docs/serve.md's table says more
+        ("--micro-batch-size", int, 8, "rows per forward/backward pass"),
+        ("--max-pending", int, 512, "requests queued at once before HTTP 429"),
+        ("--max-body-mb", float, 64.0, "largest request body in MiB"),
+        ("--max-num-samples", int, 128, "most samples one sample request may ask for"),
+        ("--max-batch-datums", int, 1024, "most datums in one forward_backward request (the SDK splits larger)"),
+        ("--poll-seconds", float, 10.0, "how long a result fetch waits before the SDK is told to poll again"),
+    ):
+        srv.add_argument(flag, type=kind, default=default, help=f"{what} (default {default:g})")
     _add_common(srv)
 
     rmc = sub.add_parser(
@@ -357,6 +344,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         micro_batch_size=args.micro_batch_size,
         models=tuple(args.model),
         poll_seconds=args.poll_seconds,
+        max_num_samples=args.max_num_samples,
+        max_batch_datums=args.max_batch_datums,
     )
     serve(params)
     return 0

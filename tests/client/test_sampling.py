@@ -246,6 +246,16 @@ def test_a_sampler_is_its_own_future_like_the_sdks_transitional_one(client):
         (None, 0, {}, "num_samples must be >= 1"),
         (types.ModelInput(chunks=[types.ImageChunk(data=b"x", format="png")]), 1, {}, "chunk 0 is of type 'image'"),
         (None, 1, {"temperature": -1.0}, "temperature must be >= 0"),
+        # below 1e-5, logits / temperature overflow to inf and the sampled id to the vocabulary's end
+        (None, 1, {"temperature": 1e-257}, r"temperature must be >= 0 \(0 is greedy; others finite and >= 1e-05\)"),
+        (None, 1, {"temperature": float("inf")}, r"others finite and >= 1e-05\), got inf"),
+        (None, 1, {"top_p": 9e-202}, r"top_p must be in \(0, 1\] and >= 1e-05, got 9e-202"),  # 0 in float32
+        (
+            types.ModelInput.from_ints([5] * 1100),
+            1,
+            {},
+            "prompt has 1100 tokens, more than the model's context of 1024",
+        ),
         (None, 1, {"max_tokens": None}, "max_tokens is required"),
         (None, 1, {"max_tokens": 5000}, "exceed the model's context of 1024"),
         (None, 1, {"top_p": 0.0}, "top_p must be in"),

@@ -207,6 +207,38 @@ def test_forward_accumulates_no_gradient(client):
             r"datum 0: loss_fn_inputs\['target_tokens'\] must hold integers",
         ),
         (DATA, "no_such_loss", ConfigError, "unknown loss_fn 'no_such_loss'.*cross_entropy.*registered"),
+        # what the engine could not survive: refused before it runs (the server's door runs the same check)
+        (
+            [DATA[0], sft_datum([1, 2, 3], [1.0, float("nan")])],
+            "cross_entropy",
+            DataError,
+            r"^datum 1: loss_fn_inputs\['weights'\] holds nan at position 1 \(every value must be finite\)$",
+        ),
+        (
+            [rl_datum([5, 6], [7, 8], [-1.0, -1.0], float("inf"))],
+            "importance_sampling",
+            DataError,
+            r"^datum 0: loss_fn_inputs\['advantages'\] holds inf at position 1 ",
+        ),
+        (
+            [sft_datum([1, 10**6, 3], [1.0, 1.0])],
+            "cross_entropy",
+            DataError,
+            r"^datum 0: model_input: token 1000000 is outside the model's vocabulary of \d+ \(ids 0\.\.\d+\), "
+            r"at position 1$",
+        ),
+        (
+            [sft_datum([1, 2, -3], [1.0, 1.0])],
+            "cross_entropy",
+            DataError,
+            r"^datum 0: loss_fn_inputs\['target_tokens'\]: token -3 is outside .* at position 1$",
+        ),
+        (
+            [sft_datum(list(range(1, 100)) * 11, [1.0] * 1088)],
+            "cross_entropy",
+            DataError,
+            r"^datum 0: model_input has 1088 tokens, more than the model's context of 1024 \(max_position_embeddings\)$",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_error_from_result_and_the_client_stays_usable(client, data, loss, error, match):
@@ -219,6 +251,21 @@ def test_bad_input_is_one_clear_error_from_result_and_the_client_stays_usable(cl
 def test_optim_step_rejects_what_is_not_adam_params_at_call_time(client):
     with pytest.raises(TypeError, match="AdamParams"):
         client.optim_step({"learning_rate": 1e-4})
+    for field in ("learning_rate", "beta1", "eps"):
+        with pytest.raises(ValueError, match=rf"^AdamParams\.{field} must be finite, got nan$"):
+            client.optim_step(types.AdamParams(learning_rate=1e-4).model_copy(update={field: float("nan")}))
+
+
+def test_a_datum_of_exactly_the_context_trains_and_one_more_token_is_refused(client):
+    """The longest datum the model takes (1024 tokens) trains; its logprobs equal a plain forward's."""
+    tokens = [(7 * i) % 300 + 1 for i in range(1025)]
+    datum = sft_datum(tokens, [1.0] * 1024)
+    out = client.forward([datum], "cross_entropy").result(timeout=120)
+    with torch.no_grad():
+        want = oracle_logprobs(copy.deepcopy(client._engine.model).double(), datum)
+    torch.testing.assert_close(out.loss_fn_outputs[0]["logprobs"].to_torch().double(), want, atol=1e-4, rtol=1e-4)
+    with pytest.raises(DataError, match="model_input has 1025 tokens"):
+        client.forward([sft_datum([*tokens, 5], [1.0] * 1025)], "cross_entropy").result(timeout=120)
 
 
 def test_a_custom_loss_sees_every_position_of_every_datum_as_given(client):

@@ -16,6 +16,12 @@ the target is used so that an engine that scores the response tokens themselves
 (``verl``) gets position T-1 right. Arrays become ``[B, R]`` batch fields of the same name
 (``weights``, ``advantages``, ``logprobs``), zero on padding.
 
+What the engine could not survive is refused first, by :func:`check_datum_values` (the
+in-process client, before a request reaches its engine, and ``trinity-like serve`` at the
+door, one code): a token id outside ``[0, vocabulary)``, a datum longer than the model's
+context, a NaN or infinite value in any ``loss_fn_inputs`` array. A sampling prompt is
+checked against the same :class:`ModelLimits` by :func:`prompt_ids`.
+
 Example::
 
     datum = tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints([5, 6, 7]),
@@ -27,8 +33,10 @@ Example::
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import tinker
@@ -43,6 +51,91 @@ FLOAT_KEYS = frozenset({"weights", "advantages", "logprobs"})
 
 class DataError(TrinityError, ValueError):
     """A Datum (or the list of them) the client cannot train on; the message names the datum and key."""
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What a model's inputs must fit: token ids below ``vocab_size``, at most ``context`` tokens."""
+
+    vocab_size: int | None  # token ids lie in [0, vocab_size); None: unchecked
+    context: int | None  # max_position_embeddings: tokens one sequence may hold; None: unchecked
+
+    @staticmethod
+    def of(folder: str | Path) -> ModelLimits:
+        """The limits a Hugging Face folder's ``config.json`` states (a multimodal one's ``text_config``)."""
+        config = json.loads((Path(folder) / "config.json").read_text())
+        config = {**config.get("text_config", {}), **config}
+
+        def positive(key: str) -> int | None:
+            value = config.get(key)
+            return value if isinstance(value, int) and value > 0 else None
+
+        return ModelLimits(positive("vocab_size"), positive("max_position_embeddings"))
+
+
+def check_token_ids(ids: np.ndarray, limits: ModelLimits, where: str) -> None:
+    """Every id of ``ids`` lies in ``[0, vocab_size)``; the error names ``where`` and the first position.
+    (An array of Python ints too large for int64 has dtype object: compared all the same.)"""
+    if limits.vocab_size is None or ids.size == 0:
+        return
+    bad = np.flatnonzero((ids < 0) | (ids >= limits.vocab_size))
+    if bad.size:
+        p = int(bad[0])
+        raise DataError(
+            f"{where}: token {int(ids[p])} is outside the model's vocabulary of {limits.vocab_size} "
+            f"(ids 0..{limits.vocab_size - 1}), at position {p}"
+        )
+
+
+def check_datum_values(datum: tinker.types.Datum, index: int, limits: ModelLimits) -> None:
+    """Datum ``index`` fits the model and holds only finite numbers (every ``loss_fn_inputs`` key,
+    a loss's or not): its length against the context, its token ids against the vocabulary."""
+    tokens = np.asarray(datum_tokens(datum, index))
+    if limits.context is not None and tokens.size > limits.context:
+        raise DataError(
+            f"datum {index}: model_input has {tokens.size} tokens, more than the model's context "
+            f"of {limits.context} (max_position_embeddings)"
+        )
+    check_token_ids(tokens, limits, f"datum {index}: model_input")
+    for key, tensor in datum.loss_fn_inputs.items():
+        values = tensor.to_numpy()
+        if np.issubdtype(values.dtype, np.floating):
+            bad = np.flatnonzero(~np.isfinite(values.ravel()))
+            if bad.size:
+                p = int(bad[0])
+                raise DataError(
+                    f"datum {index}: loss_fn_inputs[{key!r}] holds {values.ravel()[p]} at position {p} "
+                    "(every value must be finite)"
+                )
+        elif key in INT_KEYS and np.issubdtype(values.dtype, np.integer):
+            check_token_ids(values.ravel(), limits, f"datum {index}: loss_fn_inputs[{key!r}]")
+
+
+def check_data(data: Sequence[tinker.types.Datum], limits: ModelLimits) -> None:
+    """:func:`check_datum_values` for each datum of a list (the list itself checked first)."""
+    if not isinstance(data, Sequence) or isinstance(data, (str, bytes)):
+        raise DataError(f"data must be a list of tinker.types.Datum, got {type(data).__name__}")
+    if len(data) == 0:
+        raise DataError("data is empty: forward/backward needs at least one Datum")
+    for i, datum in enumerate(data):
+        check_datum_values(datum, i, limits)
+
+
+def prompt_ids(prompt: tinker.types.ModelInput, vocab_size: int | None, context: int | None = None) -> list[int]:
+    """The token ids of a text-only sampling ``prompt`` that fits the model (``vocab_size``,
+    ``context``: :class:`ModelLimits`); errors name the offending chunk or token."""
+    if not isinstance(prompt, tinker.types.ModelInput):
+        raise TypeError(f"prompt must be a tinker.types.ModelInput, got {type(prompt).__name__}")
+    for i, chunk in enumerate(prompt.chunks):
+        if chunk.type != "encoded_text":
+            raise ValueError(f"prompt chunk {i} is of type {chunk.type!r}; this sampler reads token chunks only")
+    ids = [int(t) for t in prompt.to_ints()]
+    if not ids:
+        raise ValueError("prompt is empty: sampling needs at least one token")
+    if context is not None and len(ids) > context:
+        raise ValueError(f"prompt has {len(ids)} tokens, more than the model's context of {context}")
+    check_token_ids(np.asarray(ids), ModelLimits(vocab_size, context), "prompt")
+    return ids
 
 
 def datum_tokens(datum: tinker.types.Datum, index: int) -> list[int]:
@@ -113,18 +206,16 @@ def to_batch(
     extra_ok: bool = False,
     score_all: bool = True,
     pad_id: int = 0,
+    limits: ModelLimits | None = None,
 ) -> tuple[dict[str, torch.Tensor], Layout]:
     """The engines' batch for ``data`` carrying the arrays ``keys`` (which include ``target_tokens``).
 
     ``score_all``: every position is scored. Otherwise a datum's leading positions that carry
     no loss (all its arrays zero there, as over an RL prompt) join the prompt, whose logits
     the engines never compute: the same work as the recipe path on the same sequences.
-    Errors name the datum index and key.
+    ``limits``: the model's (:func:`check_data`); None checks no values. Errors name the datum index and key.
     """
-    if not isinstance(data, Sequence) or isinstance(data, (str, bytes)):
-        raise DataError(f"data must be a list of tinker.types.Datum, got {type(data).__name__}")
-    if len(data) == 0:
-        raise DataError("data is empty: forward/backward needs at least one Datum")
+    check_data(data, limits or ModelLimits(None, None))
     rows = []
     for i, datum in enumerate(data):
         tokens = datum_tokens(datum, i)
@@ -151,10 +242,13 @@ def to_batch(
         mask[b, :n] = 1.0
         for k in fields:
             fields[k][b, :n] = torch.from_numpy(arrays[k][start:].astype(np.float32))
+    # A datum of exactly ``context`` tokens puts its extra column (never attended to) at position
+    # ``context``: clamped, so a model with learned positions never indexes past its table.
+    top = limits.context - 1 if limits is not None and limits.context is not None else None
     batch = {
         "input_ids": input_ids,
         "attention_mask": attention,
-        "position_ids": (attention.cumsum(-1) - 1).clamp(min=0),
+        "position_ids": (attention.cumsum(-1) - 1).clamp(min=0, max=top),
         "response_mask": mask,
         TARGET_IDS: targets,
         **fields,

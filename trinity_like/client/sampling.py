@@ -51,12 +51,16 @@ from tinker import types
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from trinity_like.client.data import prompt_ids
 from trinity_like.client.futures import Job, RequestBatcher, sampler_weights_path
 from trinity_like.explorer.engine import Request, RolloutEngine, Sample, sample_seed
 from trinity_like.explorer.engine import SamplingParams as EngineSampling
 from trinity_like.models.resolve import load_model, load_tokenizer, resolve_model_path
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf", ".index.json")  # not copied beside new weights
+# Below it, temperature (but 0, greedy) overflows logits / temperature in float32, and top_p rounds to 0 in
+# float32 and masks every token: both would sample past the vocabulary. For the most likely token: 0 or top_k=1.
+MIN_TEMPERATURE = MIN_TOP_P = 1e-5
 
 
 @dataclass
@@ -161,12 +165,13 @@ def engine_sampling(
             f"prompt ({prompt_length} tokens) + max_tokens ({params.max_tokens}) "
             f"exceed the model's context of {context}"
         )
-    if not params.temperature >= 0:
-        raise ValueError(f"sampling_params.temperature must be >= 0 (0 is greedy), got {params.temperature}")
+    if not (params.temperature == 0 or MIN_TEMPERATURE <= params.temperature < math.inf):
+        bounds = f"0 is greedy; others finite and >= {MIN_TEMPERATURE}"
+        raise ValueError(f"sampling_params.temperature must be >= 0 ({bounds}), got {params.temperature}")
     if params.top_k < -1:
         raise ValueError(f"sampling_params.top_k must be -1 (all tokens) or >= 1, got {params.top_k}")
-    if not 0 < params.top_p <= 1:
-        raise ValueError(f"sampling_params.top_p must be in (0, 1], got {params.top_p}")
+    if not MIN_TOP_P <= params.top_p <= 1:
+        raise ValueError(f"sampling_params.top_p must be in (0, 1] and >= {MIN_TOP_P}, got {params.top_p}")
     stop_ids, stop_strings = stop_conditions(params.stop, eos_ids)
     greedy = params.temperature == 0
     return EngineSampling(
@@ -180,22 +185,6 @@ def engine_sampling(
         stop_token_ids=stop_ids,
         stop_strings=stop_strings,
     )
-
-
-def prompt_ids(prompt: types.ModelInput, vocab_size: int) -> list[int]:
-    """The token ids of a text-only ``prompt``; errors name the offending chunk or token."""
-    if not isinstance(prompt, types.ModelInput):
-        raise TypeError(f"prompt must be a tinker.types.ModelInput, got {type(prompt).__name__}")
-    for i, chunk in enumerate(prompt.chunks):
-        if chunk.type != "encoded_text":
-            raise ValueError(f"prompt chunk {i} is of type {chunk.type!r}; this sampler reads token chunks only")
-    ids = [int(t) for t in prompt.to_ints()]
-    if not ids:
-        raise ValueError("prompt is empty: sampling needs at least one token")
-    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
-    if bad is not None:
-        raise ValueError(f"prompt token {bad} is outside the model's vocabulary of {vocab_size}")
-    return ids
 
 
 def prompt_logprobs(model: PreTrainedModel, ids: list[int], last_n: int | None = None) -> np.ndarray:
@@ -334,8 +323,8 @@ class SamplingClient:
             _, prompt, n, params, with_prompt, last_n = job.args
             if n < 1:
                 raise ValueError(f"num_samples must be >= 1, got {n}")
-            ids = prompt_ids(prompt, model.get_input_embeddings().num_embeddings)
             context = getattr(model.config, "max_position_embeddings", None)
+            ids = prompt_ids(prompt, model.get_input_embeddings().num_embeddings, context)
             sampling = engine_sampling(params, n, len(ids), context, engine.default_stop_ids)
             # The seeds engine.generate would give this prompt alone: batching changes no sample.
             requests.append(Request(tuple(ids), tuple(sample_seed(sampling.seed, 0, s) for s in range(n))))
@@ -370,7 +359,9 @@ class SamplingClient:
     def _compute_logprobs(jobs: list[Job]) -> list[list[float | None]]:
         self, prompt, last_n = jobs[0].args
         model = self._engine().model
-        logprob_P = prompt_logprobs(model, prompt_ids(prompt, model.get_input_embeddings().num_embeddings), last_n)
+        context = getattr(model.config, "max_position_embeddings", None)
+        ids = prompt_ids(prompt, model.get_input_embeddings().num_embeddings, context)
+        logprob_P = prompt_logprobs(model, ids, last_n)
         return [[None if math.isnan(x) else x for x in logprob_P.tolist()]]
 
     # -- the SDK's methods -----------------------------------------------------------------------

@@ -300,7 +300,7 @@ class ServiceClient:
         if model_path is not None:
             model_path = sampler_weights_path(model_path, "create_sampling_client")
         if self._ray is not None:
-            from trinity_like.client.ray.clients import base_sampler
+            from trinity_like.client.ray.sampling import base_sampler
 
             if model_path is None:
                 resolve_model_path(base_model)

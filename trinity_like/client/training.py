@@ -20,6 +20,8 @@ Example (the SDK's own loop, unchanged but for the import)::
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 import shutil
 import time
@@ -34,6 +36,7 @@ from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 
 from trinity_like.client.data import (
     Layout,
+    ModelLimits,
     check_next_token_targets,
     per_datum,
     to_batch,
@@ -49,11 +52,13 @@ from trinity_like.client.losses import (
 from trinity_like.client.sampling import SamplingClient
 from trinity_like.client.spellings import TrainingAsyncSpellings
 from trinity_like.components import ComponentSpec, call_component
+from trinity_like.models.resolve import resolve_model_path
 from trinity_like.trainer.base import TrainEngine
 from trinity_like.trainer.lora import BASE_MODEL_FILE
 from trinity_like.trainer.params import AdamStep
 
 CustomLossFn = Callable[[list[types.Datum], list[torch.Tensor]], tuple[torch.Tensor, dict[str, float]]]
+CHECKPOINT_NAME_MAX = 128  # characters of a checkpoint name: with the run's folder, far below a file system's limit
 
 
 @dataclass(frozen=True)
@@ -140,6 +145,11 @@ class TrainingClient(TrainingAsyncSpellings):
     def __await__(self):
         yield from ()
         return self
+
+    @functools.cached_property
+    def limits(self) -> ModelLimits:
+        """The vocabulary and context every datum is checked against (the base model's config)."""
+        return ModelLimits.of(resolve_model_path(self.base_model))
 
     # -- forward / backward ---------------------------------------------------------------
     def forward(
@@ -247,7 +257,7 @@ class TrainingClient(TrainingAsyncSpellings):
         extra_ok: bool = False,
         score_all: bool = True,
     ) -> tuple[dict[str, torch.Tensor], Layout]:
-        batch, layout = to_batch(data, keys, what=what, extra_ok=extra_ok, score_all=score_all)
+        batch, layout = to_batch(data, keys, what=what, extra_ok=extra_ok, score_all=score_all, limits=self.limits)
         if not self._exact_targets:
             check_next_token_targets(batch)
         return batch, layout
@@ -277,6 +287,9 @@ class TrainingClient(TrainingAsyncSpellings):
         params = optim_params if optim_params is not None else adam_params
         if not isinstance(params, types.AdamParams):
             raise TypeError(f"Expected AdamParams (the only optimizer here), got {type(params).__name__}")
+        for field, value in params.model_dump().items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"AdamParams.{field} must be finite, got {value}")
         adam = AdamStep(
             lr=params.learning_rate,
             betas=(params.beta1, params.beta2),
@@ -316,8 +329,10 @@ class TrainingClient(TrainingAsyncSpellings):
         return types.SaveWeightsResponse(path=str(folder))
 
     def _checkpoint_folder(self, kind: str, name: str, overwrite: bool) -> Path:
-        if not name or "/" in name or name in (".", ".."):
+        if not isinstance(name, str) or not name or "/" in name or "\0" in name or name in (".", ".."):
             raise ValueError(f"checkpoint name {name!r} must be a plain, non-empty file name")
+        if len(name) > CHECKPOINT_NAME_MAX:
+            raise ValueError(f"checkpoint name of {len(name)} characters: at most {CHECKPOINT_NAME_MAX}")
         folder = self._run_dir / kind / name
         if folder.exists() and not overwrite:
             raise FileExistsError(f"checkpoint {folder} exists (pass overwrite=True to replace it)")

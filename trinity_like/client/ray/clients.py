@@ -1,14 +1,13 @@
-"""The Tinker-compatible clients over Ray actors: same methods, same types, as in-process.
+"""The training client over Ray: the in-process ``TrainingClient``'s API on a learner actor.
 
-``ServiceClient(backend="ray", ray=RayClientConfig(...))`` builds a :class:`RayRuntime`:
-Ray (started here, or an existing cluster), one placement group (learner bundle first,
-then one per sampler), the :class:`~.pool.SamplerPool`. Its training clients are
-:class:`RayTrainingClient` (a :class:`~.actors.LearnerActor` each) and its sampling clients
-:class:`RaySamplingClient` (requests spread over the pool). Each call returns a future
-over a Ray object reference (:func:`~trinity_like.client.futures.ray_future`): ``.result()``
-blocks, ``await`` works; one training client's calls run in call order (one caller, one
-actor). ``save_weights_and_get_sampling_client`` hands the learner's state dict to the
-samplers through Ray's object store, not through a file.
+Each :class:`RayTrainingClient` drives one :class:`~.actors.LearnerActor` (made by
+:meth:`~.runtime.RayRuntime.learner` in the learner bundle), which holds the in-process
+client and its engine. Each call returns a future over a Ray object reference
+(:func:`~trinity_like.client.futures.ray_future`): ``.result()`` blocks, ``await`` works;
+one training client's calls run in call order (one caller, one actor). What it checks of
+its data is what the in-process client checks, inside the actor.
+``save_weights_and_get_sampling_client`` hands the learner's state dict to the samplers
+(:mod:`.sampling`) through Ray's object store, not through a file.
 
 A learner is never restarted (its weights and optimiser live in its memory only): when
 its process dies, every call of its client fails with one line that says how to resume
@@ -18,31 +17,25 @@ from the last ``save_state``.
 from __future__ import annotations
 
 import contextlib
-import os
-import secrets
 import sys
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import cloudpickle
 import ray
 from ray.exceptions import RayActorError
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from tinker import types
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 
 from trinity_like.client.futures import checkpoint_path, ray_future, sampler_weights_path, unwrap_ray_error
-from trinity_like.client.ray.actors import LearnerActor, SamplerActor, WeightsRef
-from trinity_like.client.ray.config import RayClientConfig
-from trinity_like.client.ray.pool import SamplerPool
-from trinity_like.client.sampling import _reject_unsupported
+from trinity_like.client.ray.actors import WeightsRef
+from trinity_like.client.ray.runtime import RayRuntime
+from trinity_like.client.ray.sampling import RaySamplingClient
 from trinity_like.client.spellings import TrainingAsyncSpellings
 from trinity_like.errors import TrinityError
 from trinity_like.models.resolve import load_tokenizer, resolve_model_path
-from trinity_like.plugins import ray_runtime_env
 
 _PICKLE_LOCK = threading.Lock()  # cloudpickle's by-value registry is process-wide
 
@@ -64,215 +57,6 @@ def pickled_by_value(fn: Any) -> bytes:
                 cloudpickle.unregister_pickle_by_value(module)
 
 
-def _compute(resources: Mapping[str, float]) -> dict[str, float]:
-    return {k: resources[k] for k in ("CPU", "GPU") if k in resources}
-
-
-class RayRuntime:
-    """Ray, the placement group and the samplers of one ServiceClient; :meth:`close` undoes
-    only what it did (its actors and group; Ray itself only if it started or connected it)."""
-
-    def __init__(self, config: RayClientConfig) -> None:
-        from trinity_like.trainer.verl_engine import check_reachable
-
-        self.config = config
-        self._own_ray = False
-        self._group = None
-        self.pool: SamplerPool | None = None
-        self._learner_taken = False
-        if not ray.is_initialized():
-            if config.address is not None:
-                check_reachable(config.address)
-                ray.init(address=config.address, runtime_env=ray_runtime_env(), log_to_driver=False)
-            else:  # logical CPUs: by default enough for every bundle, even beyond the machine's cores
-                cpus = config.num_cpus if config.num_cpus is not None else max(os.cpu_count() or 1, config.cpus())
-                ray.init(
-                    address="local",
-                    num_cpus=cpus,
-                    include_dashboard=False,
-                    runtime_env=ray_runtime_env(),
-                    log_to_driver=False,
-                )
-            self._own_ray = True
-        try:
-            self._place()
-            self.pool = SamplerPool(
-                [self._sampler(i) for i in range(len(config.samplers))],
-                max_in_flight=config.max_in_flight,
-                max_retries=config.max_restarts + 1,
-            )
-        except BaseException:
-            self.close()
-            raise
-
-    @property
-    def placement_group(self) -> Any:
-        """The Ray placement group holding this runtime's bundles (None once closed)."""
-        return self._group
-
-    def _place(self) -> None:
-        c = self.config
-        total = ray.cluster_resources()
-        short = {k: v for k, v in (("CPU", c.cpus()), ("GPU", c.gpus())) if v > total.get(k, 0)}
-        if short and self._own_ray:  # a Ray of ours will never grow: say so now instead of waiting
-            raise TrinityError(
-                f"the client's bundles need {short} but the Ray started here has "
-                f"{ {k: total.get(k, 0) for k in short} } (set ray.num_cpus, or fewer bundles)"
-            )
-        self._group = placement_group(
-            c.bundles(), strategy=c.strategy, name=f"trinity-like-client-{uuid.uuid4().hex[:8]}"
-        )
-        ready, _ = ray.wait([self._group.ready()], timeout=c.placement_timeout_s)
-        if not ready:
-            raise TrinityError(
-                f"Ray could not place the client's bundles {c.bundles()} ({c.strategy}) within "
-                f"{c.placement_timeout_s:.0f} s; the cluster has {_compute(ray.available_resources())} free"
-            )
-
-    def _at(self, index: int, bundle: Any) -> dict[str, Any]:
-        """Actor options: the bundle's resources, in bundle ``index`` of the group."""
-        return {
-            "num_cpus": bundle.CPU,
-            "num_gpus": bundle.GPU,
-            "runtime_env": ray_runtime_env(),
-            "scheduling_strategy": PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=index),
-        }
-
-    def _sampler(self, i: int) -> Any:
-        bundle = self.config.samplers[i]
-        cls = ray.remote(SamplerActor).options(
-            max_restarts=self.config.max_restarts,
-            max_task_retries=0,
-            max_concurrency=self.config.max_in_flight,
-            **self._at(1 + i, bundle),
-        )
-        return cls.remote(bundle.threads, self.config.sampler_delay_s)
-
-    def learner(self, service_cls: type, service: dict[str, Any], create: str, args: dict[str, Any]) -> Any:
-        """A new LearnerActor in the learner bundle (one live learner per ServiceClient):
-        ``service_cls(**service).<create>(**args)`` is its in-process training client."""
-        if self._learner_taken:
-            raise TrinityError(
-                "this ServiceClient(backend='ray') has one learner bundle and its training client is "
-                "still open: close() it first, or use another ServiceClient"
-            )
-        bundle = self.config.learner
-        cls = ray.remote(LearnerActor).options(max_restarts=0, max_task_retries=0, **self._at(0, bundle))
-        self._learner_taken = True
-        return cls.remote(service_cls, service, create, args, bundle.threads, self.config.learner_delay_s)
-
-    def learner_released(self) -> None:
-        self._learner_taken = False
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.close()
-            self.pool = None
-        if self._group is not None and ray.is_initialized():
-            remove_placement_group(self._group)
-            self._group = None
-        if self._own_ray and ray.is_initialized():
-            ray.shutdown()
-            self._own_ray = False
-
-
-# -- sampling ------------------------------------------------------------------------------------------
-class RaySamplingClient:
-    """The in-process ``SamplingClient``'s API; each request runs on one sampler actor of the pool."""
-
-    def __init__(self, runtime: RayRuntime, weights: WeightsRef) -> None:
-        self._runtime = runtime
-        self._weights = weights
-        self.version = weights.version
-        self._tokenizer = None
-
-    def result(self, timeout: float | None = None) -> RaySamplingClient:
-        return self
-
-    def __await__(self):
-        yield from ()
-        return self
-
-    @property
-    def model_path(self) -> str | None:
-        return self._weights.model_path
-
-    def _pool(self) -> SamplerPool:
-        if self._runtime.pool is None:
-            raise TrinityError("this ServiceClient is closed: its samplers are gone")
-        return self._runtime.pool
-
-    def sample(
-        self,
-        prompt: types.ModelInput,
-        num_samples: int,
-        sampling_params: types.SamplingParams,
-        include_prompt_logprobs: bool = False,
-        topk_prompt_logprobs: int = 0,
-        topk_sample_logprobs: int = 0,
-        target_prompt_logprobs: types.TensorData | None = None,
-        prompt_alt_tokens_k: int = 0,
-        prompt_logprobs_last_n: int | None = None,
-    ) -> AwaitableConcurrentFuture[types.SampleResponse]:
-        """As in-process; a seed left None is drawn here, so a retried request samples the same tokens."""
-        _reject_unsupported(
-            topk_prompt_logprobs=topk_prompt_logprobs,
-            topk_sample_logprobs=topk_sample_logprobs,
-            target_prompt_logprobs=target_prompt_logprobs,
-            prompt_alt_tokens_k=prompt_alt_tokens_k,
-        )
-        if prompt_logprobs_last_n is not None and not include_prompt_logprobs:
-            raise ValueError("prompt_logprobs_last_n applies to prompt logprobs; set include_prompt_logprobs")
-        if isinstance(sampling_params, types.SamplingParams) and sampling_params.seed is None:
-            sampling_params = sampling_params.model_copy(update={"seed": secrets.randbits(63)})
-        return self._pool().submit(
-            "sample",
-            self._weights,
-            prompt,
-            num_samples,
-            sampling_params,
-            include_prompt_logprobs,
-            prompt_logprobs_last_n,
-        )
-
-    async def sample_async(
-        self, prompt: types.ModelInput, num_samples: int, sampling_params: types.SamplingParams, **options: Any
-    ) -> types.SampleResponse:
-        return await self.sample(prompt, num_samples, sampling_params, **options)
-
-    def compute_logprobs(
-        self,
-        prompt: types.ModelInput,
-        prompt_logprobs_last_n: int | None = None,
-    ) -> AwaitableConcurrentFuture[list[float | None]]:
-        return self._pool().submit("compute_logprobs", self._weights, prompt, prompt_logprobs_last_n)
-
-    async def compute_logprobs_async(
-        self, prompt: types.ModelInput, prompt_logprobs_last_n: int | None = None
-    ) -> list[float | None]:
-        return await self.compute_logprobs(prompt, prompt_logprobs_last_n)
-
-    def run_requests(self, requests: Sequence[Any], sampling: Any) -> list[Any]:
-        """The engine's requests (each with its own seeds), split evenly over the samplers: each
-        request's samples depend on its seeds only, so the split changes no sample."""
-        requests = list(requests)
-        if not requests:
-            return []
-        n = min(self._pool().size(), len(requests))
-        parts = [requests[len(requests) * i // n : len(requests) * (i + 1) // n] for i in range(n)]
-        futures = [self._pool().submit("run_requests", self._weights, part, sampling) for part in parts]
-        return [group for future in futures for group in future.result()]
-
-    def get_tokenizer(self) -> Any:
-        if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(resolve_model_path(self._weights.base_model))
-        return self._tokenizer
-
-    def get_base_model(self) -> str:
-        return self._weights.base_model
-
-
-# -- training ------------------------------------------------------------------------------------------
 class RayTrainingClient(TrainingAsyncSpellings):
     """The in-process ``TrainingClient``'s API over a :class:`~.actors.LearnerActor`."""
 
@@ -444,9 +228,3 @@ class RayTrainingClient(TrainingAsyncSpellings):
             ray.get(self._actor.close.remote())
         ray.kill(self._actor, no_restart=True)
         self._runtime.learner_released()
-
-
-def base_sampler(runtime: RayRuntime, base_model: str, model_path: str | None) -> RaySamplingClient:
-    """A sampler over ``base_model``'s own weights or a ``save_weights_for_sampler`` folder."""
-    key = f"folder:{model_path}:{uuid.uuid4().hex}" if model_path else f"base:{base_model}"
-    return RaySamplingClient(runtime, WeightsRef(key, base_model, model_path=model_path))

@@ -2,49 +2,103 @@
 
 Bodies are the SDK's own ``tinker.types`` models as JSON, except ``forward_backward``
 (protobuf in) and the ``ForwardBackwardOutput`` / ``SampleResponse`` results (protobuf
-out, :mod:`.wire`). Mutating calls answer ``UntypedAPIFuture`` at once; ``retrieve_future``
-waits up to ``poll_seconds`` for the result, then answers ``try_again`` so the SDK polls again.
+out when asked for, as the SDK does; JSON otherwise, :mod:`.wire`). Mutating calls answer
+``UntypedAPIFuture`` at once; ``retrieve_future`` waits up to ``poll_seconds`` for the
+result, then answers ``try_again`` so the SDK polls again. ``BODIES`` names each POST
+route's body; ``GET /api/v1/openapi.json`` describes them all (:mod:`.openapi`).
 
+Before any route runs, :mod:`.guard` refuses what a web page could send (421 a foreign
+Host, 403 a cross-site request, 415 a body of another content type) and checks the key.
 Status codes follow the SDK's retry rules: 400 a user error (shown, not retried), 401 a
 wrong API key, 404 an unknown id, 413 a body over ``max_body_bytes``, 429 a full queue and
 503 a server shutting down (both retried by the SDK). A request that fails while running
-is reported by ``retrieve_future`` as ``{"error", "category": "user" | "server"}``.
+is reported by ``retrieve_future`` as ``{"error", "category": "user" | "server"}``. No JSON
+answer holds a NaN or infinite number: those travel as the strings ``"NaN"``,
+``"Infinity"``, ``"-Infinity"``, which the SDK's models read back as floats.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
+import math
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from tinker import types
 
-from trinity_like.client.serve.backend import USER_ERRORS, Backend, Busy, Closing, NotFound, error_body
-from trinity_like.client.serve.wire import ENCODERS, PROTO_CONTENT_TYPE, decode_forward_backward, encode_result
+from trinity_like.client.serve.backend import USER_ERRORS, Backend, Busy, Closing, NotFound
+from trinity_like.client.serve.guard import check_request, own_hosts
+from trinity_like.client.serve.openapi import PROTOBUF, openapi_spec
+from trinity_like.client.serve.wire import ENCODERS, decode_forward_backward, encode_result, json_result
 
-# What this server tells the SDK about itself (``/api/v1/client/config``): plain API keys,
-# httpx, one forward_backward chunk at a time, uncompressed bodies, client-side custom losses.
-CLIENT_CONFIG = types.ClientConfigResponse(
-    pjwt_auth_enabled=False,
-    use_pyqwest_transport=False,
-    parallel_fwdbwd_chunks=False,
-    proto_compress_fwdbwd=False,
-    sample_use_retrieve_futures=False,
-    custom_loss_server_side=False,
-    sample_join_sampling_session=False,
-)
 STATUS = {NotFound: 404, Busy: 429, Closing: 503, ValidationError: 400, **dict.fromkeys(USER_ERRORS, 400)}
+BODIES: dict[str, Any] = {  # what each POST route reads: a tinker.types model (JSON), protobuf, or nothing
+    "/api/v1/client/config": types.ClientConfigRequest,
+    "/api/v1/client/dynamic_config": types.ClientConfigRequest,
+    "/api/v1/create_session": types.CreateSessionRequest,
+    "/api/v1/session_heartbeat": types.SessionHeartbeatRequest,
+    "/api/v1/sessions/{session_id}/finish": None,
+    "/api/v1/telemetry": types.TelemetrySendRequest,
+    "/api/v1/create_model": types.CreateModelRequest,
+    "/api/v1/get_info": types.GetInfoRequest,
+    "/api/v1/forward_backward": PROTOBUF,
+    "/api/v1/optim_step": types.OptimStepRequest,
+    "/api/v1/save_weights": types.SaveWeightsRequest,
+    "/api/v1/load_weights": types.LoadWeightsRequest,
+    "/api/v1/save_weights_for_sampler": types.SaveWeightsForSamplerRequest,
+    "/api/v1/create_sampling_session": types.CreateSamplingSessionRequest,
+    "/api/v1/asample": types.SampleRequest,
+    "/api/v1/retrieve_future": types.FutureRetrieveRequest,
+}
+
+
+def client_config(backend: Backend) -> types.ClientConfigResponse:
+    """What this server tells the SDK about itself (``/api/v1/client/config``): plain API keys,
+    httpx, one forward_backward chunk at a time of at most ``max_batch_datums`` datums,
+    uncompressed bodies, client-side custom losses."""
+    return types.ClientConfigResponse(
+        pjwt_auth_enabled=False,
+        use_pyqwest_transport=False,
+        parallel_fwdbwd_chunks=False,
+        proto_compress_fwdbwd=False,
+        sample_use_retrieve_futures=False,
+        custom_loss_server_side=False,
+        sample_join_sampling_session=False,
+        fwdbwd_max_chunk_len=backend.params.max_batch_datums,
+    )
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with each NaN or infinite float as ``"NaN"`` / ``"Infinity"`` / ``"-Infinity"``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def _json(model: BaseModel | dict, status: int = 200) -> JSONResponse:
     body = model if isinstance(model, dict) else model.model_dump(mode="json")
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(json_safe(body), status_code=status)
+
+
+def describe(exc: BaseException) -> str:
+    """One line: a validation error's first problems by field (not the input echoed back), else the message."""
+    if isinstance(exc, ValidationError):  # field names may be the caller's: odd ones as a repr, cut short
+        part = lambda p: str(p) if isinstance(p, int) or str(p).isidentifier() else repr(p)[:40]  # noqa: E731
+        problems = [f"{'.'.join(map(part, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()[:3]]
+        more = f" (and {exc.error_count() - 3} more)" if exc.error_count() > 3 else ""
+        text = f"invalid {exc.title}: {'; '.join(problems)}{more}"
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split())
 
 
 async def _body(request: Request, model: type[BaseModel]) -> Any:
@@ -71,33 +125,33 @@ def build_app(backend: Backend) -> FastAPI:
         yield
         await asyncio.to_thread(backend.close)  # queued training requests finish; saves complete
 
-    app = FastAPI(title="trinity-like serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="trinity-like serve",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/api/v1/openapi.json",
+    )
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = openapi_spec(app, BODIES)
+        return app.openapi_schema
+
+    app.openapi = openapi
 
     for kind, status in STATUS.items():  # looked up along the exception's MRO: NotFound before ValueError
         app.add_exception_handler(
-            kind, lambda _r, exc, status=status: _json({"error": f"{type(exc).__name__}: {exc}"}, status)
+            kind, lambda _r, exc, status=status: _json({"error": backend.hide_paths(describe(exc))}, status)
         )
+
+    hosts = own_hosts(params)
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
-        if params.api_key is not None and not hmac.compare_digest(
-            request.headers.get("x-api-key", "").encode(), params.api_key.encode()
-        ):
-            return _json({"error": "missing or wrong API key (X-API-Key; the SDK's api_key / TINKER_API_KEY)"}, 401)
-        if request.method == "POST":
-            length = request.headers.get("content-length")
-            if length is None or not length.isdigit():
-                return _json({"error": "a request body needs a Content-Length"}, 411)
-            if int(length) > params.max_body_bytes:
-                return _json(
-                    {
-                        "error": f"request body of {length} bytes exceeds the server's limit "
-                        f"of {params.max_body_bytes} (--max-body-mb)"
-                    },
-                    413,
-                )
-            if request.headers.get("content-encoding", "identity") != "identity":
-                return _json({"error": "compressed request bodies are not accepted"}, 415)
+        refusal = check_request(request.method, request.url.path, request.headers, params, hosts)
+        if refusal is not None:
+            return _json({"error": refusal[1]}, refusal[0])
         return await call_next(request)
 
     # -- the SDK's session plumbing ----------------------------------------------------------
@@ -106,8 +160,8 @@ def build_app(backend: Backend) -> FastAPI:
         return {"status": "ok"}
 
     @app.post("/api/v1/client/config")
-    async def client_config():
-        return _json(CLIENT_CONFIG)
+    async def config():
+        return _json(client_config(backend))
 
     @app.post("/api/v1/client/dynamic_config")
     async def dynamic_config():
@@ -196,15 +250,17 @@ def build_app(backend: Backend) -> FastAPI:
         if future.cancelled():
             return _json({"error": "the request was cancelled", "category": "server"})
         if future.exception() is not None:
-            return _json(error_body(future.exception()))
+            return _json(backend.error_body(future.exception()))
         result = future.result()
-        if type(result) in ENCODERS and PROTO_CONTENT_TYPE in request.headers.get("accept", ""):
-            return Response(encode_result(result), media_type=PROTO_CONTENT_TYPE)
+        if type(result) in ENCODERS:
+            if PROTOBUF in request.headers.get("accept", ""):
+                return Response(encode_result(result), media_type=PROTOBUF)
+            return _json(json_result(result))
         return _json(result)
 
     # -- checkpoints ---------------------------------------------------------------------------
     @app.get("/api/v1/training_runs")
-    async def training_runs(limit: int = 20, offset: int = 0):
+    async def training_runs(limit: int = Query(20, ge=1, le=1000), offset: int = Query(0, ge=0)):
         runs = backend.store.runs()
         page = [backend.store.training_run(r) for r in runs[offset : offset + limit]]
         return _json(

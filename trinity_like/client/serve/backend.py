@@ -9,7 +9,13 @@ share engines, losses and request queues. What the server adds is the SDK's book
   fetched later (``retrieve``). One training client's requests run in arrival order, and the
   SDK sends them one after another in ``seq_id`` order, so arrival order is its order.
 - **idempotency**: a request the SDK sends again after a lost answer (same model or sampler
-  and ``seq_id``) gets the first one's request id: it is never applied twice.
+  and ``seq_id``) gets the first one's request id: it is never applied twice. A request
+  without a ``seq_id`` (raw HTTP; the SDK always numbers its own) is always a new one.
+- **limits at the door**: what the engines could not survive, or what would hold them for
+  hours, is refused before it is queued (HTTP 400 naming the field and the limit): data
+  that do not fit the model (:func:`~trinity_like.client.data.check_data`, the in-process
+  client's own check), more than ``max_batch_datums`` datums or ``max_num_samples``
+  samples, a prompt plus ``max_tokens`` beyond the model's context, a bad checkpoint name.
 - **a bounded queue**: at most ``max_pending`` requests wait or run; beyond that a request
   is refused with :class:`Busy` (HTTP 429), which the SDK retries after a back-off.
 
@@ -23,6 +29,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections import OrderedDict
@@ -33,7 +40,8 @@ from typing import Any
 
 from tinker import types
 
-from trinity_like.client.sampling import SamplingClient
+from trinity_like.client.data import ModelLimits, check_data, prompt_ids
+from trinity_like.client.sampling import SamplingClient, engine_sampling
 from trinity_like.client.serve.config import ServeParams
 from trinity_like.client.serve.paths import PathError, Store, check_name
 from trinity_like.client.service import ServiceClient, model_entry
@@ -86,17 +94,12 @@ def then(source: Future, fn: Callable[[Any], Any]) -> Future:
     return out
 
 
-def error_body(exc: BaseException) -> dict[str, str]:
-    """A failed request as the SDK's ``RequestFailedResponse``."""
-    category = types.RequestErrorCategory.User if isinstance(exc, USER_ERRORS) else types.RequestErrorCategory.Server
-    return {"error": f"{type(exc).__name__}: {exc}", "category": category.value}
-
-
 @dataclass
 class Sampler:
     client: SamplingClient
     base_model: str
     model_path: str | None  # the tinker:// path it was made from; None for a base model or snapshot
+    limits: ModelLimits  # what its prompts must fit (vocabulary, context)
 
 
 class Backend:
@@ -120,6 +123,20 @@ class Backend:
         self._seen: dict[tuple[str, int], str] = {}  # (model or sampler id, seq_id) -> request id
         self._pending = 0
         self._closing = False
+
+    # -- errors -------------------------------------------------------------------------------
+    def hide_paths(self, message: str) -> str:
+        """``message`` with the data directory's location replaced by ``<data-dir>``: a caller
+        learns nothing of the server's file system from an error."""
+        for folder in sorted({str(self.store.data_dir.resolve()), str(self.store.data_dir)}, key=len, reverse=True):
+            message = message.replace(folder, "<data-dir>")
+        return message
+
+    def error_body(self, exc: BaseException) -> dict[str, str]:
+        """A failed request as the SDK's ``RequestFailedResponse``, on one line."""
+        user = isinstance(exc, USER_ERRORS)
+        category = types.RequestErrorCategory.User if user else types.RequestErrorCategory.Server
+        return {"error": self.hide_paths(" ".join(f"{type(exc).__name__}: {exc}".split())), "category": category.value}
 
     # -- sessions and capabilities ----------------------------------------------------------
     def create_session(self) -> str:
@@ -202,8 +219,13 @@ class Backend:
         lora = req.lora_config or types.LoraConfig(rank=0)
         if req.optimizer_config.type != "adamw":
             raise ValueError(f"optimizer {req.optimizer_config.type!r}: only AdamW is available here")
+        if lora.seed is not None and not 0 <= lora.seed < 2**63:
+            raise ValueError(f"lora_config.seed {lora.seed}: must be in [0, 2**63)")
 
         def create(model_id: str) -> TrainingClient:
+            hidden = json.loads((resolve_model_path(req.base_model) / "config.json").read_text()).get("hidden_size")
+            if isinstance(hidden, int) and lora.rank > hidden:  # A and B would outgrow the weights they adapt
+                raise ValueError(f"lora_config.rank {lora.rank}: at most the model's hidden size, {hidden}")
             client = self.service.create_lora_training_client(
                 req.base_model,
                 rank=lora.rank,
@@ -243,19 +265,25 @@ class Backend:
         client = self.training(req.model_id)
         run = client.forward if forward_only else client.forward_backward
         args = req.forward_backward_input
+        if len(args.data) > self.params.max_batch_datums:
+            raise ValueError(
+                f"forward_backward of {len(args.data)} datums: at most {self.params.max_batch_datums} per request "
+                "(--max-batch-datums; the SDK splits a larger batch by itself)"
+            )
+        check_data(args.data, client.limits)
         return self._register(
-            (req.model_id, req.seq_id), lambda: run(args.data, args.loss_fn, args.loss_fn_config).future()
+            _key(req.model_id, req.seq_id), lambda: run(args.data, args.loss_fn, args.loss_fn_config).future()
         )
 
     def optim_step(self, req: types.OptimStepRequest) -> types.UntypedAPIFuture:
         client = self.training(req.model_id)
-        return self._register((req.model_id, req.seq_id), lambda: client.optim_step(req.optim_params).future())
+        return self._register(_key(req.model_id, req.seq_id), lambda: client.optim_step(req.optim_params).future())
 
     def save_state(self, req: types.SaveWeightsRequest) -> types.UntypedAPIFuture:
         client = self.training(req.model_id)
-        name = check_name(req.path or f"step-{req.seq_id}", "checkpoint name")
+        name = check_name(req.path, "checkpoint name (save_weights' path)")
         return self._register(
-            (req.model_id, req.seq_id),
+            _key(req.model_id, req.seq_id),
             lambda: then(
                 client.save_state(name, overwrite=req.overwrite).future(),
                 lambda r: types.SaveWeightsResponse(path=self.store.tinker_path(req.model_id, r.path)),
@@ -267,9 +295,9 @@ class Backend:
         if req.kind != "snapshot":
             raise ValueError(f"kind {req.kind!r}: only 'snapshot' sampling clients exist here")
         if req.path is not None:
-            name = check_name(req.path, "checkpoint name")
+            name = check_name(req.path, "checkpoint name (save_weights_for_sampler's path)")
             return self._register(
-                (req.model_id, req.seq_id),
+                _key(req.model_id, req.seq_id),
                 lambda: then(
                     client.save_weights_for_sampler(name).future(),
                     lambda r: types.SaveWeightsForSamplerResponseInternal(
@@ -277,15 +305,19 @@ class Backend:
                     ),
                 ),
             )
+        if req.sampling_session_seq_id is None:
+            raise ValueError("save_weights_for_sampler needs a path (a checkpoint name) or a sampling_session_seq_id")
         session = req.model_id.split(":train:")[0]
         sampler_id = f"{session}:sample:{req.sampling_session_seq_id}"
 
         def registered(sampler: SamplingClient) -> types.SaveWeightsForSamplerResponseInternal:
             with self._lock:
-                self._samplers[sampler_id] = Sampler(sampler, client.base_model, None)
+                self._samplers[sampler_id] = Sampler(sampler, client.base_model, None, client.limits)
             return types.SaveWeightsForSamplerResponseInternal(sampling_session_id=sampler_id)
 
-        return self._register((req.model_id, req.seq_id), lambda: then(client.snapshot_sampler().future(), registered))
+        return self._register(
+            _key(req.model_id, req.seq_id), lambda: then(client.snapshot_sampler().future(), registered)
+        )
 
     def load_state(self, req: types.LoadWeightsRequest) -> types.UntypedAPIFuture:
         """Into an existing model (``model_id``), or a new one (``session_id`` + ``model_seq_id``)."""
@@ -294,7 +326,7 @@ class Backend:
             client = self.training(req.model_id)
             load = client.load_state_with_optimizer if req.optimizer else client.load_state
             return self._register(
-                (req.model_id, req.seq_id),
+                _key(req.model_id, req.seq_id),
                 lambda: then(
                     load(str(folder)).future(),
                     lambda _: types.LoadWeightsResponse(path=req.path, model_id=req.model_id),
@@ -330,9 +362,11 @@ class Backend:
         if req.model_path is not None:
             folder = self.store.existing(req.model_path, "sampler_weights")
             base = req.base_model or self.store.read_run(req.model_path[len("tinker://") :].split("/")[0])["base_model"]
-            sampler = Sampler(SamplingClient(base, model_path=folder), base, req.model_path)
+            client = SamplingClient(base, model_path=folder)
+            sampler = Sampler(client, base, req.model_path, ModelLimits.of(resolve_model_path(base)))
         elif req.base_model is not None:
-            sampler = Sampler(SamplingClient(req.base_model), req.base_model, None)
+            client = SamplingClient(req.base_model)
+            sampler = Sampler(client, req.base_model, None, ModelLimits.of(resolve_model_path(req.base_model)))
         else:
             raise ValueError("create_sampling_session needs model_path or base_model")
         with self._lock:
@@ -349,6 +383,13 @@ class Backend:
     def sample(self, req: types.SampleRequest) -> types.UntypedAPIFuture:
         sampler = self.sampler(req.sampling_session_id)
         target = None if req.target_prompt_logprobs is None else req.target_prompt_logprobs
+        if not 1 <= req.num_samples <= self.params.max_num_samples:
+            raise ValueError(
+                f"num_samples {req.num_samples}: must be between 1 and {self.params.max_num_samples} "
+                "(--max-num-samples)"
+            )
+        ids = prompt_ids(req.prompt, sampler.limits.vocab_size, sampler.limits.context)
+        engine_sampling(req.sampling_params, req.num_samples, len(ids), sampler.limits.context, ())  # its checks
 
         def make() -> Future:
             return sampler.client.sample(
@@ -378,4 +419,9 @@ class Backend:
         self.service.close()
 
 
-__all__ = ["Backend", "Busy", "Closing", "NotFound", "PathError", "error_body", "then"]
+def _key(model_id: str, seq_id: int | None) -> tuple[str, int] | None:
+    """What makes a request a resend of an earlier one: its model and ``seq_id``; none without a ``seq_id``."""
+    return None if seq_id is None else (model_id, seq_id)
+
+
+__all__ = ["Backend", "Busy", "Closing", "NotFound", "PathError", "then"]

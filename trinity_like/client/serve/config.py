@@ -3,7 +3,7 @@
 Example::
 
     params = ServeParams(data_dir=Path("serve-data"), port=8000)
-    params.check()          # e.g. a non-loopback host without an API key is refused
+    params.check()          # e.g. a non-loopback host without an API key is refused; makes data_dir
 """
 
 from __future__ import annotations
@@ -16,6 +16,14 @@ from trinity_like.client.service import ENGINES
 from trinity_like.errors import ConfigError
 
 LOOPBACK_NAMES = ("localhost",)
+POSITIVE = {  # fields that must be >= 1, and how a user names them
+    "max_body_bytes": "--max-body-mb (in bytes)",
+    "max_pending": "--max-pending",
+    "keep_results": "keep_results",
+    "micro_batch_size": "--micro-batch-size",
+    "max_num_samples": "--max-num-samples",
+    "max_batch_datums": "--max-batch-datums",
+}
 
 
 @dataclass(frozen=True)
@@ -30,13 +38,15 @@ class ServeParams:
     max_pending: int = 512  # requests queued or running at once; beyond it HTTP 429 (the SDK retries)
     keep_results: int = 4096  # finished results kept for retrieval (oldest forgotten first)
     poll_seconds: float = 10.0  # how long a retrieve waits for a result before answering "try again"
+    max_num_samples: int = 128  # samples one sample request may ask for (the rollout engine's batch)
+    max_batch_datums: int = 1024  # datums of one forward_backward request; told to the SDK, which splits larger ones
     train_engine: str = "local"  # "local" (in-process torch) or "verl" (FSDP workers through Ray)
     micro_batch_size: int = 8  # rows per forward/backward pass of a train engine
     dtype: str = "float32"  # the training weights' dtype
     models: tuple[str, ...] = ()  # model ids or folders listed by get_server_capabilities beside the built-ins
 
     def check(self) -> None:
-        """One-line errors naming the option, before any port is bound."""
+        """One-line errors naming the option, before any port is bound; makes ``data_dir`` if missing."""
         if self.api_key is None and not is_loopback(self.host):
             raise ConfigError(
                 f"--host {self.host}: serving beyond this machine needs --api-key (or TRINITY_LIKE_SERVE_API_KEY)"
@@ -47,11 +57,17 @@ class ServeParams:
             raise ConfigError(f"--port {self.port} is not a TCP port")
         if self.train_engine not in ENGINES:
             raise ConfigError(f"--train-engine {self.train_engine!r}: expected one of {', '.join(ENGINES)}")
-        for name in ("max_body_bytes", "max_pending", "keep_results", "micro_batch_size"):
+        for name, flag in POSITIVE.items():
             if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"{flag} must be >= 1, got {getattr(self, name)}")
         if not self.poll_seconds > 0:
-            raise ConfigError(f"poll_seconds must be > 0, got {self.poll_seconds}")
+            raise ConfigError(f"--poll-seconds must be > 0, got {self.poll_seconds}")
+        try:
+            if self.data_dir.exists() and not self.data_dir.is_dir():
+                raise ConfigError(f"--data-dir {self.data_dir}: a file is there, not a folder")
+            (self.data_dir / "runs").mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # too long a name, no permission, a file on the way
+            raise ConfigError(f"--data-dir {self.data_dir}: cannot use it ({exc.strerror})") from None
 
 
 def is_loopback(host: str) -> bool:

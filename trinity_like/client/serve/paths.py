@@ -7,7 +7,8 @@ A training run ``RUN`` (the SDK's model id, ``<session>:train:<n>``) keeps its f
     tinker://RUN/sampler_weights/NAME  <data_dir>/runs/RUN/sampler_weights/NAME   (save_weights_for_sampler)
     (the run itself)                   <data_dir>/runs/RUN/run.json               (base model, LoRA rank)
 
-A path names nothing outside the data directory: every part is a plain name.
+A path names nothing outside the data directory: every part is a plain name of at most
+``CHECKPOINT_NAME_MAX`` characters, and no error message shows where the directory is.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from tinker import types
 
+from trinity_like.client.training import CHECKPOINT_NAME_MAX
 from trinity_like.errors import TrinityError
 
 SCHEME = "tinker://"
@@ -33,9 +35,13 @@ class PathError(TrinityError, ValueError):
     """A ``tinker://`` path that is malformed or names nothing saved here."""
 
 
-def check_name(name: str, what: str) -> str:
-    if not _NAME.fullmatch(name) or name in (".", ".."):
-        raise PathError(f"{what} {name!r} must be a plain name (letters, digits, _ . : -)")
+def check_name(name: str | None, what: str) -> str:
+    if name is None:
+        raise PathError(f"{what} is required")
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or name in (".", ".."):
+        raise PathError(f"{what} {str(name)[:80]!r} must be a plain name (letters, digits, _ . : -; not empty)")
+    if len(name) > CHECKPOINT_NAME_MAX:
+        raise PathError(f"{what} of {len(name)} characters: at most {CHECKPOINT_NAME_MAX}")
     return name
 
 
@@ -79,7 +85,7 @@ class Store:
             raise PathError(f"{path!r} is a {parsed.kind} checkpoint; this call needs tinker://RUN/{kind}/NAME")
         folder = self.folder(parsed)
         if not folder.is_dir():
-            raise PathError(f"{path!r}: no such checkpoint on this server (looked in {folder})")
+            raise PathError(f"{path!r}: no such checkpoint on this server")
         return folder
 
     def tinker_path(self, run: str, folder: str | Path) -> str:

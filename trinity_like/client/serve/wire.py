@@ -8,6 +8,7 @@ are the inverse of its ``request_conv`` / ``response_conv``::
 
     request = decode_forward_backward(body)           # -> (types.ForwardBackwardRequest, forward_only)
     body = encode_result(types.ForwardBackwardOutput(...))   # bytes the SDK's deserializer reads
+    json_result(types.SampleResponse(...))            # the same result as JSON, for other callers
 """
 
 from __future__ import annotations
@@ -123,3 +124,31 @@ ENCODERS = {types.ForwardBackwardOutput: encode_forward_backward_output, types.S
 def encode_result(result: object) -> bytes:
     """A result the SDK reads as protobuf (the types in ``ENCODERS``)."""
     return ENCODERS[type(result)](result)
+
+
+def json_result(result: types.ForwardBackwardOutput | types.SampleResponse) -> dict:
+    """A result of ``ENCODERS``' types as JSON, for a caller that did not ask for protobuf (curl,
+    a script of its own): the fields of the protobuf message, arrays as lists, a prompt
+    position without a logprob as null. (The SDK always asks for protobuf.)"""
+    if isinstance(result, types.SampleResponse):
+        return {
+            "type": "sample",
+            "sequences": [
+                {
+                    "sequence_id": seq.sequence_id,
+                    "tokens": seq.tokens,
+                    "logprobs": seq.logprobs,
+                    "stop_reason": seq.stop_reason,
+                }
+                for seq in result.sequences
+            ],
+            "prompt_logprobs": result.prompt_logprobs,
+        }
+    return {
+        "loss_fn_output_type": result.loss_fn_output_type,
+        "loss_fn_outputs": [
+            {name: {"data": t.tolist(), "dtype": t.dtype, "shape": t.shape} for name, t in out.items()}
+            for out in result.loss_fn_outputs
+        ],
+        "metrics": dict(result.metrics),
+    }
