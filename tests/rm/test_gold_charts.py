@@ -18,12 +18,12 @@ ROWS = [{"step": s, "reward/mean": 1.0 + 0.3 * s, "reward/gold_mean": 0.5 - 0.1 
 
 def test_the_reward_chart_gets_the_gold_reward_on_a_right_hand_axis(tmp_path):
     fig, ax = plt.subplots()
-    _gold_beside_reward(ax, ROWS)
+    _gold_beside_reward(ax, ROWS, "metrics.jsonl")
     assert len(fig.axes) == 2
     (line,) = fig.axes[1].lines
     assert list(line.get_xdata()) == [1, 2, 3] and list(line.get_ydata()) == [r["reward/gold_mean"] for r in ROWS]
     fig2, ax2 = plt.subplots()
-    _gold_beside_reward(ax2, [{"step": 1, "reward/mean": 1.0}])  # no gold: nothing added
+    _gold_beside_reward(ax2, [{"step": 1, "reward/mean": 1.0}], "metrics.jsonl")  # no gold: nothing added
     assert len(fig2.axes) == 1
     plt.close("all")
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
