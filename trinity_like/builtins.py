@@ -19,6 +19,8 @@ BUILTIN_MODULES = (
     "trinity_like.explorer.arithmetic_presets",
     "trinity_like.buffer.storage",
     "trinity_like.monitor.sinks",
+    "trinity_like.monitor.wandb_sink",
+    "trinity_like.monitor.mlflow_sink",
     "trinity_like.envs.arithmetic",
     "trinity_like.envs.calculator",
     "trinity_like.envs.twenty_questions",
