@@ -132,4 +132,5 @@ def test_the_overhead_benchmark_runs_tiny(tmp_path):
     assert result["overhead_median"] == pytest.approx(result["runner_s"][0] / result["by_hand_s"][0] - 1)
     assert len(result["commands"]) == 2 and all(" run --config " in c for c in result["commands"])
     md = (tmp_path / "compare_overhead_tiny.md").read_text()
-    assert "Median overhead" in md and "python benchmarks/compare.py --tiny" in md
+    assert "The runner's own time" in md and "python benchmarks/compare.py --tiny" in md
+    assert 0 < result["own_s"][0] < result["runner_s"][0]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import threading
 from pathlib import Path
 
 from trinity_like.errors import TrinityError
@@ -153,8 +154,17 @@ def run(args: argparse.Namespace) -> int:
     # seed by seed (every entry's seed 0, then seed 1, ...): a comparison stopped early still has pairs
     labels = [e.label for e in entries]
     order = sorted(runs, key=lambda r: (r.seed, labels.index(r.label)))
+    if not args.no_plot:  # the report's plotting library loads while the runs run, not after them
+        threading.Thread(target=_preload_matplotlib, daemon=True).start()
     outcomes = execute(order, out, sizing, estimates, start=not args.no_run)
     return _report(args, entries, runs, outcomes, diff, held_out, sizing, out)
+
+
+def _preload_matplotlib() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot  # noqa: F401
 
 
 def _diff_text(diff: list, held_out: list[str]) -> str:

@@ -40,7 +40,7 @@ WEIGHT_COPIES = (
     7  # fp32 policy: weights, gradients, two AdamW moments, the explorer's copy, ~2 of activations and cache
 )
 VERL_GB = 1.0  # a local Ray head and its worker processes
-POLL_S = 0.2
+POLL_S = 0.05  # how often running processes are checked: what a run's end waits for before the next starts
 
 
 def model_params(model: str) -> int:
