@@ -143,6 +143,8 @@ def test_an_interrupted_comparison_resumes_its_runs_from_their_checkpoints(tmp_p
         env=env,
         stdout=subprocess.PIPE,
         text=True,
+        # Ctrl-C as at a terminal, even where this test runs in the background (which ignores SIGINT)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     first = out / "runs" / "grpo_add2" / "seed_0"
     deadline = time.monotonic() + 600

@@ -17,7 +17,8 @@ whose identity changed (the recipe or ``--set`` was edited) is moved aside, fold
 state, to ``<out>/stale/`` and run afresh: its checkpoints belong to another plan.
 
 Each attempt writes its output to ``<out>/logs/<label>_seed<s>.log``; a failed run is
-reported with the last line of that log, and the other runs go on.
+reported with the last line of that log, and the other runs go on. Ctrl-C or ``kill``
+(SIGTERM) stops the running runs and records them as stopped; the next call resumes them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -227,7 +230,7 @@ def execute(
             same = state.get("hash") == run.hash and state.get("status") == "done" and finished(run)
             wall, attempts = state.get("wall_s", 0.0), len(state.get("attempts", []))
             status = "reused" if same else "not run"
-            why = "" if same else f"--no-run: {state.get('status', 'never started')}"
+            why = "" if same else f"--no-run: {_so_far(run, out, state)}"
             outcomes[run.key] = Outcome(status, why, wall, attempts)
             continue
         kind = triage(run, out)
@@ -238,6 +241,8 @@ def execute(
             pending.append(run)
     running: dict[str, tuple[Run, subprocess.Popen, float, object]] = {}
     total = len(pending)
+    if threading.current_thread() is threading.main_thread():  # `kill` stops the runs as Ctrl-C does
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         while pending or running:
             while pending and len(running) < sizing.jobs:
@@ -273,6 +278,22 @@ def execute(
             _record(run, out, proc.returncode, time.perf_counter() - t0)
         raise
     return outcomes
+
+
+def _so_far(run: Run, out: Path, state: dict) -> str:
+    """Where an unfinished run stands, from its state file and log."""
+    if state.get("hash") not in (None, run.hash):
+        return "its plan changed since it ran (a run without --no-run redoes it)"
+    return {
+        None: "never started",
+        "running": "started, not finished (its compare is still running it, or was stopped)",
+        "failed": f"failed: {last_line(log_path(run, out))}",
+        "done": "done, but its metrics lack the last step",
+    }.get(state.get("status"), str(state.get("status")))
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _start(run: Run, out: Path, threads: int) -> tuple[Run, subprocess.Popen, float, object]:
