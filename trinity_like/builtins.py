@@ -17,8 +17,11 @@ BUILTIN_MODULES = (
     "trinity_like.explorer.reward_mitigations",
     "trinity_like.explorer.reward_isolation",
     "trinity_like.explorer.tasks",
+    "trinity_like.explorer.arithmetic_presets",
     "trinity_like.buffer.storage",
     "trinity_like.monitor.sinks",
+    "trinity_like.monitor.wandb_sink",
+    "trinity_like.monitor.mlflow_sink",
     "trinity_like.envs.workflow",
 )
 

@@ -10,7 +10,7 @@
     trinity-like serve [--port N] [--host H --api-key K] [--data-dir DIR] [--model M ...]
     trinity-like rm-check RM_RUN --tasks RECIPE_OR_TASKS [--samples N] [--out FILE.json]
     trinity-like rm-pairs RECIPE [key.path=value ...] --out DIR [--samples N] [--num-tasks N] [--num-eval-tasks N]
-    trinity-like version
+    trinity-like compare A.yaml B.yaml ... --seeds N [--set key=value ...] [--out DIR]  |  trinity-like version
 
 A user error (bad recipe, bad data, unknown name, failing plugin) prints one line and
 exits with status 2; ``--debug`` shows the traceback instead.
@@ -24,6 +24,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from trinity_like.compare import cli as compare_cli
 from trinity_like.errors import TrinityError
 from trinity_like.rm_check import commands as rm_commands
 
@@ -192,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     rmp.add_argument("--model", help="the policy to sample (default: the recipe's model.path)")
     _add_common(rmp)
 
+    compare_cli.add_parser(sub)
     sub.add_parser("version", help="print versions")
     return parser
 
@@ -363,6 +365,7 @@ COMMANDS = {
     "serve": cmd_serve,
     "rm-check": rm_commands.cmd_rm_check,
     "rm-pairs": rm_commands.cmd_rm_pairs,
+    "compare": compare_cli.run,
     "version": cmd_version,
 }
 

@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("explorer",),  # the rollout engine, workflows, rewards (it receives the trainer's weights)
     ("envs",),  # environments over the rollout engine
     ("pipeline", "client"),  # the two front doors: recipe loops and the Tinker-compatible client
-    ("runner", "rm_check", "view"),  # applications: run a plan, check a reward model, view a run
+    ("runner", "rm_check", "view", "compare"),  # applications: run a plan, check a reward model, view a run, compare
     ("cli",),  # the command line over all of them
 )
 

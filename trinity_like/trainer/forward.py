@@ -230,9 +230,11 @@ def model_outputs(
 
     ``model``: the transformers model (``*ForCausalLM``, or ``*ForTokenClassification`` for a
     value or reward model; with LoRA, peft's layers inside it). Columns that hold no real
-    token read 0. ``stats``, when given, accumulates ``tokens`` (real tokens run) and
-    ``grid`` (the positions the backbone ran, padding included).
+    token read 0. ``stats``, when given, accumulates ``rows`` (sequences run), ``tokens`` (real
+    tokens run) and ``grid`` (the positions the backbone ran, padding included).
     """
+    if stats is not None:
+        stats["rows"] = stats.get("rows", 0) + batch["input_ids"].shape[0]
     packing = pack(batch, share_prompts=share_prompts) if kernel_of(model) in PACKING_KERNELS else None
     if packing is None:
         return padded_outputs(model, batch, kind, need_entropy, stats)
@@ -262,11 +264,16 @@ def model_outputs(
 
 
 def packing_metrics(stats: dict[str, float]) -> dict[str, float]:
-    """A step's ``perf/train_tokens`` (real tokens the backbone ran) and ``perf/padded_fraction``
-    (padding's share of what it ran) from the ``stats`` :func:`model_outputs` accumulated."""
+    """A step's ``perf/train_rows`` (sequences trained), ``perf/train_tokens`` (real tokens the backbone
+    ran) and ``perf/padded_fraction`` (padding's share of what it ran) from the ``stats``
+    :func:`model_outputs` accumulated: the compute beside a step count (``trinity-like compare``)."""
     if not stats.get("grid"):
         return {}
-    return {"perf/train_tokens": float(stats["tokens"]), "perf/padded_fraction": 1.0 - stats["tokens"] / stats["grid"]}
+    return {
+        "perf/train_rows": float(stats["rows"]),
+        "perf/train_tokens": float(stats["tokens"]),
+        "perf/padded_fraction": 1.0 - stats["tokens"] / stats["grid"],
+    }
 
 
 def scatter(values_M: torch.Tensor, where_BR: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,89 @@
+"""Intervals, paired tests and verdicts against hand computations (t tables, the closed-form t CDF for 2 degrees of freedom)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from trinity_like.compare.stats import paired, summarize, verdict, verdict_line
+
+T975 = {1: 12.706204736174698, 2: 4.302652729749464, 4: 2.7764451051977934}  # two-sided 95 % t quantiles (tables)
+
+
+def t2_two_sided_p(t: float) -> float:
+    """Two-sided p of Student t with 2 degrees of freedom: its CDF is 1/2 + t / (2 sqrt(2 + t^2))."""
+    return 1.0 - abs(t) / math.sqrt(2.0 + t * t)
+
+
+def test_mean_and_interval_of_three_seeds():
+    s = summarize([0.55, 0.60, 0.71])
+    mean = (0.55 + 0.60 + 0.71) / 3
+    sd = math.sqrt(((0.55 - mean) ** 2 + (0.60 - mean) ** 2 + (0.71 - mean) ** 2) / 2)
+    half = T975[2] * sd / math.sqrt(3)
+    assert s.n == 3 and s.mean == pytest.approx(mean) and s.sd == pytest.approx(sd)
+    assert s.low == pytest.approx(mean - half) and s.high == pytest.approx(mean + half)
+
+
+def test_five_seeds_use_four_degrees_of_freedom():
+    values = [1.0, 2.0, 3.0, 4.0, 5.0]  # mean 3, sd sqrt(2.5)
+    s = summarize(values)
+    assert s.high - s.mean == pytest.approx(T975[4] * math.sqrt(2.5) / math.sqrt(5))
+
+
+def test_one_seed_has_no_interval():
+    s = summarize([0.4])
+    assert (s.n, s.mean, s.low, s.high) == (1, 0.4, None, None)
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+def test_paired_difference_interval_and_p_value():
+    a = [0.50, 0.40, 0.30]
+    b = [0.51, 0.42, 0.33]  # differences 0.01, 0.02, 0.03: mean 0.02, sd 0.01
+    d = paired(a, b)
+    se = 0.01 / math.sqrt(3)
+    assert d.n == 3 and d.mean == pytest.approx(0.02) and d.sd == pytest.approx(0.01)
+    assert d.low == pytest.approx(0.02 - T975[2] * se) and d.high == pytest.approx(0.02 + T975[2] * se)
+    assert d.p == pytest.approx(t2_two_sided_p(0.02 / se))  # t = 3.46: p = 0.074
+    assert verdict(d) == "no difference shown"  # the interval [-0.005, 0.045] holds 0
+
+
+def test_pairing_removes_what_seeds_share():
+    """Seeds that differ a lot from one another but where B beats A by the same small margin on each:
+    unpaired the spread hides it; paired, the margin shows."""
+    a = [0.20, 0.50, 0.80]
+    b = [0.25, 0.56, 0.84]
+    d = paired(a, b)
+    assert d.low > 0 and verdict(d, name_b="B") == "B better"
+    assert summarize(b).low < summarize(a).mean  # the unpaired intervals overlap widely
+    assert d.p == pytest.approx(t2_two_sided_p(d.mean / (d.sd / math.sqrt(3))))
+
+
+def test_verdict_follows_the_direction_of_better():
+    d = paired([1.0, 1.0, 1.0], [0.7, 0.8, 0.75])  # B lower on every seed, with spread
+    assert d.high < 0
+    assert verdict(d, higher_is_better=True, name_b="B") == "B worse"
+    assert verdict(d, higher_is_better=False, name_b="B") == "B better"  # a loss: lower is better
+
+
+def test_verdicts_without_spread_or_seeds():
+    assert verdict(paired([0.5, 0.6], [0.5, 0.6])) == "no difference shown (equal on every seed)"
+    same = paired([0.5, 0.6], [0.6, 0.7])  # +0.1 on both seeds: no spread, no test, the sign stands
+    assert same.p is None and verdict(same, name_b="B") == "B better"
+    one = paired([0.5], [0.9])
+    assert one.low is None and "no verdict" in verdict(one)
+    with pytest.raises(ValueError):
+        paired([0.1, 0.2], [0.1])
+
+
+def test_the_verdict_line_reads_as_the_issue_asks():
+    a = [0.550, 0.520, 0.600]
+    b = [0.610, 0.600, 0.685]  # +6, +8, +8.5 points
+    d = paired(a, b)
+    line = verdict_line(d, what="held-out accuracy", name_a="A", name_b="B", scale=100, unit=" points")
+    low, high = (d.low * 100, d.high * 100)
+    assert line == (
+        f"held-out accuracy: B - A = +7.5 points [{low:+.1f}, {high:+.1f}], p = {d.p:.3f}, 3 seeds: B better"
+    )
+    assert low > 0 and d.p < 0.05
