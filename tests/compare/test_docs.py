@@ -12,7 +12,7 @@ import sys
 import pytest
 from compare_testlib import ROOT, TINY_SETS, compare, doc_blocks, doc_commands, report
 
-from trinity_like.explorer.tasks import task_source
+from trinity_like.buffer.task_sources import task_source
 
 # a client loop shrunk to seconds: rl_env.py's own flags, appended inside each --script command
 TINY_LOOP = "--model tiny-random --iterations 2 --batch 2 --group 2 --eval 4 --eval-every 1"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import itertools
 import re
 
-from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_source, task_source
+from trinity_like.buffer.task_sources import task_source
+from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_source
 from trinity_like.registry import TASK_SOURCE
 
 
