@@ -101,7 +101,7 @@ def _module_of_file(target: Path) -> ModuleType | None:
 def _free_name(name: str, target: Path) -> bool:
     """Whether ``target`` may be imported as ``name``: a valid module name that no other module holds
     and that ``sys.path`` does not resolve to another file (so ``import name`` finds this one too)."""
-    if not name.isidentifier() or name in sys.modules:
+    if not name.isidentifier() or name.startswith("__") or name in sys.modules:
         return False
     try:
         found = importlib.util.find_spec(name)

@@ -149,7 +149,7 @@ class EnvWorkflow:
 def _params_text(params: Any) -> str:
     """``(max_turns=3, max_tokens=48, ...)``; long strings shortened (a system prompt)."""
     if params is None:
-        return "()"
+        return "(no params)"
     values = dataclasses.asdict(params) if dataclasses.is_dataclass(params) else {}
     shown = [f"{k}={(v[:37] + '...') if isinstance(v, str) and len(v) > 40 else v!r}" for k, v in values.items()]
     return "(" + ", ".join(shown) + ")"
@@ -161,8 +161,10 @@ def check_step(config: Config, skipped: Sequence[SkippedTask], tasks: int, step:
     whose params declare no such field (``math``) is not checked."""
     from trinity_like.explorer.worker import workflow_params
 
+    if not skipped:
+        return
     limit = getattr(workflow_params(config, WORKFLOW.get(config.explorer.workflow)), "max_dropped_fraction", None)
-    if limit is not None and skipped:
+    if limit is not None:
         check_dropped(
             len(skipped),
             tasks,
