@@ -10,6 +10,10 @@ public registries. Three ways to name one:
    imported from where it lies -- nothing is copied, nothing touches site-packages.
 
 (2) and (3) come from the recipe's ``plugins:`` list or ``--plugin`` on the command line.
+A file is loaded once, however it is reached: a ``.py`` file or folder is imported under
+its own module name (``my_env.py`` as ``my_env``) unless that name is another module's,
+so a plugin that does ``import my_env`` and the listed ``./my_env.py`` are one module,
+registered once; a file already imported under any name is not run again.
 :func:`load_plugins` puts them into the ``TRINITY_LIKE_PLUGINS`` environment variable so
 processes started later (Ray workers inherit it through ``ray_runtime_env``) load the same
 set: call :func:`load_plugins` at the start of any process that resolves names.
@@ -39,14 +43,15 @@ ENV_VAR = "TRINITY_LIKE_PLUGINS"
 
 _lock = threading.RLock()
 _loaded: dict[str, ModuleType] = {}  # spec -> module, for every plugin loaded in this process
+_CORE = str(Path(__file__).resolve().parent) + os.sep  # trinity_like/: frames a plugin's failure passed through
 _entry_points_done = False
 
 
 def _describe_failure(what: str, exc: BaseException) -> PluginError:
     frames = traceback.extract_tb(exc.__traceback__)
     where = ""
-    for frame in reversed(frames):
-        if "importlib" not in frame.filename:
+    for frame in reversed(frames):  # the plugin's own line: not importlib's, nor the core's it called
+        if "importlib" not in frame.filename and not frame.filename.startswith(_CORE):
             where = f" at {frame.filename}:{frame.lineno}"
             break
     return PluginError(f"plugin {what} failed to import: {type(exc).__name__}: {exc}{where}")
@@ -64,11 +69,13 @@ def _import_path(spec: str) -> ModuleType:
         target, search = path, None
     else:
         raise PluginError(f"plugin {spec!r}: no such module, .py file or package folder")
-    # A stable, unique module name, so two folders both called `plugin` do not collide.
-    digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
-    name = f"trinity_like_plugin_{path.stem}_{digest}"
-    if name in sys.modules:
-        return sys.modules[name]
+    loaded = _module_of_file(target)
+    if loaded is not None:  # already imported, under whatever name (`import my_env` in another plugin)
+        return loaded
+    name = path.stem
+    if not _free_name(name, target):
+        # Another module holds the name: a stable, unique one, so two folders both called `plugin` do not collide.
+        name = f"trinity_like_plugin_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
     mod_spec = importlib.util.spec_from_file_location(name, target, submodule_search_locations=search)
     if mod_spec is None or mod_spec.loader is None:
         raise PluginError(f"plugin {spec!r}: cannot be imported")
@@ -80,6 +87,27 @@ def _import_path(spec: str) -> ModuleType:
         del sys.modules[name]
         raise
     return module
+
+
+def _module_of_file(target: Path) -> ModuleType | None:
+    """The module already imported from ``target`` (a ``.py`` file or a package's ``__init__.py``), if any."""
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        if isinstance(file, str) and Path(file).name == target.name and Path(file).resolve() == target:
+            return module
+    return None
+
+
+def _free_name(name: str, target: Path) -> bool:
+    """Whether ``target`` may be imported as ``name``: a valid module name that no other module holds
+    and that ``sys.path`` does not resolve to another file (so ``import name`` finds this one too)."""
+    if not name.isidentifier() or name.startswith("__") or name in sys.modules:
+        return False
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return False
+    return found is None or (found.origin is not None and Path(found.origin).resolve() == target)
 
 
 def _looks_like_path(spec: str) -> bool:

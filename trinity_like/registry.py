@@ -68,6 +68,20 @@ def first_line(obj: Any) -> str:
     return ""
 
 
+def _origin(obj: Any, key: str) -> str:
+    """Where ``obj`` comes from: ``module.qualname (file:line)``, the file and line being the code that
+    registered it (the first frame outside this module); a value (an AlgorithmType) is named by its key
+    in the registering module."""
+    frame = inspect.currentframe()
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    site = f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "?"
+    if inspect.isfunction(obj) or inspect.isclass(obj):
+        return f"{obj.__module__}.{obj.__qualname__} ({site})"
+    module = frame.f_globals.get("__name__", "?") if frame is not None else "?"
+    return f"{module}.{key} ({site})"
+
+
 class Registry:
     """A named table of components (functions or classes), filled by decorators.
 
@@ -102,16 +116,18 @@ class Registry:
             key = name or getattr(obj, "__name__", None)
             if not key:
                 raise RegistryError(f"{self.name}: cannot infer a name for {obj!r}")
+            origin = _origin(obj, key)
             if key in self._mm.module_dict and not force:
+                # Both places, so the fix is clear: rename one, or stop loading one file twice.
                 raise RegistryError(
-                    f"{self.name}: the name {key!r} is already registered by "
-                    f"{self._origin.get(key, '?')}; pass force=True to replace it"
+                    f"{self.name}: the name {key!r} is already registered by {self._origin.get(key, '?')}; "
+                    f"registered again by {origin}: give one of them another name (or load only one of them)"
                 )
             if callable(obj):
                 self._mm.register_module(name=key, force=force, module=obj)
             else:  # a declarative value (an AlgorithmType); mmengine only takes callables
                 self._mm._module_dict[key] = obj
-            self._origin[key] = f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', key)}"
+            self._origin[key] = origin
             return obj
 
         if module is not None:
@@ -160,7 +176,7 @@ class Registry:
         return first_line(self.get(name))
 
     def origin(self, name: str) -> str:
-        """Dotted path of the object registered as ``name``."""
+        """Dotted path of the object registered as ``name``, and the file and line that registered it."""
         return self._origin.get(name, "?")
 
     def items(self) -> list[tuple[str, Any]]:

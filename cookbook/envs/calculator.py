@@ -201,6 +201,13 @@ class CalculatorParams:
 class CalculatorEnv(Env):
     """One problem; the model may call the calculator before it answers."""
 
+    metric_names = (
+        "correct",
+        "used_tool",
+        "tool_calls",
+        "tool_errors",
+    )  # env/tool_calls is 0, not absent, without calls
+
     def __init__(
         self, *, task: Task, messages: list[Message], prompt: list[int], tokenizer: Any, params: CalculatorParams
     ) -> None:

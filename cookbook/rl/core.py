@@ -26,10 +26,12 @@ from trinity_like.client.losses import CLIENT_LOSSES, RL_INPUTS, THRESHOLDS, los
 from trinity_like.client.sampling import SamplingClient
 from trinity_like.client.training import TrainingClient
 from trinity_like.envs.experience import trajectory_experience
+from trinity_like.envs.guard import DropNotices, DroppedGroup, check_dropped
 from trinity_like.envs.rollout import (
     GroupRollout,
     RolloutParams,
     RolloutResult,
+    eval_env_metrics,
     rollout_groups,
 )
 from trinity_like.envs.types import EnvFactory, EnvGroupBuilder
@@ -81,6 +83,7 @@ class RLTrainConfig:
     save_every: int = 10  # save_state every this many iterations and at the end; 0: never (nothing to resume)
     seed: int = 0  # of the rollouts' sampling: iteration i draws from sample_seed(seed, i, 0)
     progress: bool = True  # a tqdm progress bar
+    max_dropped_fraction: float = 0.5  # more of an iteration's groups dropped (env failures) stops the run
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -101,6 +104,7 @@ class RLTrainConfig:
         self._check("log_path", bool(self.log_path), "must name a folder")
         self._check("learning_rate", self.learning_rate > 0, "must be > 0")
         self._check("kl_penalty_coef", self.kl_penalty_coef >= 0, "must be >= 0")
+        self._check("max_dropped_fraction", 0 <= self.max_dropped_fraction <= 1, "must be a fraction in [0, 1]")
         self._check("loss_fn", self.loss_fn in RL_LOSSES, f"must be one of {', '.join(RL_LOSSES)}")
         load_plugins()  # the losses and advantage fns are registry entries
         try:
@@ -356,24 +360,39 @@ def _clipped(row: _Row, learner_P: np.ndarray, config: RLTrainConfig) -> int:
     return int((high | low).sum())
 
 
+def check_drops(config: RLTrainConfig, dropped: Sequence[DroppedGroup], it: int) -> None:
+    """Stop the run when more than ``max_dropped_fraction`` of iteration ``it``'s ``batch_size``
+    groups were dropped, naming the first one's error (the recipe's env workflow stops alike)."""
+    if dropped:
+        check_dropped(
+            len(dropped),
+            config.batch_size,
+            dropped[0].reason,
+            max_fraction=config.max_dropped_fraction,
+            where=f"iteration {it}",
+            knob="RLTrainConfig.max_dropped_fraction",
+        )
+
+
 def evaluate(
-    sampler: SamplingClient, factory: EnvFactory, tasks: Sequence[Task], config: RLTrainConfig
+    sampler: SamplingClient,
+    factory: EnvFactory,
+    tasks: Sequence[Task],
+    config: RLTrainConfig,
+    notices: DropNotices | None = None,
 ) -> dict[str, float]:
-    """Greedy episodes of ``tasks``, one each: accuracy = mean episode return (a dropped one scores 0)."""
+    """Greedy episodes of ``tasks``, one each: accuracy = mean episode return (a dropped one scores 0,
+    and is shown through ``notices``); the env's metrics as ``eval/env/*`` (:func:`eval_env_metrics`)."""
     result = sample_episodes(
         sampler, [factory.group_builder(t, 1) for t in tasks], seed=0, params=config.rollout(greedy=True)
     )
+    if notices is not None:
+        notices("evaluation", result.dropped)
     returns = [g.total_rewards()[0] for g in result.groups] + [0.0] * len(result.dropped)
     accuracy = statistics.fmean(returns)
     stderr = statistics.pstdev(returns) / math.sqrt(len(returns))  # sqrt(p(1-p)/n) for 0/1 rewards
-    metrics = {
-        "eval/accuracy": accuracy,
-        "eval/accuracy_stderr": stderr,
-        "eval/tasks": float(len(returns)),
-        "eval/dropped": float(len(result.dropped)),
-    }
-    metrics.update({f"eval/{k}": v for k, v in result.metrics.items() if k.startswith(("env/", "rollout/turns"))})
-    return metrics
+    metrics = {"eval/accuracy": accuracy, "eval/accuracy_stderr": stderr, "eval/tasks": float(len(returns))}
+    return {**metrics, **eval_env_metrics(result.metrics, len(result.dropped))}
 
 
 # -- checkpoints ----------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ from cookbook.rl.core import (
     Pending,
     RLTrainConfig,
     build_rows,
+    check_drops,
     collect,
     episode_rows,
     group_episodes,
@@ -66,6 +67,7 @@ from cookbook.rl.core import (
 from trinity_like.client.sampling import SamplingClient
 from trinity_like.client.training import TrainingClient
 from trinity_like.envs.dataset import TaskEnvDataset
+from trinity_like.envs.guard import DropNotices, DroppedGroup
 from trinity_like.envs.types import EnvGroupBuilder
 from trinity_like.explorer.engine import sample_seed
 from trinity_like.monitor.logger import PhaseTimer
@@ -80,6 +82,7 @@ class Chunk:
     index: int  # its position among that batch's chunks
     version: int  # iterations trained when its sampler was taken
     groups: list[list[Episode]]
+    dropped: list[DroppedGroup]  # the rollout's groups whose env failed
     metrics: dict[str, float]  # the rollout's, and the reference pass's when there is one
     policy_tokens: int  # sampled tokens (the reference metrics' weight)
     started: float  # perf_counter when sampling began
@@ -213,7 +216,9 @@ class ChunkStream:
         if self._reference is not None:
             metrics.update(reference_kl(self._reference, [ep for g in groups for ep in g]))
         tokens = sum(end - start for g in groups for ep in g for start, end in ep.spans)
-        return Chunk(n, iteration, index, version, groups, metrics, tokens, started, time.perf_counter())
+        return Chunk(
+            n, iteration, index, version, groups, rollout.dropped, metrics, tokens, started, time.perf_counter()
+        )
 
 
 # -- one iteration on the stream ------------------------------------------------------------------------
@@ -224,9 +229,14 @@ def stream_iteration(
     it: int,
     timer: PhaseTimer,
     warn: Callable[[str], None],
+    notices: DropNotices | None = None,
 ) -> tuple[list[list[Episode]], dict[str, float]]:
-    """Take iteration ``it``'s chunks from ``stream`` and train on them; its groups and metrics."""
+    """Take iteration ``it``'s chunks from ``stream`` and train on them; its groups and metrics.
+
+    Groups whose env failed are shown through ``notices`` and counted; once more than
+    ``max_dropped_fraction`` of the iteration's groups are, the run stops (:func:`~.core.check_drops`)."""
     used: list[Chunk] = []
+    dropped: list[DroppedGroup] = []
     pending: list[Pending] = []
     streamed: tuple[list, int, list[float]] = ([], 0, [])  # rows, skipped groups, shaped returns so far
     discarded = 0
@@ -246,6 +256,10 @@ def stream_iteration(
                 )
                 continue
             used.append(chunk)
+            if notices is not None:
+                notices(f"iteration {it}", chunk.dropped)
+            dropped += chunk.dropped
+            check_drops(config, dropped, it)  # as soon as more than the limit is certain
             if config.num_minibatches:  # streaming: train this minibatch now (its advantages: its own groups')
                 rows, skipped, shaped = episode_rows(chunk.groups, config)
                 streamed = (streamed[0] + rows, streamed[1] + skipped, streamed[2] + shaped)

@@ -17,6 +17,11 @@ any ``ENV`` environment -- single- or multi-turn, see :mod:`trinity_like.envs` -
     sampler  = save_weights_and_get_sampling_client()                               time/sync
     every save_every: save_state (resumable); every eval_every: greedy held-out accuracy
 
+A group whose env failed (a step that kept raising or timed out) is dropped from its
+iteration and counted (``rollout/dropped_groups``); each distinct failure is written once,
+with the env's name and the error. An iteration that drops more than
+``max_dropped_fraction`` of its groups stops the run with the first one's error.
+
 Advantages come from the advantage fn registered as ``config.advantage`` in ADVANTAGE_FN (the
 registry a recipe's ``algorithm.advantage`` uses; :mod:`.advantages` says what it is given),
 so ``rloo``, ``grpo`` (``advantage_params={"norm_by_std": False}`` is Dr.GRPO) or a plugin's
@@ -77,6 +82,7 @@ from cookbook.rl.core import (  # the loop's parts, importable from here
     RLTrainConfig,
     TrainResult,
     build_rows,
+    check_drops,
     collect,
     episode_datum,
     evaluate,
@@ -92,6 +98,7 @@ from cookbook.rl.core import (  # the loop's parts, importable from here
 from trinity_like.client.sampling import SamplingClient
 from trinity_like.client.training import TrainingClient
 from trinity_like.envs.dataset import TaskEnvDataset
+from trinity_like.envs.guard import DropNotices
 from trinity_like.envs.types import EnvFactory
 from trinity_like.experience import Task
 from trinity_like.explorer.engine import sample_seed
@@ -106,6 +113,7 @@ __all__ = [
     "RLTrainConfig",
     "TrainResult",
     "build_rows",
+    "check_drops",
     "collect",
     "episode_datum",
     "evaluate",
@@ -146,6 +154,7 @@ def train(
         desc="rl_train",
     )
     result = TrainResult(start, [])
+    notices = DropNotices(logger.write)  # each distinct env failure written once
 
     def log(step: int, metrics: dict[str, float]) -> None:
         logger.log(step, metrics)
@@ -158,7 +167,7 @@ def train(
         sampler = training.save_weights_and_get_sampling_client()
         do_eval = bool(eval_tasks) and config.eval_every > 0
         if do_eval and start == 0:
-            log(0, evaluate(sampler, factory, eval_tasks, config))
+            log(0, evaluate(sampler, factory, eval_tasks, config, notices))
         if config.streaming:  # streaming minibatches / off-by-K: the samplers run beside the learner
             from cookbook.rl.stream import ChunkStream, stream_iteration
 
@@ -166,7 +175,7 @@ def train(
         for it in range(start + 1, config.iterations + 1):
             timer, t0 = PhaseTimer(), time.perf_counter()
             if stream is not None:
-                groups, metrics = stream_iteration(stream, training, config, it, timer, logger.write)
+                groups, metrics = stream_iteration(stream, training, config, it, timer, logger.write, notices)
             else:  # the synchronous loop: sample the whole batch, then train on it
                 with timer("rollout"):
                     rollout = sample_episodes(
@@ -175,6 +184,8 @@ def train(
                         seed=sample_seed(config.seed, it, 0),
                         params=config.rollout(),
                     )
+                notices(f"iteration {it}", rollout.dropped)
+                check_drops(config, rollout.dropped, it)  # before training on what is left
                 groups = [group_episodes(g, it - 1) for g in rollout.groups]
                 metrics = dict(rollout.metrics)
                 if reference is not None:
@@ -194,7 +205,7 @@ def train(
                     save_checkpoint(training, log_path, it)
             if do_eval and (it % config.eval_every == 0 or last):
                 with timer("eval"):
-                    metrics.update(evaluate(sampler, factory, eval_tasks, config))
+                    metrics.update(evaluate(sampler, factory, eval_tasks, config, notices))
             metrics.update(_speed(timer, t0, groups, metrics))
             log(it, metrics)
             logger.advance()

@@ -230,3 +230,86 @@ def test_example_plugin_loss_is_truncated_importance_weighted_reinforce():
         """
     )
     assert r.returncode == 0, r.stderr
+
+
+ENV_SRC = textwrap.dedent(
+    '''
+    """A plugin another plugin imports."""
+    from trinity_like.registry import POLICY_LOSS_FN
+
+    @POLICY_LOSS_FN.register_module("shared_loss")
+    def loss(*, logprob, action_mask):
+        """Registered once, however the file is reached."""
+        return (-(logprob * action_mask).sum(), {})
+    '''
+)
+USER_SRC = "import my_env  # noqa: F401  (a plugin that uses its sibling)\n"
+
+
+@pytest.mark.parametrize("order", ["user_first", "imported_first"])
+def test_a_plugin_file_imported_by_another_plugin_is_loaded_once(tmp_path, order):
+    (tmp_path / "my_env.py").write_text(ENV_SRC)
+    (tmp_path / "my_plugin.py").write_text(USER_SRC)
+    listed = ["./my_plugin.py", "./my_env.py"] if order == "user_first" else ["./my_env.py", "./my_plugin.py"]
+    recipe = "name: r\nbuffer:\n  tasks:\n    generator: arithmetic\nplugins:\n" + "".join(f"  - {p}\n" for p in listed)
+    (tmp_path / "r.yaml").write_text(recipe)
+    # the recipe's folder is on sys.path (the working directory), as when the researcher ran it
+    out = cli("run", "--config", "r.yaml", "--dry-run", "model.path=tiny-random", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    r = run_py(
+        f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        from trinity_like.plugins import load_plugins
+        from trinity_like.registry import POLICY_LOSS_FN
+        load_plugins({[str(tmp_path / p) for p in listed]!r})
+        load_plugins([{str(tmp_path / "my_env.py")!r}, "my_env"])  # by another spelling: still that module
+        import my_env
+        assert POLICY_LOSS_FN.get("shared_loss") is my_env.loss
+        assert [m for m in sys.modules.values() if getattr(m, "__file__", None) == my_env.__file__] == [my_env]
+        """
+    )
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_listed_file_a_later_plugin_imports_is_that_module_without_sys_path(tmp_path):
+    """The folder is not on sys.path: a file listed first is importable by its own name for the plugins after it."""
+    (tmp_path / "my_env.py").write_text(ENV_SRC)
+    (tmp_path / "my_plugin.py").write_text(USER_SRC)
+    r = run_py(
+        f"""
+        import sys
+        from trinity_like.plugins import load_plugins
+        from trinity_like.registry import POLICY_LOSS_FN
+        load_plugins([{str(tmp_path / "my_env.py")!r}, {str(tmp_path / "my_plugin.py")!r}])
+        assert POLICY_LOSS_FN.get("shared_loss") is sys.modules["my_env"].loss
+        """,
+        cwd=tmp_path.parent,
+    )
+    assert r.returncode == 0, r.stderr
+
+
+def test_two_files_with_one_name_still_load_apart(tmp_path):
+    for folder, name in (("a", "loss_a"), ("b", "loss_b")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "plugin.py").write_text(LOSS_SRC.format(name=name))
+    r = run_py(
+        f"""
+        from trinity_like.plugins import load_plugins
+        from trinity_like.registry import POLICY_LOSS_FN
+        load_plugins([{str(tmp_path / "a" / "plugin.py")!r}, {str(tmp_path / "b" / "plugin.py")!r}])
+        assert POLICY_LOSS_FN.describe("loss_a") == "Test loss loss_a." and POLICY_LOSS_FN.describe("loss_b")
+        """
+    )
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_true_duplicate_names_both_places_and_does_not_suggest_force(tmp_path):
+    (tmp_path / "first.py").write_text(LOSS_SRC.format(name="twice"))
+    (tmp_path / "second.py").write_text(LOSS_SRC.format(name="twice"))
+    out = cli("list", "--plugin", str(tmp_path / "first.py"), "--plugin", str(tmp_path / "second.py"))
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    first, second = tmp_path / "first.py", tmp_path / "second.py"
+    assert f"the name 'twice' is already registered by first.loss ({first}:5)" in out.stderr, out.stderr
+    assert f"registered again by second.loss ({second}:5): give one of them another name" in out.stderr
+    assert "force" not in out.stderr

@@ -118,3 +118,30 @@ def test_the_explorer_keeps_finished_turns_for_env_workflows_only(tmp_path):
 def test_bad_workflow_args_are_one_line_errors_when_the_recipe_is_read(override, message):
     with pytest.raises(TrinityError, match=message):
         load_plan(RECIPE, [override])
+
+
+def test_the_dry_run_plan_prints_what_the_env_workflow_runs(tok):
+    """The plan shows the env's own action limit and reward (not `reward=` and `max_new_tokens=`, which do
+    not apply), read from the params the explorer builds the workflow with; the env then stops at it."""
+    from trinity_like.config import describe_plan
+    from trinity_like.envs.workflow import EnvWorkflow
+    from trinity_like.experience import Task
+    from trinity_like.explorer.worker import workflow_params
+
+    plan = load_plan(RECIPE, ["explorer.workflow_args.env_args.max_tokens=24", "model.max_response_tokens=100"])
+    (line,) = [ln for ln in describe_plan(plan).splitlines() if ln.startswith("  explorer:")]
+    assert "reward=" not in line and "max_new_tokens" not in line
+    config = plan.stages[0].config
+    workflow = EnvWorkflow(params=workflow_params(config, EnvWorkflow))  # as ExplorerWorker builds it
+    p = workflow.params
+    assert f"env={p.env} (Arithmetic with a calculator tool" in line  # the env's reward is its own
+    assert f"max_turns={p.env_args['max_turns']}, max_tokens=24," in line
+    assert f"episodes <= {p.max_total_tokens} tokens and {p.max_turns} turns" in line and p.max_total_tokens == 356
+    assert f"step_timeout_s={p.step_timeout_s:g}, step_retries={p.step_retries}" in line
+    s = config.explorer.sampling
+    assert f"T={s.temperature}, top_k={s.top_k}, top_p={s.top_p}" in line
+    env = workflow.factory(tok).group_builder(Task("What is 100 + 200?", "300"), 1).make_envs()[0]
+    assert env.initial_observation()[1].max_tokens == 24  # what the plan said is what stops an action
+    math = load_plan(REPO / "examples" / "grpo_arith.yaml")
+    (line,) = [ln for ln in describe_plan(math).splitlines() if ln.startswith("  explorer:")]
+    assert "reward=exact_match" in line and "max_new_tokens=16" in line  # a workflow without a plan_text

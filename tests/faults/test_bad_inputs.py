@@ -325,7 +325,8 @@ CASES = [
     ),
     Case(
         "plugin_duplicate_name",
-        r"r\.yaml:\d+: plugin '{dir}/dup_plugin\.py' failed to import: .*'grpo'.*force=True.*",
+        r"r\.yaml:\d+: plugin '{dir}/dup_plugin\.py' failed to import: .*'grpo' is already registered by "
+        r"algorithms\..*; registered again by .*\({dir}/dup_plugin\.py:5\): give one of them another name.*",
         recipe=GRPO + "plugins:\n  - ./dup_plugin.py\n",
         files={"dup_plugin.py": PLUGIN_DUP},
     ),

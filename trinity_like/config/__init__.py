@@ -5,6 +5,7 @@ from __future__ import annotations
 from trinity_like.components import OFF, ComponentSpec
 from trinity_like.config.resolve import ResolvedComponent, ResolvedStage, RunPlan, load_plan
 from trinity_like.config.schema import Config
+from trinity_like.registry import WORKFLOW
 
 __all__ = ["ComponentSpec", "Config", "ResolvedComponent", "ResolvedStage", "RunPlan", "describe_plan", "load_plan"]
 
@@ -70,10 +71,18 @@ def describe_plan(plan: RunPlan) -> str:
         if a.use_rollout:
             e = c.explorer
             s = e.sampling
+            # A workflow that runs other settings than these (the env workflow: the env's reward and
+            # action limits) says what it runs through its `plan_text`.
+            own = getattr(WORKFLOW.get(e.workflow), "plan_text", None)
+            runs = (
+                own(c)
+                if own is not None
+                else f"reward={e.reward_fn}, T={s.temperature}, top_k={s.top_k}, top_p={s.top_p}, "
+                f"max_new_tokens={s.max_new_tokens or c.model.max_response_tokens}"
+            )
             lines.append(
                 f"  explorer: {e.placement} placement, {e.batch_size} prompts x {e.group_size} samples, workflow={e.workflow}, "
-                f"reward={e.reward_fn}, T={s.temperature}, top_k={s.top_k}, top_p={s.top_p}, "
-                f"max_new_tokens={s.max_new_tokens or c.model.max_response_tokens}"
+                + runs
             )
             lines.append(
                 f"  synchronizer: {c.sync_method()} every {c.synchronizer.interval} step(s), offset {c.synchronizer.offset}"

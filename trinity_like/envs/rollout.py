@@ -33,8 +33,11 @@ Example::
 
 Metrics: ``rollout/*`` count groups, episodes, turns, tokens (a whole episode's), env
 failures and engine calls; ``reward/mean|std`` are over episode returns; ``env/<key>`` is
-a step metric summed over each episode and averaged over episodes; ``tag/<tag>/...`` the
-same over the groups whose builder reports that logging tag.
+a step metric summed over each episode and averaged over the kept episodes, an episode that
+did not report it counting 0; ``tag/<tag>/...`` the same over the groups whose builder
+reports that logging tag. The keys are the names the envs declare (``Env.metric_names``:
+each is logged whenever an episode was kept, 0 when none reported it) and any other name
+an episode reported. A rollout that kept no episode has no ``reward/*`` or ``env/*``.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from trinity_like.envs.guard import EnvCalls, call_env
+from trinity_like.envs.guard import DroppedGroup, EnvCalls, call_env
 from trinity_like.envs.types import (
     Env,
     EnvGroupBuilder,
@@ -66,16 +69,24 @@ END_REASONS = ("done", "max_turns", "context")
 
 @dataclass(frozen=True)
 class RolloutParams:
-    """How actions are sampled, and the limits that end an episode."""
+    """How actions are sampled, and the limits that end an episode (the table in ``docs/envs.md``).
 
-    temperature: float = 1.0  # logits are divided by it; must be > 0 unless greedy
-    top_k: int = 0  # keep the k most likely tokens; 0 keeps all
-    top_p: float = 1.0  # keep the smallest set of top tokens with this mass; 1.0 keeps all
-    greedy: bool = False  # argmax decoding
-    max_turns: int = 8  # actions per episode; the episode ends after this many ("max_turns")
-    max_total_tokens: int = 2048  # history + action tokens; reaching it ends the episode ("context")
-    step_timeout_s: float = 60.0  # time limit of one env call (initial_observation, step)
-    step_retries: int = 1  # further attempts after an env call raised; then its group is dropped
+    A client loop gets them from ``RLTrainConfig.rollout()`` (temperature 1 when training,
+    greedy when evaluating); a recipe's ``env`` workflow takes the sampling fields from
+    ``explorer.sampling`` (``explorer.eval_sampling`` when evaluating) and the limits from
+    ``explorer.workflow_args``. How long one action may be and where it stops is the env's
+    own :class:`~.types.StopCondition`, not a field here. An episode a limit ends is kept
+    (``Trajectory.end_reason``); a group whose env failed is dropped (``rollout/dropped_groups``).
+    """
+
+    temperature: float = 1.0  # logits are divided by it before sampling; > 0 unless greedy
+    top_k: int = 0  # sample among the k most likely tokens only; 0: all
+    top_p: float = 1.0  # sample among the fewest most likely tokens holding this mass; 1.0: all
+    greedy: bool = False  # argmax decoding (the three above unused); evaluation uses it
+    max_turns: int = 8  # actions per episode; then it ends, kept, end_reason "max_turns"
+    max_total_tokens: int = 2048  # history + actions; reaching it cuts the action, ends the episode ("context")
+    step_timeout_s: float = 60.0  # seconds one env call may take; past it the group is dropped at once
+    step_retries: int = 1  # further attempts after an env call raised; then the group is dropped
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_total_tokens"):
@@ -116,14 +127,6 @@ class GroupRollout:
     def total_rewards(self) -> list[float]:
         """Each episode's return: its step rewards plus its group reward."""
         return [t.total_reward() + r for t, r in zip(self.trajectories, self.group_rewards)]
-
-
-@dataclass(frozen=True)
-class DroppedGroup:
-    """A group that produced no episodes, and why."""
-
-    index: int
-    reason: str  # e.g. "MyEnv (group 3, env 1) step at turn 2: ValueError: ..."
 
 
 @dataclass
@@ -209,17 +212,27 @@ def _sample(
     return [a for a in actions if a is not None], len(by_stop)
 
 
+def _declared(env: Env) -> tuple[str, ...]:
+    names = env.metric_names
+    if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
+        raise TrinityError(f"{type(env).__name__}.metric_names must be a tuple of names, got {names!r}")
+    return tuple(names)
+
+
 def _extends(history: list[int], observation: list[int]) -> bool:
     return len(observation) >= len(history) and observation[: len(history)] == history
 
 
-def _start(ep: _Episode, params: RolloutParams, calls: EnvCalls) -> str:
-    """Fetch the initial observation; ``""`` or why the episode cannot start."""
+Failure = tuple[str, str]  # where an episode failed ("MyEnv (group 3, env 1) step at turn 2") and what failed
+
+
+def _start(ep: _Episode, params: RolloutParams, calls: EnvCalls) -> Failure | None:
+    """Fetch the initial observation; None, or why the episode cannot start."""
     value, error = call_env(
         ep.env.initial_observation, timeout_s=params.step_timeout_s, retries=params.step_retries, counts=calls
     )
     if error:
-        return f"{ep.name} initial_observation: {error}"
+        return f"{ep.name} initial_observation", error
     if not isinstance(value, tuple) or len(value) != 2 or not isinstance(value[1], StopCondition):
         raise TrinityError(
             f"{ep.name}: initial_observation() must return (token ids, StopCondition), got {type(value).__name__}"
@@ -229,15 +242,15 @@ def _start(ep: _Episode, params: RolloutParams, calls: EnvCalls) -> str:
     if not ep.observation:
         raise TrinityError(f"{ep.name}: the initial observation is empty")
     if len(ep.observation) >= params.max_total_tokens:
-        return (
-            f"{ep.name}: the initial observation has {len(ep.observation)} tokens, no room under "
+        return ep.name, (
+            f"the initial observation has {len(ep.observation)} tokens, no room under "
             f"max_total_tokens={params.max_total_tokens}"
         )
-    return ""
+    return None
 
 
-def _step(ep: _Episode, action: _Action, params: RolloutParams, calls: EnvCalls) -> str:
-    """Apply one action; ``""``, or why the episode failed (its group is then dropped)."""
+def _step(ep: _Episode, action: _Action, params: RolloutParams, calls: EnvCalls) -> Failure | None:
+    """Apply one action; None, or why the episode failed (its group is then dropped)."""
     turn = len(ep.transitions)
     result, error = call_env(
         lambda: ep.env.step(list(action.tokens)),
@@ -246,7 +259,7 @@ def _step(ep: _Episode, action: _Action, params: RolloutParams, calls: EnvCalls)
         counts=calls,
     )
     if error:
-        return f"{ep.name} step at turn {turn}: {error}"
+        return f"{ep.name} step at turn {turn}", error
     if not isinstance(result, StepResult):
         raise TrinityError(f"{ep.name}: step() must return a StepResult, got {type(result).__name__}")
     reward = check_reward(result.reward, f"{ep.name}: the reward at turn {turn}")
@@ -260,6 +273,12 @@ def _step(ep: _Episode, action: _Action, params: RolloutParams, calls: EnvCalls)
     if not isinstance(result.next_stop_condition, StopCondition):
         raise TrinityError(f"{ep.name}: next_stop_condition must be a StopCondition at turn {turn}")
     metrics = {str(k): check_reward(v, f"{ep.name}: metric {k!r}") for k, v in dict(result.metrics).items()}
+    declared = _declared(ep.env)
+    if declared and not set(metrics) <= set(declared):
+        raise TrinityError(
+            f"{ep.name}: metric {sorted(set(metrics) - set(declared))[0]!r} at turn {turn} is not among "
+            f"its metric_names {tuple(declared)}; declare it"
+        )
     ep.transitions.append(
         Transition(
             list(ep.observation),
@@ -280,7 +299,7 @@ def _step(ep: _Episode, action: _Action, params: RolloutParams, calls: EnvCalls)
         ep.end_reason, ep.final_observation = "context", nxt
     else:
         ep.observation, ep.stop = nxt, result.next_stop_condition
-    return ""
+    return None
 
 
 # -- the rollout ---------------------------------------------------------------------------------------
@@ -297,12 +316,17 @@ def rollout_groups(
         if not envs or not all(isinstance(env, Env) for env in envs):
             raise TrinityError(f"{type(builder).__name__} (group {g}): make_envs() must return a non-empty list of Env")
         episodes.append([_Episode(g, i, env) for i, env in enumerate(envs)])
-    dropped: dict[int, str] = {}
+    dropped: dict[int, DroppedGroup] = {}
+
+    def drop(ep: _Episode, failure: Failure | None) -> None:
+        if failure is not None and ep.group not in dropped:
+            where, error = failure
+            dropped[ep.group] = DroppedGroup(ep.group, f"{where}: {error}", type(ep.env).__name__, error)
+
     for group in episodes:
         for ep in group:
-            why = _start(ep, params, calls)
-            if why:
-                dropped[ep.group] = why
+            drop(ep, _start(ep, params, calls))
+            if ep.group in dropped:
                 break
     engine_calls = 0
     turn = 0
@@ -317,13 +341,9 @@ def rollout_groups(
             started = {id(ep): pool.submit(_step, ep, a, params, calls) for ep, a in together}
             for ep, action in zip(running, actions):  # results in episode order, whichever finished first
                 if id(ep) in started:
-                    why = started[id(ep)].result()
-                elif ep.group in dropped:  # a member that stepped earlier in this turn failed
-                    continue
-                else:
-                    why = _step(ep, action, params, calls)
-                if why and ep.group not in dropped:
-                    dropped[ep.group] = why
+                    drop(ep, started[id(ep)].result())
+                elif ep.group not in dropped:  # else a member that stepped earlier in this turn failed
+                    drop(ep, _step(ep, action, params, calls))
         turn += 1
     kept: list[GroupRollout] = []
     for g, group in enumerate(episodes):
@@ -339,7 +359,7 @@ def rollout_groups(
             )
         rewards = [check_reward(r, f"{type(builder).__name__} (group {g}): a group reward") for r in rewards]
         kept.append(GroupRollout(g, builder, trajectories, rewards))
-    lost = [DroppedGroup(g, dropped[g]) for g in sorted(dropped)]
+    lost = [dropped[g] for g in sorted(dropped)]
     metrics = _metrics(kept, lost, episodes, calls, engine_calls)
     return RolloutResult(kept, lost, metrics)
 
@@ -381,16 +401,19 @@ def _metrics(
     )
     for reason in END_REASONS:
         metrics[f"rollout/end/{reason}"] = sum(t.end_reason == reason for t in trajectories) / len(trajectories)
-    metrics.update(_env_metrics("env/", trajectories))
+    declared = {name for group in episodes for ep in group for name in _declared(ep.env)}
+    metrics.update(_env_metrics("env/", trajectories, declared))
     for tag in sorted({tag for g in kept for tag in g.builder.logging_tags()}):
         tagged = [g for g in kept if tag in g.builder.logging_tags()]
         metrics[f"tag/{tag}/reward/mean"] = statistics.fmean(r for g in tagged for r in g.total_rewards())
-        metrics.update(_env_metrics(f"tag/{tag}/env/", [t for g in tagged for t in g.trajectories]))
+        names = {name for g in tagged for ep in episodes[g.index] for name in _declared(ep.env)}
+        metrics.update(_env_metrics(f"tag/{tag}/env/", [t for g in tagged for t in g.trajectories], names))
     return metrics
 
 
-def _env_metrics(prefix: str, trajectories: list[Trajectory]) -> dict[str, float]:
-    """Each step metric summed over its episode, then averaged over episodes."""
+def _env_metrics(prefix: str, trajectories: list[Trajectory], declared: set[str]) -> dict[str, float]:
+    """Each step metric summed over its episode, then averaged over episodes (0 where an episode
+    did not report it); every ``declared`` name is there, reported or not."""
     sums: list[dict[str, float]] = []
     for t in trajectories:
         total: dict[str, float] = {}
@@ -398,5 +421,21 @@ def _env_metrics(prefix: str, trajectories: list[Trajectory]) -> dict[str, float
             for key, value in x.metrics.items():
                 total[key] = total.get(key, 0.0) + value
         sums.append(total)
-    keys = sorted({k for s in sums for k in s})
+    keys = sorted(declared | {k for s in sums for k in s})
     return {prefix + k: statistics.fmean(s.get(k, 0.0) for s in sums) for k in keys}
+
+
+EVAL_KEYS = ("env/", "rollout/turns/")  # what a held-out evaluation logs of a rollout's metrics, under eval/
+
+
+def eval_env_metrics(metrics: dict[str, float], dropped: int) -> dict[str, float]:
+    """The env's own metrics of a held-out evaluation, as both front doors log them:
+    ``eval/env/<name>`` and ``eval/rollout/turns/mean|max`` from the evaluation rollout's
+    ``metrics``, and ``eval/dropped``, the held-out episodes dropped (they score 0 in
+    ``eval/accuracy``).
+
+    >>> eval_env_metrics({"env/correct": 0.5, "rollout/turns/mean": 2.0, "reward/mean": 0.5}, dropped=1)
+    {'eval/env/correct': 0.5, 'eval/rollout/turns/mean': 2.0, 'eval/dropped': 1.0}
+    """
+    out = {f"eval/{k}": v for k, v in metrics.items() if k.startswith(EVAL_KEYS)}
+    return {**out, "eval/dropped": float(dropped)}

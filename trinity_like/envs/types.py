@@ -117,6 +117,13 @@ class Env(abc.ABC):
     batched with the others' (see :class:`~cookbook.envs.twenty_questions.Answerer`).
     Set it only when steps of different envs share nothing unguarded."""
 
+    metric_names: tuple[str, ...] = ()
+    """The step metrics this env reports (``("correct", "tool_calls")``). Each is logged as
+    ``env/<name>`` in every rollout that kept an episode -- 0 for an episode that never
+    reported it, so a count nobody incurred is 0, not a gap in the plot -- and reporting a
+    name not declared here is a contract error. Left empty, whatever the episodes report is
+    logged (a name is then absent from a rollout where no episode reported it)."""
+
     @abc.abstractmethod
     def initial_observation(self) -> tuple[list[int], StopCondition]:
         """The prompt's token ids and where the first action stops."""

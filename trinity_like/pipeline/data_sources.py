@@ -12,7 +12,7 @@ from typing import Any
 
 from trinity_like.buffer.base import ExpertSource
 from trinity_like.buffer.datasets import DatasetOptions, ExpertSet, PairSet, RowSet, SftSet, TaskSet
-from trinity_like.buffer.task_sources import task_source
+from trinity_like.buffer.task_sources import task_source, with_task_ids
 from trinity_like.config import ResolvedStage
 from trinity_like.config.schema import DatasetConfig
 from trinity_like.errors import ConfigError, TrinityError
@@ -30,7 +30,8 @@ def generated_tasks(ds: DatasetConfig, where: str) -> list[Task]:
     """Tasks of the TASK_SOURCE ``ds.generator`` names (``where``: the dataset's key path, for errors)."""
     source, params = task_source(ds.generator or "", ds.generator_args, where)
     try:
-        return list(source(split=ds.split, size=ds.size, seed=ds.seed, system_prompt=ds.system_prompt, params=params))
+        tasks = source(split=ds.split, size=ds.size, seed=ds.seed, system_prompt=ds.system_prompt, params=params)
+        return with_task_ids(tasks, generator=ds.generator or "", split=ds.split, seed=ds.seed, where=where)
     except ConfigError:
         raise
     except TrinityError as exc:  # a source's complaint is about this dataset's settings: name them

@@ -26,6 +26,7 @@ What a stage holds, grouped by what needs it:
 from __future__ import annotations
 
 import os
+from collections import Counter
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,8 @@ from trinity_like.buffer.base import ExperienceSource, SampleStrategy
 from trinity_like.config import ResolvedStage
 from trinity_like.config.schema import Config
 from trinity_like.cpu_share import TRAINER, CoreShare
+from trinity_like.envs.rollout import eval_env_metrics
+from trinity_like.envs.workflow import check_step
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Experience, Task, rollout_id
 from trinity_like.explorer.worker import Explorer, RemoteExplorer, sampling_params
@@ -165,6 +168,7 @@ class Stage:
         result = self.explorer.run(tasks, sampling_params(self.config, step=step))
         for sk in result.skipped:
             self.run.logger.write(f"step {step}: task {sk.task_id} skipped: {sk.reason}")
+        check_step(self.config, result.skipped, len(tasks), step)  # most tasks skipped: stop with the first's error
         metrics = {**result.metrics, "explorer/restarts": float(self.explorer.restarts)}
         if self.reward_watch is not None:  # the gold reward falling while the learned one rises (issue 22)
             versions = [e.model_version for e in result.experiences]
@@ -197,7 +201,8 @@ class Stage:
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Mean evaluation reward (``eval_reward_fn``, else ``reward_fn``), greedy by default: with
-        a 0/1 reward, the answer accuracy. Skipped tasks score 0."""
+        a 0/1 reward, the answer accuracy. Skipped tasks score 0. An env workflow's own metrics
+        come with it as the client loop logs them (``eval/env/*``, :func:`eval_env_metrics`)."""
         tasks = self.data.eval_tasks
         if not tasks:
             return {}
@@ -212,11 +217,13 @@ class Stage:
         acc = sum(rewards) / n
         stderr = (sum((x - acc) ** 2 for x in rewards) / n / n) ** 0.5  # sqrt(p(1-p)/n) for 0/1 rewards
         lengths = [len(r.response_tokens) for r in result.experiences]
+        env = eval_env_metrics(result.metrics, len(result.skipped)) if "rollout/groups" in result.metrics else {}
         return {
             "eval/accuracy": acc,
             "eval/accuracy_stderr": stderr,
             "eval/tasks": float(n),
             "eval/response_length": sum(lengths) / max(len(lengths), 1),
+            **env,
         }
 
     def sync_weights(self, version: int) -> None:
@@ -328,8 +335,14 @@ def _state(x: Any) -> Any:
 def answer_items(
     tasks: list[Task], answered: list[Experience], tokenizer: PreTrainedTokenizerBase
 ) -> list[dict[str, Any]]:
-    """The ``evals.jsonl`` items (:mod:`trinity_like.monitor.evals`) of one held-out evaluation."""
+    """The ``evals.jsonl`` items (:mod:`trinity_like.monitor.evals`) of one held-out evaluation.
+
+    Rows find their task by id, so the ids must be distinct (the data sets make them so): a
+    repeated one would give every row of it one task's prompt and answer."""
     by_id = {t.task_id: t for t in tasks}
+    if len(by_id) != len(tasks):
+        twice = next(i for i, n in Counter(t.task_id for t in tasks).items() if n > 1)
+        raise TrinityError(f"held-out tasks share the task id {twice!r}: each needs its own to be logged")
     texts = tokenizer.batch_decode([e.response_tokens for e in answered], skip_special_tokens=True)
     return [
         {
