@@ -235,6 +235,7 @@ def load_plan(path: str | Path, overrides: list[str] | None = None, plugins: lis
     """Load, validate and resolve a recipe. Raises :class:`ConfigError` with file and line."""
     raw = apply_overrides(load_recipe(path), list(overrides or []))
     base = raw.path.parent if raw.path else Path.cwd()
+    datas = _stage_datas(raw)  # run and stage names checked before plugins (and torch) load
     specs = raw.data.get("plugins", [])
     if not isinstance(specs, list) or not all(isinstance(s, str) for s in specs):
         raise ConfigError(f"{raw.where(('plugins',))}: plugins: must be a list of module names or paths")
@@ -252,7 +253,7 @@ def load_plan(path: str | Path, overrides: list[str] | None = None, plugins: lis
     except TrinityError as exc:
         raise type(exc)(f"--plugin: {exc}") from exc.__cause__
     stages = []
-    for d, i, over in _stage_datas(raw):
+    for d, i, over in datas:
         stage = resolve_stage(d, Locator(raw, i, over), base)
         own = i in (None, 0) or "path" in ((over or {}).get("model") or {})
         stages.append(dataclasses.replace(stage, own_model=own))
