@@ -149,7 +149,7 @@ class ExplorerConfig(Section):
         None  # REWARD_FN of the true reward logged beside the trained one (reward/gold_mean), never trained on; None: eval_reward_fn when set and not reward_fn; "": off
     )
     gold_reward_args: dict[str, Any] = {}  # params of gold_reward_fn (gold_reward_fn None: eval_reward_args)
-    reward_timeout_s: PosFloat = 10.0  # a reward call slower than this fails (and is retried)
+    reward_timeout_s: PosFloat = 10.0  # a reward call slower than this (CPU-starved time aside) fails, is retried
     reward_retries: NonNegInt = 1  # retries before the task is skipped and counted
     sampling: SamplingConfig = SamplingConfig()  # rollout sampling
     eval_sampling: SamplingConfig = SamplingConfig(temperature=0.0)  # evaluation: greedy by default
