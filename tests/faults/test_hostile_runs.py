@@ -224,6 +224,26 @@ def test_a_resume_refuses_a_checkpoint_whose_files_are_not_what_the_save_wrote(t
     )
 
 
+def test_a_save_replaces_a_hostile_pointer_and_never_writes_through_it(tmp_path):
+    """A run that does not resume (checkpoint.resume: false) never reads ``latest``; its first
+    save replaces the pointer itself, and what a link pointed to stays as it was."""
+    from trinity_like.pipeline.checkpoint import CheckpointManager
+
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("step_000009")
+    mgr = CheckpointManager(tmp_path / "run")
+    mgr.root.mkdir(parents=True)
+    (mgr.root / "latest").symlink_to(target)
+
+    def write(folder: str) -> None:
+        Path(folder).mkdir()
+        save_file({"w": torch.ones(2)}, f"{folder}/w.safetensors")
+
+    path = mgr.save(1, {}, {"model": write})
+    assert mgr.latest() == path and not (mgr.root / "latest").is_symlink()
+    assert target.read_text() == "step_000009"
+
+
 # -- export ----------------------------------------------------------------------------------------------
 def export_cmd(src: Path, out: Path) -> list[str]:
     return [sys.executable, "-m", "trinity_like.cli", "export", str(src), "--out", str(out)]

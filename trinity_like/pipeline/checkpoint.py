@@ -270,7 +270,10 @@ class CheckpointManager:
         tmp = self.root / f".tmp-{name}-{os.getpid()}"
         if tmp.exists():
             shutil.rmtree(tmp)
-        previous = self.latest()
+        try:
+            previous = self.latest()
+        except TrinityError:  # a pointer no resume read (checkpoint.resume: false): this save replaces it
+            previous = None
         intact = (
             f"nothing of it was kept and the previous checkpoint {previous.name} is intact"
             if previous
