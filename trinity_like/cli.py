@@ -291,9 +291,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers.utils import logging as hf_logging
 
+    from trinity_like.pipeline.checkpoint import verify_export_source
     from trinity_like.trainer.lora import export_checkpoint
 
     hf_logging.disable_progress_bar()  # the one line printed is the folder written
+    verify_export_source(args.checkpoint)  # its manifest, no pickle or link, every file parses: before any write
     if args.dtype == "float32":  # the engines' own dtype: written as trained
         print(export_checkpoint(args.checkpoint, args.out, args.base))
         return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import textwrap
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 
 from trinity_like.components import AlgorithmType
 from trinity_like.config import describe_plan, load_plan
+from trinity_like.config.schema import Config, StageConfig
 from trinity_like.errors import ConfigError
 from trinity_like.registry import ADVANTAGE_FN, ALGORITHM_TYPE, POLICY_LOSS_FN, SAMPLE_STRATEGY
 
@@ -439,3 +441,53 @@ def test_override_values_are_bounded_like_the_recipe(tmp_path):
     assert (
         msg == "override 'explorer.sampling.stop=&s [*s]': alias *s is inside the node &s it names (a recursive alias)"
     )
+
+
+# -- run and stage names: one folder name, so the run directory stays inside run_root -----------
+@pytest.mark.parametrize(
+    "name",
+    ["../../x", "/tmp/abs", ".", "..", "", "a/b", "a\nb", "nul\x00", "bell\x07", ".hidden", "-flag", "x" * 101, "é"],
+    ids=[
+        "parent",
+        "absolute",
+        "dot",
+        "dotdot",
+        "empty",
+        "slash",
+        "newline",
+        "nul",
+        "control",
+        "hidden",
+        "dash",
+        "long",
+        "non-ascii",
+    ],
+)
+def test_a_run_name_that_is_not_one_plain_folder_name_is_refused_with_its_line(tmp_path, name):
+    p = write(tmp_path, BASE.replace("name: t", f"name: {json.dumps(name)}"))
+    assert error_of(p).startswith(f"{p}:1: name: {name!r} is not a run or stage name: one folder name of letters")
+    # the same check on the command line, and on the schema itself (a Config built in code)
+    override = f"name={json.dumps(name)}"
+    assert error_of(write(tmp_path, BASE), [override]).startswith(
+        f"{tmp_path / 'r.yaml'}: override {override!r}: name: {name!r} is not a run or stage name"
+    )
+    if name != "a/b":  # a Config's name may be "<run>/<stage>": what a stage of a recipe runs under
+        with pytest.raises(pydantic.ValidationError, match="is not a run or stage name"):
+            Config(name=name)
+
+
+def test_a_stage_name_that_leaves_its_run_folder_is_refused_with_its_line(tmp_path):
+    p = write(tmp_path, BASE + "stages:\n  - name: ok\n  - name: ../escape\n")
+    assert error_of(p).startswith(f"{p}:14: stages.1.name: '../escape' is not a run or stage name")
+    p = write(tmp_path, BASE.replace("name: t", "name: 7") + "stages:\n  - name: ok\n")
+    assert error_of(p) == f"{p}:1: name: must be a string (got 7)"
+    with pytest.raises(pydantic.ValidationError, match="is not a run or stage name"):
+        StageConfig(name="a/b")
+
+
+def test_plain_names_are_accepted_and_a_stage_runs_under_its_run(tmp_path):
+    for name in ("grpo_arith", "run-2.lr1e-5", "_x", "r" + "9" * 99):
+        assert load_plan(write(tmp_path, BASE), [f"name={name}"]).stages[0].config.name == name
+    assert Config(name="t/warmup").run_dir() == "runs/t/warmup"  # what a stage of run t runs under
+    with pytest.raises(pydantic.ValidationError):
+        Config(name="t/a/b")

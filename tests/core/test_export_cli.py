@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from trinity_like.cli import main
 from trinity_like.models.tiny import build_tiny_model
+from trinity_like.pipeline.checkpoint import write_manifest
 from trinity_like.trainer.local_engine import LocalEngine
 from trinity_like.trainer.lora import LoraParams
 from trinity_like.trainer.params import ModelParams, OptimParams
@@ -62,6 +64,12 @@ def trained(path: str, batch, lora: LoraParams | None) -> LocalEngine:
     return engine
 
 
+def save_state(engine: LocalEngine, folder) -> None:
+    """What a client's ``save_state`` writes: the engine's folder and its manifest of content hashes."""
+    engine.save(str(folder))
+    write_manifest(folder)
+
+
 def logprobs(model: torch.nn.Module, batch) -> torch.Tensor:
     """Oracle: a plain forward, log_softmax over the vocabulary, the response tokens' entries."""
     with torch.no_grad():
@@ -72,7 +80,7 @@ def logprobs(model: torch.nn.Module, batch) -> torch.Tensor:
 @pytest.mark.parametrize("train_unembed", [True, False], ids=["unembed", "no-unembed"])
 def test_lora_checkpoint_exports_a_merged_folder_with_the_engines_logprobs(tiny_path, batch, tmp_path, train_unembed):
     engine = trained(tiny_path, batch, LoraParams(rank=4, seed=1, train_unembed=train_unembed))
-    engine.save(str(tmp_path / "ckpt"))
+    save_state(engine, tmp_path / "ckpt")
     result = export(str(tmp_path / "ckpt"), "--out", str(tmp_path / "plain"))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(tmp_path / "plain") and not result.stderr  # no progress bars either
@@ -98,6 +106,7 @@ def test_lora_checkpoint_exports_a_merged_folder_with_the_engines_logprobs(tiny_
 def test_full_checkpoint_is_copied_without_its_training_state(tiny_path, batch, tmp_path):
     engine = trained(tiny_path, batch, None)
     engine.save(str(tmp_path / "run" / "checkpoints" / "step_000002" / "model"))
+    write_manifest(tmp_path / "run" / "checkpoints" / "step_000002", 2)  # as a run's checkpoint holds it
     (tmp_path / "plain").mkdir()  # an empty folder is fine
     result = export(str(tmp_path / "run" / "checkpoints" / "step_000002"), "--out", str(tmp_path / "plain"))
     assert result.returncode == 0, result.stderr
@@ -109,14 +118,25 @@ def test_full_checkpoint_is_copied_without_its_training_state(tiny_path, batch, 
 
 
 def test_bad_input_is_one_line_and_writes_nothing(tiny_path, tmp_path, capsys):
-    LocalEngine(ModelParams(path=tiny_path, lora=LoraParams(rank=2))).save(str(tmp_path / "ckpt"))
+    save_state(LocalEngine(ModelParams(path=tiny_path, lora=LoraParams(rank=2))), tmp_path / "ckpt")
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "notes.txt").write_text("hello")
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "keep.txt").write_text("mine")
+    # a save_state folder is checked against its manifest like a run's checkpoint
+    shutil.copytree(tmp_path / "ckpt", tmp_path / "cut")
+    weights = tmp_path / "cut" / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8])
+    shutil.copytree(tmp_path / "ckpt", tmp_path / "pickled")
+    (tmp_path / "pickled" / "optimizer.pt").write_bytes(b"\x80\x04K\x01.")
+    shutil.copytree(tmp_path / "ckpt", tmp_path / "bare")
+    (tmp_path / "bare" / "manifest.json").unlink()  # an engine's folder as it saves it: nothing to check it by
     cases = [
         ([str(tmp_path / "nope"), "--out", str(tmp_path / "o1")], "does not exist"),
         ([str(tmp_path / "junk"), "--out", str(tmp_path / "o2")], "is not a checkpoint"),
+        ([str(tmp_path / "cut"), "--out", str(tmp_path / "o4")], "adapter_model.safetensors is "),
+        ([str(tmp_path / "pickled"), "--out", str(tmp_path / "o5")], "optimizer.pt is a pickle file"),
+        ([str(tmp_path / "bare"), "--out", str(tmp_path / "o6")], "is not a checkpoint: no manifest.json"),
         ([str(tmp_path / "ckpt"), "--out", str(tmp_path / "taken")], "already exists and is not an empty folder"),
         ([str(tmp_path / "ckpt"), "--out", str(tmp_path / "o3"), "--base", str(tmp_path / "junk")], "not found"),
     ]
@@ -137,7 +157,7 @@ def test_dtype_bfloat16_writes_the_float32_export_cast_in_half_the_bytes(tiny_pa
     the export carries one more vocab x hidden matrix; ``--dtype bfloat16`` halves the folder.
     Oracle: the float32 export's tensors rounded to bfloat16 by torch."""
     engine = trained(tiny_path, batch, LoraParams(rank=4, seed=1, train_unembed=True))
-    engine.save(str(tmp_path / "ckpt"))
+    save_state(engine, tmp_path / "ckpt")
     assert export(str(tmp_path / "ckpt"), "--out", str(tmp_path / "fp32")).returncode == 0
     result = export(str(tmp_path / "ckpt"), "--out", str(tmp_path / "bf16"), "--dtype", "bfloat16")
     assert result.returncode == 0, result.stderr
@@ -156,7 +176,7 @@ def test_dtype_bfloat16_writes_the_float32_export_cast_in_half_the_bytes(tiny_pa
 
 
 def test_dtype_is_checked_and_a_taken_out_writes_nothing(tiny_path, tmp_path, capsys):
-    LocalEngine(ModelParams(path=tiny_path, lora=LoraParams(rank=2))).save(str(tmp_path / "ckpt"))
+    save_state(LocalEngine(ModelParams(path=tiny_path, lora=LoraParams(rank=2))), tmp_path / "ckpt")
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "keep.txt").write_text("mine")
     with pytest.raises(SystemExit):

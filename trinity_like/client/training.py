@@ -53,6 +53,7 @@ from trinity_like.client.sampling import SamplingClient
 from trinity_like.client.spellings import TrainingAsyncSpellings
 from trinity_like.components import ComponentSpec, call_component
 from trinity_like.models.resolve import resolve_model_path
+from trinity_like.pipeline.checkpoint import write_manifest
 from trinity_like.trainer.base import TrainEngine
 from trinity_like.trainer.lora import BASE_MODEL_FILE
 from trinity_like.trainer.params import AdamStep
@@ -323,6 +324,7 @@ class TrainingClient(TrainingAsyncSpellings):
         partial = folder.with_name(f".{name}.partial-{os.getpid()}")
         shutil.rmtree(partial, ignore_errors=True)
         self._engine.save(str(partial))  # its base_model.json says what to resume it on
+        write_manifest(partial)  # the content hashes `trinity-like export` checks it against
         if folder.exists():
             shutil.rmtree(folder)
         partial.rename(folder)

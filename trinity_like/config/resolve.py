@@ -33,7 +33,7 @@ from trinity_like.components import AlgorithmType, ComponentSpec
 from trinity_like.config.checks import check_data_paths, check_model, check_sections
 from trinity_like.config.loader import KeyPath, Locator, RawRecipe, apply_overrides, load_recipe
 from trinity_like.config.presets import apply_preset, swapped_slots
-from trinity_like.config.schema import AlgorithmConfig, Config, field_default
+from trinity_like.config.schema import AlgorithmConfig, Config, check_name, field_default
 from trinity_like.config.slots import check_expert_data, check_inputs, resolve_components, resolve_name
 from trinity_like.errors import ConfigError, TrinityError
 from trinity_like.plugins import load_plugins, loaded_plugins
@@ -181,6 +181,7 @@ def _stage_datas(raw: RawRecipe) -> list[tuple[dict, int | None, dict | None]]:
     if not isinstance(stages, list):
         raise ConfigError(f"{raw.where(('stages',))}: stages: must be a list of stage mappings")
     base = {k: v for k, v in data.items() if k != "stages"}
+    _check_name(raw, ("name",), base.get("name", field_default(Config, "name")))
     if not stages:
         return [(base, None, None)]
     out = []
@@ -191,6 +192,7 @@ def _stage_datas(raw: RawRecipe) -> list[tuple[dict, int | None, dict | None]]:
         name = st.get("name")
         if not isinstance(name, str) or not name:
             raise ConfigError(f"{raw.where(('stages', i))}: stages.{i}.name: every stage needs a name")
+        _check_name(raw, ("stages", i, "name"), name)
         if name in names:
             raise ConfigError(f"{raw.where(('stages', i, 'name'))}: stages.{i}.name: duplicate stage name {name!r}")
         names.add(name)
@@ -199,6 +201,17 @@ def _stage_datas(raw: RawRecipe) -> list[tuple[dict, int | None, dict | None]]:
         merged["name"] = f"{base.get('name', 'run')}/{name}"
         out.append((merged, i, over))
     return out
+
+
+def _check_name(raw: RawRecipe, path: KeyPath, value: Any) -> None:
+    """A run or stage name is one folder name (:func:`~.schema.check_name`), checked before the
+    run directory is composed from it (``<run_root>/<name>[/<stage>]``): an error with its line."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{raw.where(path)}: {'.'.join(map(str, path))}: must be a string (got {value!r})")
+    try:
+        check_name(value)
+    except ValueError as exc:
+        raise ConfigError(f"{raw.where(path)}: {'.'.join(map(str, path))}: {exc}") from None
 
 
 def declared_run_dirs(path: str | Path, overrides: list[str] | None = None) -> list[tuple[Path, str]]:
@@ -222,6 +235,7 @@ def load_plan(path: str | Path, overrides: list[str] | None = None, plugins: lis
     """Load, validate and resolve a recipe. Raises :class:`ConfigError` with file and line."""
     raw = apply_overrides(load_recipe(path), list(overrides or []))
     base = raw.path.parent if raw.path else Path.cwd()
+    datas = _stage_datas(raw)  # run and stage names checked before plugins (and torch) load
     specs = raw.data.get("plugins", [])
     if not isinstance(specs, list) or not all(isinstance(s, str) for s in specs):
         raise ConfigError(f"{raw.where(('plugins',))}: plugins: must be a list of module names or paths")
@@ -239,7 +253,7 @@ def load_plan(path: str | Path, overrides: list[str] | None = None, plugins: lis
     except TrinityError as exc:
         raise type(exc)(f"--plugin: {exc}") from exc.__cause__
     stages = []
-    for d, i, over in _stage_datas(raw):
+    for d, i, over in datas:
         stage = resolve_stage(d, Locator(raw, i, over), base)
         own = i in (None, 0) or "path" in ((over or {}).get("model") or {})
         stages.append(dataclasses.replace(stage, own_model=own))

@@ -8,9 +8,10 @@ Values a recipe does not set but an algorithm needs come from the algorithm's pr
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -19,6 +20,31 @@ NonNegFloat = Annotated[float, Field(ge=0)]
 Prob = Annotated[float, Field(ge=0, le=1)]
 Dtype = Literal["float32", "bfloat16"]  # what every engine runs (fp16 has no CPU kernels worth using)
 Scheduler = Literal["constant", "cosine"]  # learning rate after warm-up
+NAME_PATTERN, NAME_MAX = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*"), 100  # a run or stage name: one folder name
+
+
+def check_name(value: str) -> str:
+    """``value`` if it is a run or stage name: one folder name of ASCII letters, digits, ``_``,
+    ``-`` and ``.``, not starting with ``.`` or ``-`` (so never ``.``, ``..`` or hidden), at most
+    ``NAME_MAX`` characters; else ValueError. No ``/``, control character or absolute path can
+    take a run directory out of ``run_root`` (or make it ``run_root`` itself)."""
+    if not isinstance(value, str) or len(value) > NAME_MAX or not NAME_PATTERN.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not a run or stage name: one folder name of letters, digits, '_', '-' and '.', "
+            f"not starting with '.' or '-', at most {NAME_MAX} characters"
+        )
+    return value
+
+
+def _check_run_path(value: str) -> str:
+    """A run name, or ``<run>/<stage>`` (what a stage of a multi-stage recipe runs under)."""
+    for part in value.split("/", 1) if value.count("/") == 1 else [value]:
+        check_name(part)
+    return value
+
+
+Name = Annotated[str, AfterValidator(check_name)]
+RunPath = Annotated[str, AfterValidator(_check_run_path)]
 
 
 def field_default(section: type[BaseModel], name: str) -> Any:
@@ -123,7 +149,7 @@ class ExplorerConfig(Section):
         None  # REWARD_FN of the true reward logged beside the trained one (reward/gold_mean), never trained on; None: eval_reward_fn when set and not reward_fn; "": off
     )
     gold_reward_args: dict[str, Any] = {}  # params of gold_reward_fn (gold_reward_fn None: eval_reward_args)
-    reward_timeout_s: PosFloat = 10.0  # a reward call slower than this fails (and is retried)
+    reward_timeout_s: PosFloat = 10.0  # a reward call slower than this (CPU-starved time aside) fails, is retried
     reward_retries: NonNegInt = 1  # retries before the task is skipped and counted
     sampling: SamplingConfig = SamplingConfig()  # rollout sampling
     eval_sampling: SamplingConfig = SamplingConfig(temperature=0.0)  # evaluation: greedy by default
@@ -254,7 +280,7 @@ MODES = ("both", "explore", "train", "bench")
 class StageConfig(Section):
     """One stage of a multi-stage recipe. Any top-level section may be overridden."""
 
-    name: str  # stage name, used for its run sub-directory
+    name: Name  # stage name, used for its run sub-directory
     mode: Literal["both", "explore", "train", "bench"] | None = None
     model: dict[str, Any] = {}
     algorithm: dict[str, Any] = {}
@@ -279,7 +305,7 @@ class CpuThreads(NamedTuple):
 class Config(Section):
     """A whole recipe (one stage of it, after stage overrides are merged)."""
 
-    name: str = "run"  # run name; the run directory is `<run_root>/<name>`
+    name: RunPath = "run"  # run name (one folder name); the run directory is `<run_root>/<name>`
     run_root: str = "runs"  # parent folder of run directories, relative to the working directory
     mode: Literal["both", "explore", "train", "bench"] = "both"  # what this run does
     seed: int = 42  # seeds sampling, data order and init

@@ -32,6 +32,7 @@ import math
 import queue
 import re
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -218,29 +219,85 @@ class DeadlineExceeded(TimeoutError):
     the called code raised itself: callers that must tell them apart catch this class)."""
 
 
-def call_with_deadline(fn: Callable[[], Any], timeout_s: float, *, what: str) -> Any:
+STARVED_FACTOR = 100  # a call is cut after this many times its limit of wall time, however much of it was starved
+
+
+def _run_delay(tid: int) -> float | None:
+    """Seconds thread ``tid`` of this process has waited on a run queue (runnable, not running):
+    the time a loaded machine took from it. None when unknown (the thread ended, no schedstat)."""
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat", "rb") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def call_with_deadline(fn: Callable[[], Any], timeout_s: float, *, what: str, unstarved: bool = False) -> Any:
     """``fn()`` in a daemon thread; :class:`DeadlineExceeded` after ``timeout_s``.
 
     Python cannot kill a thread: a call that hangs keeps its thread until it returns, but
     the caller stops waiting for it and the process can still exit. ``what`` names the
     call in the error and the thread (``"reward function"``, ``"env call"``).
+
+    With ``unstarved`` the time charged to the call leaves out the time its thread waited on
+    a run queue for a CPU (Linux's per-thread schedstat): the wall time it computed or waited
+    for something (sleep, I/O, a lock), which is the same on a quiet and a loaded machine, so
+    whether a call is cut does not depend on the load -- decided alike for a call still
+    running and one that has returned. With a wall-time limit a reward that computes 0.1 s of
+    its 0.25 s was cut on a core shared with 3 busy processes (every task of the step skipped)
+    and not on a quiet one (tests/faults/test_load_determinism.py). A call is cut in any case
+    after ``STARVED_FACTOR * timeout_s`` of wall time.
     """
-    box: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=1)
+    box: queue.Queue[tuple[bool, Any, float | None]] = queue.Queue(maxsize=1)
+    began: list[tuple[int, float, float | None]] = []  # (thread id, wall, run-queue wait) when the call began
+
+    def charged() -> float | None:
+        """Seconds charged to the call so far: wall time less its run-queue wait (None: unknown)."""
+        tid, wall0, delay0 = began[0]
+        delay = _run_delay(tid)
+        return None if delay is None or delay0 is None else time.monotonic() - wall0 - (delay - delay0)
 
     def target() -> None:
+        if unstarved:
+            tid = threading.get_native_id()
+            began.append((tid, time.monotonic(), _run_delay(tid)))
         try:
-            box.put((True, fn()))
+            value = fn()
         except BaseException as exc:  # noqa: BLE001 -- delivered to the caller below, never swallowed here
-            box.put((False, exc))
+            box.put((False, exc, charged() if unstarved else None))
+        else:
+            box.put((True, value, charged() if unstarved else None))
 
     threading.Thread(target=target, daemon=True, name=what).start()
     try:
-        ok, value = box.get(timeout=timeout_s)
+        ok, value, spent = box.get(timeout=timeout_s) if not unstarved else _wait_unstarved(box, charged, timeout_s)
     except queue.Empty:
         raise DeadlineExceeded(f"{what} exceeded {timeout_s:g} s") from None
+    if spent is not None and spent > timeout_s:  # it returned, but past its time: cut, as if seen running
+        raise DeadlineExceeded(f"{what} exceeded {timeout_s:g} s")
     if not ok:
         raise value
     return value
+
+
+def _wait_unstarved(box: queue.Queue, charged: Callable[[], float | None], timeout_s: float) -> tuple:
+    """The call's result, while the time charged to it stays within ``timeout_s`` (wall time once
+    that is unknown) and for at most ``STARVED_FACTOR * timeout_s`` of wall time; else queue.Empty."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            return box.get(timeout=min(0.05, timeout_s / 4))
+        except queue.Empty:
+            pass
+        wall = time.monotonic() - t0
+        try:
+            spent = charged()
+        except IndexError:  # the thread has not begun: all of it was starved so far
+            spent = 0.0
+        if spent is None:  # no schedstat, or the thread just ended (its result is in the box)
+            spent = wall if box.empty() else 0.0
+        if spent > timeout_s or wall > STARVED_FACTOR * timeout_s:
+            raise queue.Empty
 
 
 def score_with_retries(fn: RewardCall, inputs: Mapping[str, Any], *, retries: int, timeout_s: float) -> RewardOutcome:
@@ -253,7 +310,7 @@ def score_with_retries(fn: RewardCall, inputs: Mapping[str, Any], *, retries: in
     error = ""
     for attempt in range(1, retries + 2):
         try:
-            value = call_with_deadline(lambda: fn(inputs), timeout_s, what="reward function")
+            value = call_with_deadline(lambda: fn(inputs), timeout_s, what="reward function", unstarved=True)
         except TimeoutError:
             error = "timeout"
             continue

@@ -22,11 +22,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trinity_like.config.schema import Config
+from trinity_like.errors import TrinityError
 from trinity_like.monitor.evals import EVALS_FILE
 from trinity_like.monitor.logger import MetricsLogger
 from trinity_like.monitor.timeline import TIMELINE_FILE, Timeline
 from trinity_like.pipeline.checkpoint import CheckpointManager
 from trinity_like.pipeline.run_lock import RunLock
+
+
+def inside_run_root(cfg: Config) -> Path:
+    """``cfg.run_dir()`` if it resolves (links followed) to a folder below ``run_root``, else a
+    :class:`TrinityError` before anything is created. The schema already allows only plain
+    names (:func:`~trinity_like.config.schema.check_name`); this holds for any ``Config``, and
+    for a run folder that is a link to elsewhere."""
+    path = Path(cfg.run_dir())
+    root, resolved = Path(cfg.run_root).resolve(), path.resolve()
+    if root not in resolved.parents:
+        raise TrinityError(
+            f"run directory {path} resolves to {resolved}, not a folder inside run_root {root}: a run "
+            "writes only there (a plain name=..., and no symbolic link out of run_root)"
+        )
+    return path
 
 
 @dataclass
@@ -43,7 +59,7 @@ class RunDir:
     @classmethod
     def open(cls, cfg: Config, role: str) -> RunDir:
         """Claim ``cfg.run_dir()`` for ``role``, write ``config.json`` and open the logger."""
-        path = Path(cfg.run_dir())
+        path = inside_run_root(cfg)
         lock = RunLock.acquire(path, role)  # before anything is written: a second run on the directory stops here
         (path / "config.json").write_text(cfg.model_dump_json(indent=1))
         explorer_only = role == "explore"  # an explorer process logs beside the trainer, not over it

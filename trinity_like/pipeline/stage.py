@@ -266,14 +266,22 @@ class Stage:
             if self.storage is not None:
                 self.storage.recover(None)
             return 0, {}
-        checkpoints.verify(latest)
+        checkpoints.verify(latest)  # every file as saved and readable: what follows reads only those
         state = checkpoints.read_state(latest)
-        self.trainer.actor.load(str(latest / "model"))
-        if self.trainer.critic is not None:
-            self.trainer.critic.load(str(latest / "critic"))
+        try:
+            self.trainer.actor.load(str(latest / "model"))
+            if self.trainer.critic is not None:
+                self.trainer.critic.load(str(latest / "critic"))
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:  # a manifest written to match
+            raise TrinityError(f"checkpoint {latest}: its weights do not load ({_first_line(exc)})") from None
         for key, target in (("tasks", self.data.train), ("strategy", self.strategy), ("expert", self.data.expert)):
             if target is not None and state.get(key) is not None:
-                target.load_state_dict(state[key])
+                try:
+                    target.load_state_dict(state[key])
+                except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+                    raise TrinityError(
+                        f"checkpoint {latest}: state.json: its {key!r} position does not load ({_first_line(exc)})"
+                    ) from None
         step = int(state["step"])
         if self.storage is not None:
             moved = self.storage.recover(step)
@@ -326,6 +334,11 @@ class Stage:
     def _intact(self, what: str) -> str:
         latest = self.run.checkpoints.latest()
         return f"{what} keeps every earlier row and {f'checkpoint {latest.name}' if latest else 'the run'} is intact"
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 def _state(x: Any) -> Any:

@@ -332,8 +332,11 @@ def read_base_note(folder: str | Path) -> tuple[str, LoraParams | None]:
     note = Path(folder) / BASE_MODEL_FILE
     if not note.is_file():
         raise TrinityError(f"{folder}: no {BASE_MODEL_FILE} (not a checkpoint written by a train engine)")
-    data = json.loads(note.read_text())
-    return data["base_model"], (LoraParams(**data["lora"]) if data.get("lora") else None)
+    try:  # one line for a hand-edited note too (export and resume read it)
+        data = json.loads(note.read_text())
+        return str(data["base_model"]), (LoraParams(**data["lora"]) if data.get("lora") else None)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise TrinityError(f"{note}: not the note a train engine writes ({type(exc).__name__}: {exc})") from None
 
 
 def check_checkpoint(folder: Path, params: LoraParams | None) -> None:
@@ -407,6 +410,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, base: str | None 
             _write_merged(src, tmp, base)
         else:
             for item in src.iterdir():
+                if item.is_symlink() or item.suffix in (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt"):
+                    raise TrinityError(f"{item}: a symbolic link or a pickle file (never read, never exported)")
                 if item.name not in TRAINING_FILES:
                     (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
         _usual_permissions(tmp)
@@ -441,7 +446,7 @@ def _write_merged(src: Path, out: Path, base: str | None) -> None:
     base_path = resolve_model_path(base) if base is not None else Path(noted)
     if not (base_path / "config.json").is_file():
         raise TrinityError(f"base model {base_path} of {src} not found (pass --base FOLDER)")
-    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32, use_safetensors=True)
     adapter = read_adapter(src)
     state = model.state_dict()
     unknown = [layer for layer in adapter_layers(adapter) if f"{layer}.weight" not in state]
