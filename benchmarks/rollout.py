@@ -5,7 +5,7 @@ on the same model, prompts and sampling distribution (``generate`` with ``top_k=
 top_p=1.0``, which otherwise defaults to top-k 50). Three contenders per repetition, in
 rotating order so load drifts on a shared machine hit all of them alike:
 
-- ``ours``: :class:`RolloutEngine` (prefill once per group, slot KV cache, continuous
+- ``ours``: :class:`NativeEngine` (prefill once per group, slot KV cache, continuous
   batching, per-token logprobs always returned);
 - ``generate``: ``model.generate(num_return_sequences=G)`` with the KV cache on;
 - ``generate+logprobs``: the same with ``output_scores`` and per-token logprob extraction,
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from trinity_like.explorer.engine import RolloutEngine, SamplingParams
+from trinity_like.explorer.engine import NativeEngine, SamplingParams
 from trinity_like.models import load_model, render_prompt
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -62,7 +62,7 @@ def count_response_tokens(rows: list[list[int]], stop_ids: set[int]) -> int:
     return total
 
 
-def run_ours(engine: RolloutEngine, prompts, group: int, max_new: int, seed: int) -> dict:
+def run_ours(engine: NativeEngine, prompts, group: int, max_new: int, seed: int) -> dict:
     engine.reset_timings()
     t0 = time.perf_counter()
     groups = engine.generate(prompts, SamplingParams(n=group, max_new_tokens=max_new, temperature=1.0, seed=seed))
@@ -107,7 +107,7 @@ def run_generate(model, tokenizer, prompts, group: int, max_new: int, seed: int,
 def bench_model(ref: str, args) -> dict:
     model, tokenizer = load_model(ref)
     prompts = build_prompts(tokenizer, args.prompts)
-    engine = RolloutEngine(model, tokenizer)
+    engine = NativeEngine(model, tokenizer)
     g, n = args.group, args.max_new_tokens
     contenders = {
         "ours": lambda s: run_ours(engine, prompts, g, n, s),
@@ -117,7 +117,7 @@ def bench_model(ref: str, args) -> dict:
     if args.bf16:
         # Both sides in bfloat16: different numerics from the fp32 policy, reported apart.
         model16, _ = load_model(ref, dtype=torch.bfloat16)
-        engine16 = RolloutEngine(model16, tokenizer)
+        engine16 = NativeEngine(model16, tokenizer)
         contenders["ours-bf16"] = lambda s: run_ours(engine16, prompts, g, n, s)
         contenders["generate-bf16"] = lambda s: run_generate(model16, tokenizer, prompts, g, n, s, False)
     # Warm-up: first calls allocate and pick kernels.

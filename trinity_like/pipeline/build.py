@@ -32,6 +32,7 @@ from trinity_like.config.schema import Config
 from trinity_like.cpu_share import CoreShare
 from trinity_like.errors import TrinityError
 from trinity_like.explorer.worker import ExplorerWorker, RemoteExplorer
+from trinity_like.models.device import set_run_device
 from trinity_like.pipeline.data_sources import load_stage_data
 from trinity_like.pipeline.reward_watch import RewardWatch
 from trinity_like.pipeline.run_dir import RunDir
@@ -159,6 +160,7 @@ def build_stage(spec: ResolvedStage, role: str) -> Stage:
     cfg = spec.config
     seed_everything(cfg.seed)
     check_gpus(cfg)
+    set_run_device(cfg.cluster.device)  # every model of the run goes there; a GPU that is not there fails here
     model_path = resolve_model_path(cfg.model.path)
     tokenizer = load_tokenizer(model_path)
     trains = role != "explore"
