@@ -126,6 +126,7 @@ class NativeEngine:
         self.prefix_cache = PrefixCache(params.prefix_cache_tokens)
         self._borrowed: set[str] = set()  # parameters that are the caller's tensors (a Borrowed update)
         self._workspace: Workspace | None = None  # kept between calls on CUDA (its graphs point into it)
+        self.last_slots = 0  # cache slots of the last call (reports)
         self.pace: Callable[[], object] | None = (
             None  # called before every decode step (cpu_share: the threads to take)
         )
@@ -213,6 +214,7 @@ class NativeEngine:
         graphs stay valid), else a new one that is kept; on the CPU a fresh one per call."""
         kept = self._workspace
         if kept is not None and kept.state.fits(slots, max_new, max_length):
+            self.last_slots = kept.state.slots
             return kept
         self._drop_workspace()
         k = example.keys[0]
@@ -231,7 +233,17 @@ class NativeEngine:
         ws = Workspace(cache, SlotState(slots, max_new, max_length, k.device), graphs)
         if cuda:
             self._workspace = ws
+        self.last_slots = slots
         return ws
+
+    def workspace_stats(self) -> dict[str, object]:
+        """The last call's slots, captured graphs and why graphs are off, if they are (reports)."""
+        graphs = self._workspace.graphs if self._workspace is not None else None
+        return {
+            "slots": self.last_slots,
+            "cuda_graphs": len(graphs.graphs) if graphs is not None else 0,
+            "graph_error": graphs.failed if graphs is not None else None,
+        }
 
     def release_memory(self) -> None:
         """Drop the kept workspace (cache, slot state, captured graphs) and the kept prefixes,

@@ -70,11 +70,13 @@ def start_ray_for(spec: ResolvedStage, engines: int) -> bool:
     many logical CPUs as the stage's worker groups need (actor, reference, critic), whatever
     the machine's core count: they take turns, they do not all compute at once.
     """
+    if not uses_ray(spec):  # the local engine with an in-process explorer never imports Ray
+        return False
     import ray
 
     from trinity_like.trainer.verl_engine import start_ray, verl_params
 
-    if not uses_ray(spec) or ray.is_initialized():
+    if ray.is_initialized():
         return False
     cfg = spec.config
     needed = cfg.cluster.workers * engines if cfg.trainer.engine == "verl" else 0

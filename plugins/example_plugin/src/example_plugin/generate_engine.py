@@ -71,7 +71,17 @@ class GenerateEngine:
         from trinity_like.models.resolve import load_model
 
         model, tokenizer = load_model(spec.model_path, dtype=spec.dtype)
-        self.model = model.to(spec.device).eval()
+        self._hold(model.to(spec.device), tokenizer)
+
+    @classmethod
+    def over(cls, model, tokenizer) -> GenerateEngine:
+        """An engine over a model already loaded (the rollout benchmark shares one with its other contenders)."""
+        engine = cls.__new__(cls)
+        engine._hold(model, tokenizer)
+        return engine
+
+    def _hold(self, model, tokenizer) -> None:
+        self.model = model.eval()
         self.tokenizer = tokenizer
         self.model_version = 0
         eos = self.model.generation_config.eos_token_id
