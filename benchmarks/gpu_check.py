@@ -139,13 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=BUDGET_S, help="stop starting timed work past this")
     parser.add_argument("--only", nargs="*", choices=list(SECTIONS), help="run these sections alone")
     parser.add_argument("--out", type=Path, default=RESULTS / "gpu_check", help="writes OUT.json and OUT.md")
+    parser.add_argument("--commit", help="the commit measured, where the tree has no git repository (a GPU machine)")
     args = parser.parse_args(argv)
     device = resolve_device(args.device, where="--device")
     start = time.monotonic()
     command = "python benchmarks/gpu_check.py " + " ".join(sys.argv[1:] if argv is None else argv)
     meta = {
         "command": command.strip(),
-        "commit": parts.git_commit(),
+        "commit": args.commit or parts.git_commit(),
         "device": parts.device_name(device),
         "torch": torch.__version__,
         "transformers": parts.version_of("transformers"),

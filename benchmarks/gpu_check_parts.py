@@ -59,7 +59,13 @@ def junit_counts(report: Path) -> dict[str, int]:
 
 
 def git_commit() -> str:
-    out = subprocess.run(["git", "describe", "--always", "--dirty=+dirty"], cwd=ROOT, capture_output=True, text=True)
+    """The checkout's commit; a GPU machine's copy of the tree has no repository (``--commit`` then)."""
+    try:
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty=+dirty"], cwd=ROOT, capture_output=True, text=True
+        )
+    except OSError:  # no git program there
+        return "unknown (no git here)"
     return out.stdout.strip() or "unknown (no git here)"
 
 

@@ -264,11 +264,15 @@ for i in range({prompts}):
     msg = [{{"role": "user", "content": f"What is {{a}} + {{b}}? Answer with just the number."}}]
     prompts.append(render_prompt(tokenizer, msg))
 engine.generate(prompts[:2], E.SamplingParams(n=2, max_new_tokens=4, seed=0))
-t0 = time.perf_counter()
-groups = engine.generate(prompts, E.SamplingParams(n={group}, max_new_tokens={new}, temperature=1.0, seed={seed}))
-wall = time.perf_counter() - t0
-tokens = sum(len(s.token_ids) for g in groups for s in g)
-print(json.dumps({{"file": E.__file__, "wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall}}))
+runs = []
+for k in range({calls}):  # the process's median call; CPU time too: other jobs' load inflates the wall
+    t0, c0 = time.perf_counter(), time.process_time()
+    sp = E.SamplingParams(n={group}, max_new_tokens={new}, temperature=1.0, seed={seed} + k)
+    tokens = sum(len(s.token_ids) for g in engine.generate(prompts, sp) for s in g)
+    runs.append((time.perf_counter() - t0, time.process_time() - c0, tokens))
+wall, cpu, tokens = sorted(runs)[len(runs) // 2]
+print(json.dumps({{"file": E.__file__, "wall_s": wall, "cpu_s": cpu, "tokens": tokens,
+                  "tokens_per_s": tokens / wall, "tokens_per_cpu_s": tokens / cpu}}))
 """
 
 
@@ -284,7 +288,7 @@ def run_ab(args, command: str) -> None:
             for side in order:
                 code = AB_CHILD.format(
                     threads=args.threads, model=ref, prompts=args.prompts, group=args.group,
-                    new=args.max_new_tokens, seed=1000 + rep,
+                    new=args.max_new_tokens, seed=1000 + rep, calls=args.ab_calls,
                 )  # fmt: skip
                 env = {**os.environ, "PYTHONPATH": os.pathsep.join([sides[side], os.environ.get("PYTHONPATH", "")])}
                 out = subprocess.run(  # cwd: `python -c` puts it first on sys.path
@@ -293,26 +297,33 @@ def run_ab(args, command: str) -> None:
                 result = json.loads(out.stdout.strip().splitlines()[-1])
                 assert result["file"].startswith(sides[side]), (result["file"], sides[side])
                 runs[ref][side].append(result)
-                print(f"{ref} rep {rep} {side}: {result['tokens_per_s']:.1f} tok/s", file=sys.stderr, flush=True)
+                print(
+                    f"{ref} rep {rep} {side}: {result['tokens_per_s']:.1f} tok/s, {result['tokens_per_cpu_s']:.1f} tok/cpu-s",
+                    file=sys.stderr,
+                    flush=True,
+                )
     lines = [
         "# Rollout throughput: this checkout's engine against another's, interleaved",
         "",
         f"Command: `{command}`. This: {git_commit()}; other: `{args.ab}`. Workload: {args.prompts} prompts x "
         f"group {args.group}, up to {args.max_new_tokens} new tokens, temperature 1.0; torch threads "
-        f"{args.threads}; {args.reps} repetitions, sides alternating, each run its own process; medians. "
-        f"Machine: {platform.processor() or platform.machine()}, torch {torch.__version__}.",
+        f"{args.threads}; {args.reps} repetitions, sides alternating, each its own process timing "
+        f"{args.ab_calls} calls (its median); medians over repetitions. Tokens per CPU-second (the process's "
+        f"CPU time): what other jobs on a shared machine disturb least. Machine: "
+        f"{platform.processor() or platform.machine()}, torch {torch.__version__}.",
         "",
-        "| model | this tokens/s | other tokens/s | this / other (median of per-rep ratios) | per-rep ratios |",
-        "|---|---|---|---|---|",
+        "| model | measure | this | other | this / other (median of per-rep ratios) | per-rep ratios |",
+        "|---|---|---|---|---|---|",
     ]
     for ref, by_side in runs.items():
         this, other = by_side["this"], by_side["other"]
-        ratios = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(this, other)]
-        lines.append(
-            f"| {ref} | {statistics.median(r['tokens_per_s'] for r in this):.1f} "
-            f"| {statistics.median(r['tokens_per_s'] for r in other):.1f} | {statistics.median(ratios):.2f}x "
-            f"| {', '.join(f'{r:.2f}' for r in ratios)} |"
-        )
+        for key, label in (("tokens_per_cpu_s", "tokens per CPU-s"), ("tokens_per_s", "tokens/s (wall)")):
+            ratios = [a[key] / b[key] for a, b in zip(this, other)]
+            lines.append(
+                f"| {ref} | {label} | {statistics.median(r[key] for r in this):.1f} "
+                f"| {statistics.median(r[key] for r in other):.1f} | {statistics.median(ratios):.2f}x "
+                f"| {', '.join(f'{r:.2f}' for r in ratios)} |"
+            )
     out = args.out.with_name(args.out.name + "_ab")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
@@ -334,6 +345,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--render", type=Path, help="only re-render the markdown of a saved JSON result")
     parser.add_argument("--out", type=Path, default=RESULTS / "rollout", help="writes OUT.md and OUT.json")
     parser.add_argument("--ab", type=Path, help="time our engine alone against this other checkout's (OUT_ab.*)")
+    parser.add_argument("--ab-calls", type=int, default=3, help="--ab: timed calls per process (its median)")
     args = parser.parse_args(argv)
     if args.render:
         saved = json.loads(args.render.read_text())

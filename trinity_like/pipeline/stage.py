@@ -159,19 +159,19 @@ class Stage:
         return int(self.tokenizer.pad_token_id)
 
     # -- explorer side -------------------------------------------------------------------
-    def one_gpu(self) -> bool:
+    def _one_gpu(self) -> bool:
         """The trainer and an in-process explorer share a GPU (``cluster.device`` on CUDA, the
-        ``local`` engine): memory changes hands around every rollout (:meth:`rollout_phase`)."""
+        ``local`` engine): memory changes hands around every rollout (:meth:`_rollout_phase`)."""
         device = getattr(self.trainer.actor, "device", None) if self.trainer is not None else None
         in_process = self.explorer is not None and not isinstance(self.explorer, RemoteExplorer)
         return in_process and getattr(device, "type", "cpu") == "cuda"
 
     @contextmanager
-    def rollout_phase(self) -> Iterator[None]:
+    def _rollout_phase(self) -> Iterator[None]:
         """On one shared GPU: the trainer's freed memory (activations, cached blocks) goes back to
         the device before a rollout, the explorer's KV cache and graphs after it, before the update
         takes the card. Elsewhere nothing changes hands."""
-        shared = self.one_gpu()
+        shared = self._one_gpu()
         if shared:
             self.trainer.actor.release_memory()
             self.explorer.resume_memory()
@@ -186,7 +186,7 @@ class Stage:
         tasks = self.data.train.next_batch(self.config.explorer.batch_size)  # the position is checkpointed
         if not tasks:
             raise TrinityError("the task set is exhausted")
-        with self.rollout_phase():
+        with self._rollout_phase():
             result = self.explorer.run(tasks, sampling_params(self.config, step=step))
         for sk in result.skipped:
             self.run.logger.write(f"step {step}: task {sk.task_id} skipped: {sk.reason}")
@@ -230,7 +230,7 @@ class Stage:
         if self.trainer is not None:
             # the trainer waits through it: its peak and the explorer's must not add up
             self.trainer.actor.release_memory()
-        with self.rollout_phase():
+        with self._rollout_phase():
             result = self.explorer.run(tasks, sampling_params(self.config, step=0, evaluation=True), True)
         if self.run.eval_log is not None:
             append_evals(self.run.eval_log, step, answer_items(tasks, result.experiences, self.tokenizer))
