@@ -156,11 +156,11 @@ def median_rates(fn: Callable[[], tuple[float, float]], repeats: int) -> tuple[f
 
 def explorer_rate(repeats: int) -> dict[str, float | int | str]:
     """Experiences/s of our rollout engine on the tiny model: 16 prompts x 8 samples, 64 new tokens."""
-    from trinity_like.explorer.engine import RolloutEngine, SamplingParams
+    from trinity_like.explorer.engine import NativeEngine, SamplingParams
     from trinity_like.models.tiny import build_tiny_model
 
     model, tok = build_tiny_model(seed=0)
-    engine = RolloutEngine(model, tok)
+    engine = NativeEngine(model, tok)
     prompts = [
         tok.apply_chat_template(
             [{"role": "user", "content": f"What is {a} + {a % 7}?"}], tokenize=False, add_generation_prompt=True
@@ -177,7 +177,7 @@ def explorer_rate(repeats: int) -> dict[str, float | int | str]:
         rates.append(clock.rates(len(samples)))
         lengths += [len(s.token_ids) for s in samples]
     return {
-        "engine": "trinity_like.explorer.engine.RolloutEngine on trinity_like.models.tiny (Qwen2, hidden 64, 2 layers)",
+        "engine": "trinity_like.explorer.engine.NativeEngine on trinity_like.models.tiny (Qwen2, hidden 64, 2 layers)",
         "workload": "16 prompts x 8 samples, max 64 new tokens, T=1.0",
         "experiences_per_s": statistics.median(r[0] for r in rates),
         "experiences_per_cpu_s": statistics.median(r[1] for r in rates),

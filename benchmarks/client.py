@@ -15,7 +15,7 @@ Same model, dtype (fp32), micro-batch size, lr, loss and tokens: the client's ex
 its request queue, its Datum checks and layout, and its per-datum outputs and diagnostics.
 
 Sampling: the same prompts, G samples each, same seeds and max tokens, through
-``RolloutEngine.generate`` (all prompts in one call) and through ``SamplingClient.sample``
+``NativeEngine.generate`` (all prompts in one call) and through ``SamplingClient.sample``
 (one request per prompt, as Tinker code sends them, futures read after all are sent).
 
 HTTP (``--compare http``): one GRPO iteration of the client loop (examples/client/rl_basic.py's:
@@ -64,7 +64,7 @@ from common import git_commit, matmul_peak_gflops  # noqa: E402
 import trinity_like.client as tinker  # noqa: E402
 from trinity_like.components import ComponentSpec, build_params  # noqa: E402
 from trinity_like.experience import Experience  # noqa: E402
-from trinity_like.explorer.engine import RolloutEngine, SamplingParams  # noqa: E402
+from trinity_like.explorer.engine import NativeEngine, SamplingParams  # noqa: E402
 from trinity_like.explorer.rewards import exact_match  # noqa: E402
 from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks  # noqa: E402
 from trinity_like.models.chat import render_prompt  # noqa: E402
@@ -84,7 +84,7 @@ def sample_batch(model, tokenizer, args) -> tuple[list[list[int]], list[list], l
     """Prompts (token ids), their sampled groups and answers: the batch both trainers train on."""
     tasks = arithmetic_tasks(ArithmeticParams(), "train", args.prompts, seed=args.seed)
     prompts = [render_prompt(tokenizer, t.messages()) for t in tasks]
-    groups = RolloutEngine(model, tokenizer).generate(
+    groups = NativeEngine(model, tokenizer).generate(
         prompts, SamplingParams(n=args.group, max_new_tokens=args.max_tokens, seed=args.seed)
     )
     return prompts, groups, [t.answer for t in tasks]
@@ -176,7 +176,7 @@ def bench_training(args, folder: Path, batch, data) -> dict:
 
 
 def bench_sampling(args, model, tokenizer, prompts) -> dict:
-    engine = RolloutEngine(model, tokenizer)
+    engine = NativeEngine(model, tokenizer)
     sampler = tinker.SamplingClient(args.model)
     inputs = [types.ModelInput.from_ints(p) for p in prompts]
     params = [types.SamplingParams(max_tokens=args.max_tokens, seed=args.seed + i) for i in range(len(prompts))]

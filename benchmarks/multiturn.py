@@ -7,7 +7,7 @@ the whole history, token for token (what an environment sends). Three contenders
 running the same episodes (same openings, same seeds per round), in rotating order per
 round so load drifts on a shared machine hit all of them alike:
 
-- ``reuse``: our :class:`RolloutEngine` as shipped: each turn copies the kept keys of the
+- ``reuse``: our :class:`NativeEngine` as shipped: each turn copies the kept keys of the
   episode's history and prefills only the new tokens (:mod:`trinity_like.explorer.prefix_cache`);
 - ``reprefill``: the same engine with ``prefix_cache_tokens=0``: every turn prefills the
   whole history (everything else equal: the ratio is the prefix cache's alone);
@@ -41,7 +41,7 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-from trinity_like.explorer.engine import EngineParams, RolloutEngine, SamplingParams  # noqa: E402
+from trinity_like.explorer.engine import EngineParams, NativeEngine, SamplingParams  # noqa: E402
 from trinity_like.models import load_model, render_prompt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -87,7 +87,7 @@ def until_stop(row: list[int], stop_ids: set[int]) -> list[int]:
     return row
 
 
-def run_engine(engine: RolloutEngine, tokenizer, starts, args, seed: int) -> dict:
+def run_engine(engine: NativeEngine, tokenizer, starts, args, seed: int) -> dict:
     """All episodes, turn by turn, through our engine; the prefix cache starts empty."""
     engine.prefix_cache.clear()
     engine.reset_timings()
@@ -159,8 +159,8 @@ def run_generate(model, tokenizer, starts, args, seed: int, stop_ids: set[int]) 
 def bench(args) -> dict:
     model, tokenizer = load_model(args.model)
     starts = openings(tokenizer, args.episodes)
-    reuse = RolloutEngine(model, tokenizer)
-    reprefill = RolloutEngine(model, tokenizer, EngineParams(prefix_cache_tokens=0))
+    reuse = NativeEngine(model, tokenizer)
+    reprefill = NativeEngine(model, tokenizer, EngineParams(prefix_cache_tokens=0))
     stop_ids = set(reuse.default_stop_ids)
     obs = [len(observation(tokenizer, [], e, t)) for e in range(args.episodes) for t in range(args.turns)]
     contenders = {

@@ -5,7 +5,7 @@ on the same model, prompts and sampling distribution (``generate`` with ``top_k=
 top_p=1.0``, which otherwise defaults to top-k 50). Three contenders per repetition, in
 rotating order so load drifts on a shared machine hit all of them alike:
 
-- ``ours``: :class:`RolloutEngine` (prefill once per group, slot KV cache, continuous
+- ``ours``: :class:`NativeEngine` (prefill once per group, slot KV cache, continuous
   batching, per-token logprobs always returned);
 - ``generate``: ``model.generate(num_return_sequences=G)`` with the KV cache on;
 - ``generate+logprobs``: the same with ``output_scores`` and per-token logprob extraction,
@@ -18,6 +18,13 @@ are not). Run (about 10 minutes on one core)::
 
     python benchmarks/rollout.py --reps 3 [--bf16]
     python benchmarks/rollout.py --reps 1 --models tiny-random   # seconds
+
+``--ab DIR`` times our engine alone against the engine of another checkout ``DIR`` (e.g. the
+commit before a change: ``git worktree add /tmp/base main``), same workload, each run in its own
+process with that checkout's ``trinity_like`` first on ``PYTHONPATH``, alternating which side goes
+first; writes ``OUT_ab.{md,json}``::
+
+    python benchmarks/rollout.py --ab /tmp/base --reps 3 --models tiny-random smollm2-135m-instruct
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from trinity_like.explorer.engine import RolloutEngine, SamplingParams
+from trinity_like.explorer.engine import NativeEngine, SamplingParams
 from trinity_like.models import load_model, render_prompt
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -62,7 +69,7 @@ def count_response_tokens(rows: list[list[int]], stop_ids: set[int]) -> int:
     return total
 
 
-def run_ours(engine: RolloutEngine, prompts, group: int, max_new: int, seed: int) -> dict:
+def run_ours(engine: NativeEngine, prompts, group: int, max_new: int, seed: int) -> dict:
     engine.reset_timings()
     t0 = time.perf_counter()
     groups = engine.generate(prompts, SamplingParams(n=group, max_new_tokens=max_new, temperature=1.0, seed=seed))
@@ -107,7 +114,7 @@ def run_generate(model, tokenizer, prompts, group: int, max_new: int, seed: int,
 def bench_model(ref: str, args) -> dict:
     model, tokenizer = load_model(ref)
     prompts = build_prompts(tokenizer, args.prompts)
-    engine = RolloutEngine(model, tokenizer)
+    engine = NativeEngine(model, tokenizer)
     g, n = args.group, args.max_new_tokens
     contenders = {
         "ours": lambda s: run_ours(engine, prompts, g, n, s),
@@ -117,7 +124,7 @@ def bench_model(ref: str, args) -> dict:
     if args.bf16:
         # Both sides in bfloat16: different numerics from the fp32 policy, reported apart.
         model16, _ = load_model(ref, dtype=torch.bfloat16)
-        engine16 = RolloutEngine(model16, tokenizer)
+        engine16 = NativeEngine(model16, tokenizer)
         contenders["ours-bf16"] = lambda s: run_ours(engine16, prompts, g, n, s)
         contenders["generate-bf16"] = lambda s: run_generate(model16, tokenizer, prompts, g, n, s, False)
     # Warm-up: first calls allocate and pick kernels.
@@ -243,6 +250,89 @@ def markdown(results: list[dict], args, command: str, commit: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+# One timed call of a checkout's engine: run with that checkout first on PYTHONPATH (either class name).
+AB_CHILD = """
+import json, time, torch
+torch.set_num_threads({threads})
+import trinity_like.explorer.engine as E
+from trinity_like.models import load_model, render_prompt
+model, tokenizer = load_model({model!r})
+engine = (getattr(E, "NativeEngine", None) or E.RolloutEngine)(model, tokenizer)
+prompts = []  # build_prompts above, inlined: this process may run another checkout's code
+for i in range({prompts}):
+    a, b = 10 + (37 * i) % 90, 1 + (5 * i) % 9
+    msg = [{{"role": "user", "content": f"What is {{a}} + {{b}}? Answer with just the number."}}]
+    prompts.append(render_prompt(tokenizer, msg))
+engine.generate(prompts[:2], E.SamplingParams(n=2, max_new_tokens=4, seed=0))
+runs = []
+for k in range({calls}):  # the process's median call; CPU time too: other jobs' load inflates the wall
+    t0, c0 = time.perf_counter(), time.process_time()
+    sp = E.SamplingParams(n={group}, max_new_tokens={new}, temperature=1.0, seed={seed} + k)
+    tokens = sum(len(s.token_ids) for g in engine.generate(prompts, sp) for s in g)
+    runs.append((time.perf_counter() - t0, time.process_time() - c0, tokens))
+wall, cpu, tokens = sorted(runs)[len(runs) // 2]
+print(json.dumps({{"file": E.__file__, "wall_s": wall, "cpu_s": cpu, "tokens": tokens,
+                  "tokens_per_s": tokens / wall, "tokens_per_cpu_s": tokens / cpu}}))
+"""
+
+
+def run_ab(args, command: str) -> None:
+    """This checkout's engine against ``args.ab``'s, alternating sides, one process per run."""
+    import os
+
+    sides = {"this": str(Path(__file__).resolve().parent.parent), "other": str(args.ab.resolve())}
+    runs: dict[str, dict[str, list[dict]]] = {m: {k: [] for k in sides} for m in args.models}
+    for rep in range(args.reps):
+        for ref in args.models:
+            order = list(sides) if rep % 2 == 0 else list(reversed(sides))
+            for side in order:
+                code = AB_CHILD.format(
+                    threads=args.threads, model=ref, prompts=args.prompts, group=args.group,
+                    new=args.max_new_tokens, seed=1000 + rep, calls=args.ab_calls,
+                )  # fmt: skip
+                env = {**os.environ, "PYTHONPATH": os.pathsep.join([sides[side], os.environ.get("PYTHONPATH", "")])}
+                out = subprocess.run(  # cwd: `python -c` puts it first on sys.path
+                    [sys.executable, "-c", code], cwd=sides[side], env=env, capture_output=True, text=True, check=True
+                )
+                result = json.loads(out.stdout.strip().splitlines()[-1])
+                assert result["file"].startswith(sides[side]), (result["file"], sides[side])
+                runs[ref][side].append(result)
+                print(
+                    f"{ref} rep {rep} {side}: {result['tokens_per_s']:.1f} tok/s, {result['tokens_per_cpu_s']:.1f} tok/cpu-s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    lines = [
+        "# Rollout throughput: this checkout's engine against another's, interleaved",
+        "",
+        f"Command: `{command}`. This: {git_commit()}; other: `{args.ab}`. Workload: {args.prompts} prompts x "
+        f"group {args.group}, up to {args.max_new_tokens} new tokens, temperature 1.0; torch threads "
+        f"{args.threads}; {args.reps} repetitions, sides alternating, each its own process timing "
+        f"{args.ab_calls} calls (its median); medians over repetitions. Tokens per CPU-second (the process's "
+        f"CPU time): what other jobs on a shared machine disturb least. Machine: "
+        f"{platform.processor() or platform.machine()}, torch {torch.__version__}.",
+        "",
+        "| model | measure | this | other | this / other (median of per-rep ratios) | per-rep ratios |",
+        "|---|---|---|---|---|---|",
+    ]
+    for ref, by_side in runs.items():
+        this, other = by_side["this"], by_side["other"]
+        for key, label in (("tokens_per_cpu_s", "tokens per CPU-s"), ("tokens_per_s", "tokens/s (wall)")):
+            ratios = [a[key] / b[key] for a, b in zip(this, other)]
+            lines.append(
+                f"| {ref} | {label} | {statistics.median(r[key] for r in this):.1f} "
+                f"| {statistics.median(r[key] for r in other):.1f} | {statistics.median(ratios):.2f}x "
+                f"| {', '.join(f'{r:.2f}' for r in ratios)} |"
+            )
+    out = args.out.with_name(args.out.name + "_ab")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    out.with_suffix(".json").write_text(
+        json.dumps({"command": command, "args": str(vars(args)), "runs": runs}, indent=1)
+    )
+    print("\n".join(lines))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["smollm2-135m-instruct", "tiny-random"])
@@ -254,6 +344,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bf16", action="store_true", help="also time both sides in bfloat16")
     parser.add_argument("--render", type=Path, help="only re-render the markdown of a saved JSON result")
     parser.add_argument("--out", type=Path, default=RESULTS / "rollout", help="writes OUT.md and OUT.json")
+    parser.add_argument("--ab", type=Path, help="time our engine alone against this other checkout's (OUT_ab.*)")
+    parser.add_argument("--ab-calls", type=int, default=3, help="--ab: timed calls per process (its median)")
     args = parser.parse_args(argv)
     if args.render:
         saved = json.loads(args.render.read_text())
@@ -276,6 +368,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     commit = git_commit()
     command = "python benchmarks/rollout.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.ab:
+        run_ab(args, command.strip())
+        return
     args.out.parent.mkdir(parents=True, exist_ok=True)
     results = []
     for ref in args.models:  # files rewritten after each model: a long run leaves partial results

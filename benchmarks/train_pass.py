@@ -41,7 +41,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 from trinity_like.experience import Experience  # noqa: E402
-from trinity_like.explorer.engine import RolloutEngine, SamplingParams  # noqa: E402
+from trinity_like.explorer.engine import NativeEngine, SamplingParams  # noqa: E402
 from trinity_like.explorer.rewards import exact_match  # noqa: E402
 from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks  # noqa: E402
 from trinity_like.models.chat import render_prompt  # noqa: E402
@@ -61,7 +61,7 @@ def grpo_batch(model, tokenizer, args) -> dict[str, torch.Tensor]:
     """The batch every variant trains on: sampled once, advantages = reward - group mean."""
     tasks = arithmetic_tasks(ArithmeticParams(), "train", args.prompts, seed=args.seed)
     prompts = [render_prompt(tokenizer, t.messages()) for t in tasks]
-    groups = RolloutEngine(model, tokenizer).generate(
+    groups = NativeEngine(model, tokenizer).generate(
         prompts, SamplingParams(n=args.group, max_new_tokens=args.max_tokens, seed=args.seed)
     )
     rows = []

@@ -203,6 +203,9 @@ ENV = Registry("ENV", "environment")  # env factories: a task -> a group of envs
 REWARD_TRANSFORM = Registry(
     "REWARD_TRANSFORM", "reward transform"
 )  # a batch's rewards -> new rewards (clip, normalise)
+ROLLOUT_ENGINE = Registry(
+    "ROLLOUT_ENGINE", "rollout engine"
+)  # `explorer.engine`: an EngineSpec -> a RolloutEngine (trinity_like.explorer.engines)
 
 REGISTRIES: dict[str, Registry] = {
     r.name: r
@@ -220,6 +223,7 @@ REGISTRIES: dict[str, Registry] = {
         TASK_SOURCE,
         ENV,
         REWARD_TRANSFORM,
+        ROLLOUT_ENGINE,
     )
 }
 

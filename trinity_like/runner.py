@@ -8,6 +8,7 @@ last checkpoint (a LoRA stage's adapter merged into its base first).
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 
 from trinity_like.config import ResolvedStage, RunPlan
@@ -71,9 +72,10 @@ def _quiet_libraries() -> None:
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-    import datasets
-
-    datasets.disable_progress_bars()  # "Generating train split" for every new data file
+    # "Generating train split" for every new data file; `datasets` itself loads only when one is read
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    if sys.modules.get("datasets") is not None:
+        sys.modules["datasets"].disable_progress_bars()
 
 
 def probe_run_dirs(plan: RunPlan) -> None:

@@ -163,11 +163,15 @@ class Answerer:
     """
 
     def __init__(self, model_ref: str, *, max_tokens: int = 8, cache_size: int = 4096, window_s: float = 0.02) -> None:
-        from trinity_like.explorer.engine import EngineParams, RolloutEngine
-        from trinity_like.models.resolve import load_model
+        from trinity_like.config.schema import ExplorerConfig, field_default
+        from trinity_like.explorer.engine_contract import EngineParams
+        from trinity_like.explorer.engines import build_rollout_engine
 
-        model, self.tokenizer = load_model(model_ref)
-        self.engine = RolloutEngine(model, self.tokenizer, EngineParams(prefix_cache_tokens=0))
+        # The default rollout engine on the run's device (cluster.device; a GPU when torch sees one).
+        self.engine = build_rollout_engine(
+            field_default(ExplorerConfig, "engine"), model_ref, params=EngineParams(prefix_cache_tokens=0)
+        )
+        self.tokenizer = self.engine.tokenizer
         self.max_tokens = max_tokens
         self.window_s = window_s
         self.cache: OrderedDict[tuple[str, str], str] = OrderedDict()
@@ -217,7 +221,7 @@ class Answerer:
         return text.strip().split("\n")[0].strip() or "I don't know."
 
     def _generate(self, batch: dict[tuple[str, str], Future[str]]) -> None:
-        from trinity_like.explorer.engine import SamplingParams
+        from trinity_like.explorer.engine_contract import SamplingParams
 
         if not batch:
             return

@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 from trinity_like.client import sampling as sampling_module
 from trinity_like.client.sampling import SamplingClient, stop_conditions
 from trinity_like.errors import TrinityError
-from trinity_like.explorer.engine import RolloutEngine, SamplingParams
+from trinity_like.explorer.engine import NativeEngine, SamplingParams
 from trinity_like.models.resolve import load_model, resolve_model_path
 
 TEXT = "What is 23 + 5?"
@@ -70,7 +70,7 @@ def perturbed(model, seed):
 def test_greedy_equals_the_engine_and_runs_to_max_tokens_without_stops(client, base, ids):
     model, tok = base
     greedy = SamplingParams(greedy=True, max_new_tokens=12, stop_token_ids=())
-    expected = RolloutEngine(model, tok).generate([ids], greedy)
+    expected = NativeEngine(model, tok).generate([ids], greedy)
     (seq,) = sample(client, ids, temperature=0.0).sequences
     assert seq.tokens == expected[0][0].token_ids and len(seq.tokens) == 12 and seq.stop_reason == "length"
     assert isinstance(seq.sequence_id, str) and client.get_base_model() == "tiny-random"
@@ -290,8 +290,8 @@ def test_requests_waiting_together_share_one_engine_run_and_get_their_solo_sampl
     prompts = [types.ModelInput.from_ints(ids[: 3 + i]) for i in range(4)]
     alone = [client.sample(p, 3, params(seed=7 + i)).result(timeout=60) for i, p in enumerate(prompts)]
     runs, started, gate = [], threading.Event(), threading.Event()
-    real_run = RolloutEngine.run
-    monkeypatch.setattr(RolloutEngine, "run", lambda self, r, s: runs.append(len(r)) or real_run(self, r, s))
+    real_run = NativeEngine.run
+    monkeypatch.setattr(NativeEngine, "run", lambda self, r, s: runs.append(len(r)) or real_run(self, r, s))
     blocker = sampling_module._queue().submit(None, lambda jobs: [started.set() or gate.wait(10)])
     assert started.wait(10)  # the worker is busy: every request below waits in the queue
     futures = [client.sample(p, 3, params(seed=7 + i)) for i, p in enumerate(prompts)]

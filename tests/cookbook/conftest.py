@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trinity_like.explorer.engine import RolloutEngine
+from trinity_like.explorer.engine import NativeEngine
 from trinity_like.models.tiny import build_tiny_model
 
 
@@ -16,7 +16,7 @@ def tiny():
 @pytest.fixture(scope="package")
 def engine(tiny):
     model, tok = tiny
-    return RolloutEngine(model, tok)
+    return NativeEngine(model, tok)
 
 
 @pytest.fixture(scope="package")

@@ -21,7 +21,7 @@ from trinity_like.envs.dataset import build_env_factory
 from trinity_like.envs.experience import group_experiences
 from trinity_like.envs.rollout import RolloutParams, rollout_groups
 from trinity_like.experience import Task
-from trinity_like.explorer.engine import RolloutEngine
+from trinity_like.explorer.engine import NativeEngine
 from trinity_like.explorer.tasks import CALCULATOR_PROMPT
 from trinity_like.models.chat import render_prompt
 from trinity_like.models.tiny import build_tiny_model
@@ -177,7 +177,7 @@ def test_a_model_that_learnt_to_call_the_calculator_reads_its_result(tok):
             break
     result = rollout_groups(
         [factory.group_builder(TASK, 2)],
-        engine=RolloutEngine(model.eval(), tok),
+        engine=NativeEngine(model.eval(), tok),
         seed=0,
         params=RolloutParams(greedy=True),
     )

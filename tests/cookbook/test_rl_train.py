@@ -30,7 +30,7 @@ from trinity_like.envs.dataset import TaskGroupBuilder, build_env_factory
 from trinity_like.envs.rollout import RolloutParams
 from trinity_like.envs.types import Env, EnvFactory, StepResult, StopCondition
 from trinity_like.errors import ConfigError
-from trinity_like.explorer.engine import RolloutEngine
+from trinity_like.explorer.engine import NativeEngine
 from trinity_like.explorer.engine import SamplingParams as EngineSampling
 from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks
 from trinity_like.models.chat import message_tokens, render_prompt
@@ -300,7 +300,7 @@ def test_evaluation_is_greedy_accuracy_as_a_direct_decode_finds_it(service, tmp_
     metrics = rl_train.evaluate(training.save_weights_and_get_sampling_client(), factory, held_out, config(tmp_path))
     model, _ = load_model("tiny-random")
     prompts = [render_prompt(tok, t.messages()) for t in held_out]
-    answers = RolloutEngine(model, tok).generate(prompts, EngineSampling(max_new_tokens=8, greedy=True))
+    answers = NativeEngine(model, tok).generate(prompts, EngineSampling(max_new_tokens=8, greedy=True))
     texts = [tok.decode(a[0].token_ids, skip_special_tokens=True).strip() for a in answers]
     right = [float(bool(t) and not any(c.isspace() for c in t)) for t in texts]
     assert 0 < sum(right) < len(right)  # a score that can be wrong both ways

@@ -23,6 +23,7 @@ def test_the_registries_exist():
         "TASK_SOURCE",
         "ENV",
         "REWARD_TRANSFORM",
+        "ROLLOUT_ENGINE",
     }
 
 

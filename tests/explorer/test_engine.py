@@ -7,7 +7,7 @@ import torch
 from transformers import TopKLogitsWarper, TopPLogitsWarper
 
 from trinity_like.errors import TrinityError
-from trinity_like.explorer.engine import EngineParams, Request, RolloutEngine, SamplingParams
+from trinity_like.explorer.engine import Borrowed, EngineParams, NativeEngine, Request, SamplingParams
 from trinity_like.models.tiny import build_tiny_model
 
 TEXTS = [
@@ -60,7 +60,7 @@ def test_greedy_matches_full_recompute_with_ragged_prompts_and_stops(tiny, promp
     stop_ids = {free[0][5], free[2][2]}
     expected = [naive_greedy(model, p, 16, stop_ids) for p in prompts]
     assert len({len(e) for e in expected}) > 1
-    engine = RolloutEngine(model, tok, EngineParams(max_batch_size=3, prefill_batch_size=2))
+    engine = NativeEngine(model, tok, EngineParams(max_batch_size=3, prefill_batch_size=2))
     groups = engine.generate(prompts, SamplingParams(greedy=True, max_new_tokens=16, stop_token_ids=tuple(stop_ids)))
     for group, want in zip(groups, expected):
         (sample,) = group
@@ -71,7 +71,7 @@ def test_greedy_matches_full_recompute_with_ragged_prompts_and_stops(tiny, promp
 def test_greedy_matches_transformers_generate(tiny, prompts):
     model, tok = tiny
     stop = [tok.eos_token_id, naive_greedy(model, prompts[1], 12, set())[4]]
-    engine = RolloutEngine(model, tok)
+    engine = NativeEngine(model, tok)
     groups = engine.generate(prompts, SamplingParams(greedy=True, max_new_tokens=12, stop_token_ids=tuple(stop)))
     for prompt, (sample,) in zip(prompts, groups):
         ids = torch.tensor([prompt])
@@ -88,7 +88,7 @@ def test_greedy_matches_transformers_generate(tiny, prompts):
 
 def test_greedy_logprobs_are_the_model_logprobs(tiny, prompts):
     model, tok = tiny
-    (sample,), *_ = RolloutEngine(model, tok).generate(prompts[:1], SamplingParams(greedy=True, max_new_tokens=10))
+    (sample,), *_ = NativeEngine(model, tok).generate(prompts[:1], SamplingParams(greedy=True, max_new_tokens=10))
     logits, response = full_logprobs(model, prompts[0], sample.token_ids)
     want = torch.log_softmax(logits, -1).gather(1, response[:, None]).squeeze(1)
     torch.testing.assert_close(torch.tensor(sample.logprobs, dtype=torch.double), want, atol=1e-4, rtol=0)
@@ -100,7 +100,7 @@ def test_greedy_logprobs_are_the_model_logprobs(tiny, prompts):
 def test_sampled_logprobs_match_full_forward_under_the_sampling_distribution(tiny, prompts, temperature, top_k, top_p):
     model, tok = tiny
     sp = SamplingParams(n=3, max_new_tokens=12, temperature=temperature, top_k=top_k, top_p=top_p, seed=5)
-    groups = RolloutEngine(model, tok).generate(prompts, sp)
+    groups = NativeEngine(model, tok).generate(prompts, sp)
     for prompt, group in zip(prompts, groups):
         for sample in group:
             logits, response = full_logprobs(model, prompt, sample.token_ids)
@@ -117,7 +117,7 @@ def test_sampled_logprobs_match_full_forward_under_the_sampling_distribution(tin
 
 def test_group_sampling_equals_each_sample_alone(tiny, prompts):
     model, tok = tiny
-    engine = RolloutEngine(model, tok)
+    engine = NativeEngine(model, tok)
     sp = SamplingParams(max_new_tokens=10, seed=0)
     seeds = (11, 22, 33, 44)
     together = engine.run([Request(tuple(prompts[0]), seeds), Request(tuple(prompts[2]), (5, 6))], sp)
@@ -132,8 +132,8 @@ def test_group_sampling_equals_each_sample_alone(tiny, prompts):
 def test_continuous_batching_does_not_change_results(tiny, prompts):
     model, tok = tiny
     sp = SamplingParams(n=2, max_new_tokens=10, seed=2, stop_token_ids=(prompts[0][1], 300, 301, 302))
-    wide = RolloutEngine(model, tok, EngineParams(max_batch_size=64)).generate(prompts, sp)
-    narrow = RolloutEngine(model, tok, EngineParams(max_batch_size=2, prefill_batch_size=1)).generate(prompts, sp)
+    wide = NativeEngine(model, tok, EngineParams(max_batch_size=64)).generate(prompts, sp)
+    narrow = NativeEngine(model, tok, EngineParams(max_batch_size=2, prefill_batch_size=1)).generate(prompts, sp)
     lengths = {len(s.token_ids) for g in wide for s in g}
     assert len(lengths) > 1, "the test needs samples of different lengths"
     for gw, gn in zip(wide, narrow):
@@ -149,7 +149,7 @@ def test_continuous_batching_does_not_change_results(tiny, prompts):
 
 def test_seed_determinism(tiny, prompts):
     model, tok = tiny
-    engine = RolloutEngine(model, tok)
+    engine = NativeEngine(model, tok)
     a = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=8, seed=1))
     b = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=8, seed=1))
     c = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=8, seed=2))
@@ -160,7 +160,7 @@ def test_seed_determinism(tiny, prompts):
 
 def test_stop_strings_and_max_tokens(tiny, prompts):
     model, tok = tiny
-    engine = RolloutEngine(model, tok)
+    engine = NativeEngine(model, tok)
     free = engine.generate(prompts[:2], SamplingParams(greedy=True, max_new_tokens=20, stop_token_ids=()))
     text = tok.decode(free[0][0].token_ids)
     stop = text[len(text) // 2 : len(text) // 2 + 2]
@@ -183,7 +183,7 @@ def test_update_weights_bumps_version_and_changes_outputs(tiny, prompts):
     model, tok = tiny
     other, _ = build_tiny_model(seed=1)
     mine, _ = build_tiny_model(seed=0)
-    engine = RolloutEngine(mine, tok)
+    engine = NativeEngine(mine, tok)
     sp = SamplingParams(greedy=True, max_new_tokens=8, stop_token_ids=())
     before = engine.generate(prompts[:1], sp)[0][0]
     assert before.model_version == 0
@@ -204,24 +204,24 @@ def test_update_weights_without_the_tied_output_embedding(tiny, prompts):
     _, tok = tiny
     other, _ = build_tiny_model(seed=1)
     assert other.config.tie_word_embeddings
-    engine = RolloutEngine(build_tiny_model(seed=0)[0], tok)
+    engine = NativeEngine(build_tiny_model(seed=0)[0], tok)
     engine.update_weights({k: v.clone() for k, v in other.state_dict().items() if k != "lm_head.weight"})
     sp = SamplingParams(greedy=True, max_new_tokens=8, stop_token_ids=())
     assert engine.generate(prompts[:1], sp)[0][0].token_ids == naive_greedy(other, prompts[0], 8, set())
 
 
 def test_shared_weights_are_sampled_in_place_and_never_written(tiny, prompts, tmp_path):
-    """``share=True`` samples from the caller's tensors (a mailbox file here), no copy; a later
-    update that does not share takes a copy of its own and leaves the caller's memory alone."""
+    """``Borrowed`` weights are sampled from the caller's tensors (a mailbox file here), no copy; a
+    later plain update takes a copy of its own and leaves the caller's memory alone."""
     from trinity_like.trainer.shared_weights import WeightMailbox
 
     _, tok = tiny
     other, third = build_tiny_model(seed=1)[0], build_tiny_model(seed=2)[0]
     box = WeightMailbox(tmp_path)
     handle = box.write({k: v for k, v in other.state_dict().items() if k != "lm_head.weight"})
-    engine = RolloutEngine(build_tiny_model(seed=0)[0], tok)
+    engine = NativeEngine(build_tiny_model(seed=0)[0], tok)
     views = handle.tensors()
-    engine.update_weights(views, version=1, share=True)
+    engine.update_weights(Borrowed(views), version=1)
     model = engine.model
     assert model.model.embed_tokens.weight.data_ptr() == views["model.embed_tokens.weight"].data_ptr()
     assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied
@@ -252,7 +252,7 @@ def test_finished_rows_leave_the_batch_and_waiting_ones_take_their_place(tiny, p
     hook = model.model.embed_tokens.register_forward_hook(lambda m, args, out: rows.append(tuple(args[0].shape)))
     try:
         sp = SamplingParams(n=3, max_new_tokens=12, seed=4, stop_token_ids=(300, 301, 302, 303, 304, 305))
-        groups = RolloutEngine(model, tok, EngineParams(max_batch_size=4, prefill_batch_size=8)).generate(prompts, sp)
+        groups = NativeEngine(model, tok, EngineParams(max_batch_size=4, prefill_batch_size=8)).generate(prompts, sp)
     finally:
         hook.remove()
     samples = [s for g in groups for s in g]

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from trinity_like.explorer.engine import EngineParams, RolloutEngine, SamplingParams
+from trinity_like.explorer.engine import EngineParams, NativeEngine, SamplingParams
 from trinity_like.explorer.prefix_cache import BLOCK, PrefixCache
 from trinity_like.models.tiny import build_tiny_model
 
@@ -75,8 +75,8 @@ def prefill_widths(model):
 def test_greedy_three_turns_equal_full_reprefill_generate_and_full_forward(tiny):
     model, tok = tiny
     sp = SamplingParams(greedy=True, max_new_tokens=8, stop_token_ids=())
-    cold = play(RolloutEngine(model, tok, EngineParams(prefix_cache_tokens=0)), tok, sp)
-    engine = RolloutEngine(model, tok)
+    cold = play(NativeEngine(model, tok, EngineParams(prefix_cache_tokens=0)), tok, sp)
+    engine = NativeEngine(model, tok)
     shapes, hook = prefill_widths(model)
     try:
         warm = play(engine, tok, sp)
@@ -110,8 +110,8 @@ def test_greedy_three_turns_equal_full_reprefill_generate_and_full_forward(tiny)
 def test_sampled_episodes_with_the_same_seeds_equal_full_reprefill(tiny):
     model, tok = tiny
     sp = SamplingParams(n=2, max_new_tokens=10, temperature=0.9, top_p=0.95, seed=3, stop_token_ids=(300, 301))
-    cold = play(RolloutEngine(model, tok, EngineParams(prefix_cache_tokens=0)), tok, sp)
-    engine = RolloutEngine(model, tok)
+    cold = play(NativeEngine(model, tok, EngineParams(prefix_cache_tokens=0)), tok, sp)
+    engine = NativeEngine(model, tok)
     assert_same(play(engine, tok, sp), cold)
     assert engine.prefix_cache.stats["reused_tokens"] > 0
 
@@ -119,8 +119,8 @@ def test_sampled_episodes_with_the_same_seeds_equal_full_reprefill(tiny):
 def test_float32_sampled_episodes_equal_full_reprefill():
     model, tok = build_tiny_model(seed=0)
     sp = SamplingParams(n=2, max_new_tokens=10, seed=7, stop_token_ids=(300, 301))
-    cold = play(RolloutEngine(model, tok, EngineParams(prefix_cache_tokens=0)), tok, sp)
-    assert_same(play(RolloutEngine(model, tok), tok, sp), cold, atol=1e-4)
+    cold = play(NativeEngine(model, tok, EngineParams(prefix_cache_tokens=0)), tok, sp)
+    assert_same(play(NativeEngine(model, tok), tok, sp), cold, atol=1e-4)
 
 
 def test_a_group_whose_prompt_extends_a_kept_sequence(tiny):
@@ -129,7 +129,7 @@ def test_a_group_whose_prompt_extends_a_kept_sequence(tiny):
     group = SamplingParams(n=4, max_new_tokens=8, seed=11)
     results = []
     for budget in (0, 4096):
-        engine = RolloutEngine(model, tok, EngineParams(prefix_cache_tokens=budget, max_batch_size=3))
+        engine = NativeEngine(model, tok, EngineParams(prefix_cache_tokens=budget, max_batch_size=3))
         prompt = tok.encode(OPENINGS[0])
         ((turn1,),) = engine.generate([prompt], first)
         history = prompt + turn1.token_ids + observation(tok, 0, 0)
@@ -147,8 +147,8 @@ def test_a_group_whose_prompt_extends_a_kept_sequence(tiny):
 def test_partial_matches_reuse_only_the_shared_prefix(tiny):
     model, tok = tiny
     sp = SamplingParams(greedy=True, max_new_tokens=6, stop_token_ids=())
-    engine = RolloutEngine(model, tok)
-    cold = RolloutEngine(model, tok, EngineParams(prefix_cache_tokens=0))
+    engine = NativeEngine(model, tok)
+    cold = NativeEngine(model, tok, EngineParams(prefix_cache_tokens=0))
     base = tok.encode(OPENINGS[1])
     ((kept,),) = engine.generate([base], sp)
     shared = BLOCK + 5  # not on a block boundary: the match extends past the last hashed block
@@ -170,9 +170,9 @@ def test_partial_matches_reuse_only_the_shared_prefix(tiny):
 def test_eviction_under_a_small_budget_stays_correct(tiny):
     model, tok = tiny
     sp = SamplingParams(n=2, max_new_tokens=8, seed=5, stop_token_ids=())
-    cold = play(RolloutEngine(model, tok, EngineParams(prefix_cache_tokens=0)), tok, sp)
+    cold = play(NativeEngine(model, tok, EngineParams(prefix_cache_tokens=0)), tok, sp)
     longest = max(len(p) for turn in cold for p, _ in turn) + 8
-    engine = RolloutEngine(model, tok, EngineParams(prefix_cache_tokens=longest + 10))  # about one sequence
+    engine = NativeEngine(model, tok, EngineParams(prefix_cache_tokens=longest + 10))  # about one sequence
     assert_same(play(engine, tok, sp), cold)
     store = engine.prefix_cache
     assert store.tokens <= store.budget and len(store.entries) <= 2
@@ -183,7 +183,7 @@ def test_update_weights_clears_the_kept_keys(tiny):
     _, tok = tiny
     mine, other = build_tiny_model(seed=0)[0].double(), build_tiny_model(seed=1)[0].double()
     sp = SamplingParams(greedy=True, max_new_tokens=8, stop_token_ids=())
-    engine = RolloutEngine(mine, tok)
+    engine = NativeEngine(mine, tok)
     prompt = tok.encode(OPENINGS[2])
     ((turn1,),) = engine.generate([prompt], sp)
     assert engine.prefix_cache.tokens > 0
@@ -191,7 +191,7 @@ def test_update_weights_clears_the_kept_keys(tiny):
     assert engine.prefix_cache.tokens == 0 and not engine.prefix_cache.index
     history = prompt + turn1.token_ids + observation(tok, 0, 0)
     ((turn2,),) = engine.generate([history], sp)
-    ((want,),) = RolloutEngine(other, tok, EngineParams(prefix_cache_tokens=0)).generate([history], sp)
+    ((want,),) = NativeEngine(other, tok, EngineParams(prefix_cache_tokens=0)).generate([history], sp)
     assert turn2.token_ids == want.token_ids
     np.testing.assert_allclose(turn2.logprobs, want.logprobs, atol=1e-5, rtol=0)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from trinity_like.explorer.sampling import greedy_tokens, sample_tokens
@@ -80,13 +81,28 @@ def _splitmix64(seed: int, i: int) -> float:
 
 
 def test_uniforms_are_splitmix64_and_uniform():
-    import numpy as np
-
-    from trinity_like.explorer.sampling import uniforms
+    """Torch int64 arithmetic (wrapping, logical shifts by mask) gives SplitMix64's exact bits,
+    against the arbitrary-precision Python oracle above -- seeds above 2**63 included."""
+    from trinity_like.explorer.sampling import seed_bits, uniforms
 
     seeds = [0, 1, 12345, 2**63 + 7, 2**64 - 1]
     draws = [0, 5, 1, 99, 3]
-    got = uniforms(np.array(seeds, dtype=np.uint64), np.array(draws, dtype=np.uint64)).tolist()
+    got = uniforms(torch.tensor([seed_bits(s) for s in seeds]), torch.tensor(draws)).tolist()
     assert got == [_splitmix64(s, i) for s, i in zip(seeds, draws)]
-    many = uniforms(np.arange(50_000, dtype=np.uint64), np.zeros(50_000, dtype=np.uint64))
+    many = uniforms(torch.arange(50_000), torch.zeros(50_000, dtype=torch.long))
     assert abs(float(many.mean()) - 0.5) < 0.01 and float(many.min()) >= 0.0 and float(many.max()) < 1.0
+
+
+@pytest.mark.gpu
+def test_uniforms_and_draws_are_the_same_on_cuda():
+    """The counter-based stream is bit-identical on the GPU, and so are the tokens it draws."""
+    from trinity_like.explorer.sampling import seed_bits, uniforms
+
+    seeds = torch.tensor([seed_bits(s) for s in (3, 2**63 + 11, 2**64 - 5, 987654321)])
+    draws = torch.tensor([0, 7, 255, 4096])
+    assert torch.equal(uniforms(seeds, draws), uniforms(seeds.cuda(), draws.cuda()).cpu())
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    u = uniforms(seeds, draws)
+    want = sample_tokens(logits, u, temperature=0.9, top_k=20, top_p=0.9)
+    got = sample_tokens(logits.cuda(), u.cuda(), temperature=0.9, top_k=20, top_p=0.9)
+    assert torch.equal(want[0], got[0].cpu()) and torch.allclose(want[1], got[1].cpu(), atol=1e-9)

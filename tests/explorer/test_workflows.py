@@ -9,7 +9,7 @@ import pytest
 
 from trinity_like.components import build_params
 from trinity_like.experience import Task
-from trinity_like.explorer.engine import RolloutEngine, SamplingParams
+from trinity_like.explorer.engine import NativeEngine, SamplingParams
 from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks
 from trinity_like.models.chat import render_prompt
 from trinity_like.models.tiny import build_tiny_model
@@ -40,7 +40,7 @@ def hangs_on_answer(*, answer: str, params: FailParams) -> float:
 @pytest.fixture(scope="module")
 def engine():
     model, tok = build_tiny_model(seed=0)
-    return RolloutEngine(model, tok)
+    return NativeEngine(model, tok)
 
 
 def make(name, **params):

@@ -127,13 +127,15 @@ def test_gpu_workers_on_a_machine_without_gpus_fail_before_anything_is_written(t
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("model.dtype=float16", "model.dtype: Input should be 'float32' or 'bfloat16'"),
+        ("model.dtype=float16", "model.dtype: Input should be 'auto', 'float32' or 'bfloat16'"),
         (
             "cluster.trainer_workers=2 cluster.num_gpus=1",
             "cluster: Value error, num_gpus must be 0 (CPU workers) or trainer_workers (2)",
         ),
         ("cluster.nnodes=2", "cluster.nnodes: unknown key"),
-        ("explorer.engine=hf", "explorer.engine: unknown key"),
+        ("explorer.engine=hf", "explorer.engine: unknown rollout engine 'hf'"),
+        ("cluster.device=gpu", "cluster.device: String should match pattern"),
+        ("cluster.device=cpu cluster.num_gpus=1", "cluster: Value error, device: cpu keeps every model on the CPU"),
     ],
 )
 def test_values_the_engines_cannot_honour_are_rejected_by_the_schema(override, message):

@@ -12,7 +12,7 @@ import torch
 
 from trinity_like.components import build_params
 from trinity_like.errors import TrinityError
-from trinity_like.explorer.engine import RolloutEngine, SamplingParams
+from trinity_like.explorer.engine import NativeEngine, SamplingParams
 from trinity_like.explorer.rewards import build_reward_fn
 from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks
 from trinity_like.models.reward_model import (
@@ -87,7 +87,7 @@ def test_batch_clip_and_normalize_against_numpy():
 
 def test_the_workflow_applies_a_transform_to_the_whole_batch_and_keeps_the_raw_reward():
     model, tok = build_tiny_model(seed=0)
-    engine = RolloutEngine(model, tok)
+    engine = NativeEngine(model, tok)
     cls = WORKFLOW.get("math")
     params = build_params(
         cls,

@@ -26,12 +26,12 @@ import json
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-import datasets
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING, Any
 
 from trinity_like.errors import DataError
+
+if TYPE_CHECKING:  # `datasets` and pyarrow load only when a data file is read: generated tasks need neither
+    import datasets
 
 RowCheck = Callable[[Mapping[str, Any], str], None]  # (record, "file:line") -> None or DataError
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -99,6 +99,8 @@ def _jsonl_records(file: Path, name: str) -> Iterator[tuple[str, dict[str, Any]]
 
 
 def _parquet_origins(files: Sequence[Path], root: Path) -> list[str]:
+    import pyarrow.parquet as pq
+
     return [f"{_name(f, root)}:row {i}" for f in files for i in range(pq.ParquetFile(f).metadata.num_rows)]
 
 
@@ -108,6 +110,8 @@ def load_records(path: str, check: RowCheck) -> tuple[datasets.Dataset, list[str
     Returns the data set and, for each of its rows, where it came from (``file:line``).
     JSONL is validated line by line before ``datasets`` reads it, so errors name lines.
     """
+    import datasets
+
     fmt, files = data_files(path)
     root = Path(path).expanduser()
     if fmt == "json":

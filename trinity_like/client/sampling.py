@@ -24,10 +24,10 @@ What a sampled sequence holds, where Tinker's documentation leaves a choice:
 - ``seed`` None draws a fresh seed per call; ``top_k`` -1 (or 0) keeps every token.
 - Prompt logprobs (``include_prompt_logprobs``, ``compute_logprobs``) are at temperature 1.
 
-The model and engine are heavy, so one per base folder and device is built lazily and
-shared by every client of this process; before a request runs, the engine is given the
-weights of the client that made it (a full, strict copy when they differ). Requests of
-all clients run one at a time on one queue: the engine is not thread-safe.
+The model and engine (``native``; ``device="auto"``: a GPU when torch sees one, bf16 there) are
+heavy, so one per base folder and device is built lazily and shared by every client of this
+process; before a request runs, the engine is given the weights of the client that made it (a
+full, strict copy when they differ). Requests run one at a time on one queue.
 """
 
 from __future__ import annotations
@@ -53,9 +53,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from trinity_like.client.data import prompt_ids
 from trinity_like.client.futures import Job, RequestBatcher, sampler_weights_path
-from trinity_like.explorer.engine import Request, RolloutEngine, Sample, sample_seed
-from trinity_like.explorer.engine import SamplingParams as EngineSampling
-from trinity_like.models.resolve import load_model, load_tokenizer, resolve_model_path
+from trinity_like.config.schema import ExplorerConfig, field_default
+from trinity_like.explorer.engine_contract import Request, RolloutEngine, Sample, sample_seed
+from trinity_like.explorer.engine_contract import SamplingParams as EngineSampling
+from trinity_like.explorer.engines import build_rollout_engine
+from trinity_like.models.device import resolve_device
+from trinity_like.models.resolve import load_tokenizer, resolve_model_path
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf", ".index.json")  # not copied beside new weights
 # Below it, temperature (but 0, greedy) overflows logits / temperature in float32, and top_p rounds to 0 in
@@ -225,7 +228,7 @@ class SamplingClient:
         model_path: str | os.PathLike[str] | None = None,
         weights: Mapping[str, torch.Tensor] | None = None,
         version: int = 0,
-        device: str = "cpu",
+        device: str = "auto",
     ) -> None:
         if model_path is not None and weights is not None:
             raise ValueError("give model_path or weights, not both")
@@ -239,7 +242,7 @@ class SamplingClient:
         self._weights = weights
         self._memory_id = f"memory:{uuid.uuid4().hex}"
         self.version = version  # the model version the engine reports while it holds these weights
-        self.device = device  # where the shared model runs ("cpu", "cuda", ...)
+        self.device = device  # where the shared model runs: "auto" (a GPU when torch sees one), "cpu", "cuda:1", ...
         self._tokenizer: PreTrainedTokenizerBase | None = None
 
     # -- the SDK's 0.38 transitional future: a sampler handed back is also its own future ----------
@@ -283,19 +286,20 @@ class SamplingClient:
 
     def _engine(self) -> RolloutEngine:
         """The shared engine of this base and device, holding this client's weights."""
-        key = (str(self._base_folder), self.device)
+        device = str(resolve_device(self.device, where="SamplingClient(device=...)"))
+        key = (str(self._base_folder), device)
         with _LOCK:
             shared = _SHARED.get(key)
             if shared is None:
-                model, tokenizer = load_model(self._base_folder)
-                shared = _Shared(RolloutEngine(model.to(self.device), tokenizer), _folder_id(self._base_folder))
+                engine = build_rollout_engine(field_default(ExplorerConfig, "engine"), self._base_folder, device=device)
+                shared = _Shared(engine, _folder_id(self._base_folder))
                 _SHARED[key] = shared
             wanted = self._weights_id()
             if shared.loaded != wanted:
                 shared.loaded = None
                 folder = self._model_path or self._base_folder
                 weights = self._weights if self._weights is not None else read_weights(folder)
-                check_shapes(shared.engine.model, weights)
+                check_shapes(shared.engine.model, weights)  # type: ignore[attr-defined]  # native: an HF model
                 shared.engine.update_weights(weights, version=self.version, strict=True)
                 shared.loaded = wanted
             return shared.engine
@@ -317,7 +321,7 @@ class SamplingClient:
         """The sample requests ``jobs`` (one client, one set of settings) in one engine run."""
         client = jobs[0].args[0]
         engine = client._engine()
-        model = engine.model
+        model = engine.model  # type: ignore[attr-defined]
         requests, prompt_lps = [], []
         for job in jobs:
             _, prompt, n, params, with_prompt, last_n = job.args

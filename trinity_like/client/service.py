@@ -39,6 +39,7 @@ from tinker import types
 from trinity_like.client.futures import checkpoint_path, sampler_weights_path
 from trinity_like.client.sampling import SamplingClient
 from trinity_like.client.training import TrainingClient
+from trinity_like.models.device import resolve_device
 from trinity_like.models.resolve import BUILTIN_MODELS, CACHE_ENV, load_tokenizer, resolve_model_path
 from trinity_like.plugins import load_plugins
 from trinity_like.trainer.lora import LoraParams, read_base_note
@@ -78,7 +79,9 @@ class ServiceClient:
     """Creates :class:`TrainingClient` and :class:`SamplingClient` objects over local engines.
 
     ``train_engine``: "local" (in-process torch) or "verl" (``trainer_workers`` FSDP workers
-    through Ray); ``micro_batch_size`` rows per forward/backward; ``dtype`` of the weights.
+    through Ray); ``micro_batch_size`` rows per forward/backward; ``dtype`` of the weights
+    ("auto": fp32 on CPU, bf16 compute over fp32 weights on a GPU); ``device`` of the local
+    learner and the samplers ("auto": a GPU when torch sees one, "cpu", "cuda:N").
     ``backend``: "local" (this process) or "ray" (a learner actor and ``ray.samplers`` sampler
     actors, placed by ``ray``: a :class:`~trinity_like.client.ray.RayClientConfig` or its dict;
     the learner runs the local engine). Tinker's remote-connection options (``base_url``,
@@ -94,7 +97,8 @@ class ServiceClient:
         train_engine: str = "local",
         trainer_workers: int = 1,
         micro_batch_size: int = 8,
-        dtype: str = "float32",
+        dtype: str = "auto",
+        device: str = "auto",
         base_url: str | None = None,
         api_key: str | None = None,
         backend: str = "local",
@@ -119,6 +123,8 @@ class ServiceClient:
         self.trainer_workers = trainer_workers
         self.micro_batch_size = micro_batch_size
         self.dtype = dtype
+        self.device = device
+        resolve_device(device, where="ServiceClient(device=...)")  # a GPU that is not there fails here
         self._clients: list[Any] = []  # TrainingClient, or RayTrainingClient on Ray
         self.backend = backend
         self._ray = None  # the RayRuntime of backend "ray"
@@ -264,7 +270,9 @@ class ServiceClient:
         """``lora``: the adapter's params, None for a full fine-tune."""
         if run_name is not None and (not re.fullmatch(r"[A-Za-z0-9_.:-]+", run_name) or run_name in (".", "..")):
             raise ValueError(f"run_name {run_name!r} must be a plain folder name (letters, digits, _ . : -)")
-        model = ModelParams(path=str(folder), micro_batch_size=self.micro_batch_size, dtype=self.dtype, lora=lora)
+        model = ModelParams(
+            path=str(folder), micro_batch_size=self.micro_batch_size, dtype=self.dtype, device=self.device, lora=lora
+        )
         if self.train_engine == "local":
             from trinity_like.trainer.local_engine import LocalEngine
 
@@ -282,6 +290,7 @@ class ServiceClient:
             lora=lora,
             tokenizer=load_tokenizer(folder),
             exact_targets=self.train_engine == "local",
+            device=self.device,
         )
         self._clients.append(client)
         return client
@@ -308,9 +317,9 @@ class ServiceClient:
                 self._ray, base_model or str(model_path), None if model_path is None else str(model_path)
             )
         if model_path is not None:
-            return SamplingClient(base_model or model_path, model_path=model_path)
+            return SamplingClient(base_model or model_path, model_path=model_path, device=self.device)
         resolve_model_path(base_model)  # an unknown model fails here, at call time
-        return SamplingClient(base_model)
+        return SamplingClient(base_model, device=self.device)
 
     # -- the SDK's async spellings -------------------------------------------------------------
     async def get_server_capabilities_async(self) -> types.GetServerCapabilitiesResponse:

@@ -118,8 +118,10 @@ class TrainingClient(TrainingAsyncSpellings):
         lora: Any,
         tokenizer: Any,
         exact_targets: bool = True,
+        device: str = "auto",
     ) -> None:
         self._engine = engine
+        self.device = device  # where its samplers run (the service's device)
         self._lora = lora  # the engine's LoraParams, None for a full fine-tune
         self._queue = RequestQueue(f"training-{model_id}")
         self._run_dir = Path(run_dir)
@@ -365,7 +367,7 @@ class TrainingClient(TrainingAsyncSpellings):
 
     def _save_for_sampler(self, name: str) -> types.SaveWeightsForSamplerResponse:
         folder = self._checkpoint_folder("sampler_weights", name, overwrite=True)
-        SamplingClient(self.base_model, weights=self._engine.state_dict()).save_weights(folder)
+        SamplingClient(self.base_model, weights=self._engine.state_dict(), device=self.device).save_weights(folder)
         return types.SaveWeightsForSamplerResponse(path=str(folder))
 
     def save_weights_and_get_sampling_client(
@@ -390,12 +392,14 @@ class TrainingClient(TrainingAsyncSpellings):
         return self._queue.submit(self._snapshot)
 
     def _snapshot(self) -> SamplingClient:
-        return SamplingClient(self.base_model, weights=self._engine.state_dict(), version=self._version)
+        return SamplingClient(
+            self.base_model, weights=self._engine.state_dict(), version=self._version, device=self.device
+        )
 
     def create_sampling_client(self, model_path: str, retry_config: Any = None) -> SamplingClient:
         """A sampler over the weights saved by ``save_weights_for_sampler`` at ``model_path``."""
         model_path = sampler_weights_path(model_path, "create_sampling_client")
-        return SamplingClient(self.base_model, model_path=model_path)
+        return SamplingClient(self.base_model, model_path=model_path, device=self.device)
 
     # -- information ------------------------------------------------------------------------
     def get_info(self) -> types.GetInfoResponse:

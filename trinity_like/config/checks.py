@@ -20,7 +20,7 @@ from trinity_like.config.loader import Locator
 from trinity_like.config.schema import Config
 from trinity_like.config.slots import params_of, resolve_name
 from trinity_like.errors import ConfigError, DataError
-from trinity_like.registry import BUFFER_STORAGE, MONITOR, REWARD_FN, WORKFLOW
+from trinity_like.registry import BUFFER_STORAGE, MONITOR, REWARD_FN, ROLLOUT_ENGINE, WORKFLOW
 
 DATA_KEYS = ("tasks", "eval_tasks", "expert_data", "train_data", "eval_data")  # the buffer's data sets
 
@@ -69,6 +69,7 @@ def check_sections(cfg: Config, algo: AlgorithmType, loc: Locator) -> Any:
     for i, backend in enumerate(cfg.monitor.backends):
         resolve_name(MONITOR, backend, loc, ("monitor", "backends", i))
     reward_params = None
+    resolve_name(ROLLOUT_ENGINE, cfg.explorer.engine, loc, ("explorer", "engine"))  # evaluation samples too
     if algo.use_rollout:
         workflow = resolve_name(WORKFLOW, cfg.explorer.workflow, loc, ("explorer", "workflow"))
         params_of(workflow, cfg.explorer.workflow_args, "explorer.workflow_args", loc)

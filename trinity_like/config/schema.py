@@ -18,7 +18,10 @@ NonNegInt = Annotated[int, Field(ge=0)]
 PosFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
 Prob = Annotated[float, Field(ge=0, le=1)]
-Dtype = Literal["float32", "bfloat16"]  # what every engine runs (fp16 has no CPU kernels worth using)
+Dtype = Literal[
+    "auto", "float32", "bfloat16"
+]  # auto: by device (trinity_like/models/device.py); no fp16 (no CPU kernels worth using)
+Device = Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$")]  # auto: CUDA when torch sees one, else CPU
 Scheduler = Literal["constant", "cosine"]  # learning rate after warm-up
 NAME_PATTERN, NAME_MAX = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*"), 100  # a run or stage name: one folder name
 
@@ -60,7 +63,7 @@ class Section(BaseModel):
 
 class ModelConfig(Section):
     path: str = "smollm2-135m-instruct"  # built-in id (see `trinity-like list models`) or a local HF folder
-    dtype: Dtype = "float32"  # weights of the train engines; fp32: bf16 is slower on most CPUs
+    dtype: Dtype = "auto"  # train engines; auto: fp32 on CPU, bf16 compute over fp32 weights on CUDA (docs/gpu.md)
     max_prompt_tokens: PosInt = 256  # prompts longer than this are an error, not silently cut
     max_response_tokens: PosInt = 64  # upper bound on generated / trained response tokens
     critic_path: str | None = None  # initial weights of the value model (PPO); None: same as `path`
@@ -135,10 +138,15 @@ class SamplingConfig(Section):
 
 class ExplorerConfig(Section):
     placement: Literal["auto", "driver", "ray"] = "auto"  # where it runs; auto: a Ray actor when the trainer uses Ray
-    dtype: Dtype = "float32"  # rollout weights; bf16 samples faster on CPUs with AVX-512 bf16
+    dtype: Dtype = "auto"  # rollout weights and KV cache; auto: fp32 on CPU, bf16 on CUDA (bf16 also samples faster on CPUs with AVX-512 bf16)
+    engine: str = (
+        "native"  # ROLLOUT_ENGINE name (`trinity-like list rollout_engine`): our KV-cache engine, or a plugin's
+    )
     batch_size: PosInt = 8  # prompts per explore step
     group_size: PosInt = 8  # samples per prompt (GRPO's G)
-    max_concurrent: PosInt = 128  # sequences decoded at once (continuous batching width)
+    max_concurrent: PosInt | None = (
+        None  # sequences decoded at once (cache slots); None: 128 on CPU, one per sample on a GPU where memory allows
+    )
     workflow: str = "math"  # WORKFLOW name
     workflow_args: dict[str, Any] = {}  # params of the workflow (the env workflow: env, env_args, limits)
     reward_fn: str = "exact_match"  # REWARD_FN name
@@ -228,6 +236,7 @@ class ClusterConfig(Section):
     """Where the `verl` workers and the explorer actor run. There is no node count: the nodes are
     the Ray cluster's (`ray_address`); `placement` says whether the workers share one or spread."""
 
+    device: Device = "auto"  # where every model of the run lives (train engine, explorer, env players, reward models): auto | cpu | cuda | cuda:N; the verl engine's GPUs are num_gpus
     ray_address: str | None = None  # existing Ray cluster ("ray://host:10001" or "auto"); None: start locally
     num_cpus: PosInt | None = None  # CPUs for a locally started Ray; None: all
     num_gpus: NonNegInt = 0  # GPUs of the `verl` engine's workers, one each (0 or trainer_workers); 0: CPU workers over gloo; more than the machine (or cluster) has: an error at start
@@ -242,6 +251,10 @@ class ClusterConfig(Section):
 
     @model_validator(mode="after")
     def _one_gpu_per_worker(self) -> ClusterConfig:
+        if self.device == "cpu" and self.num_gpus:
+            raise ValueError(
+                f"device: cpu keeps every model on the CPU, but num_gpus: {self.num_gpus} asks for GPU verl workers"
+            )
         if self.trainer_workers is not None and self.num_gpus not in (0, self.trainer_workers):
             raise ValueError(
                 f"num_gpus must be 0 (CPU workers) or trainer_workers ({self.trainer_workers}): "

@@ -1,8 +1,11 @@
 """The explorer: turns tasks into scored experiences with the rollout engine.
 
-- :mod:`.engine` -- :class:`RolloutEngine`, :class:`SamplingParams`: batched KV-cache decoding
-  with shared-prefix groups and continuous batching; what a call takes and returns in
-  :mod:`.engine_contract`, the decode loop of one call in :mod:`.decode` (:mod:`.kv_cache`,
+- :mod:`.engine_contract` -- the :class:`RolloutEngine` protocol every rollout engine
+  implements, what a call takes and returns (:class:`SamplingParams`, :class:`Request`,
+  :class:`Sample`); :mod:`.engines` -- the ``ROLLOUT_ENGINE`` factory (``explorer.engine``).
+- :mod:`.engine` -- :class:`NativeEngine` (``native``), ours: batched KV-cache decoding with
+  shared-prefix groups and continuous batching; the decode loop of one call in :mod:`.decode`,
+  its device half (state, sampling, CUDA graphs) in :mod:`.decode_step` (:mod:`.kv_cache`,
   :mod:`.prefix_cache`, :mod:`.sampling`).
 - :mod:`.worker` -- where the explorer runs: :class:`ExplorerWorker` in-process or
   :class:`RemoteExplorer` as a Ray actor, one :class:`Explorer` protocol (``run``,
@@ -12,7 +15,7 @@
 - :mod:`.tasks` -- the built-in task sources: the seeded arithmetic generator and the reasoning-gym adapter.
 """
 
-__all__ = ["EngineParams", "Request", "RolloutEngine", "Sample", "SamplingParams"]
+__all__ = ["Borrowed", "EngineParams", "NativeEngine", "Request", "RolloutEngine", "Sample", "SamplingParams"]
 
 
 def __getattr__(name: str) -> object:

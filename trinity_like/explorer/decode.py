@@ -1,11 +1,14 @@
-"""One call of the rollout engine (:meth:`~.engine.RolloutEngine.run`): the decode loop.
+"""One call of the rollout engine (:meth:`~.engine.NativeEngine.run`): the decode loop.
 
 A run admits waiting samples into cache slots, prefills their prompts (each prompt once,
 its keys copied into each of its samples' slots; a prompt that extends a kept sequence only
 from where it differs, :mod:`.prefix_cache`), then takes decode steps over the live slots:
-one forward, one sampled token per slot (:mod:`.sampling`), finished samples retired, their
-slots given to waiting samples or closed up (compaction), until nothing waits or decodes.
-What it reads from its engine is :class:`Decoder`; the keys/values live in :mod:`.kv_cache`::
+one forward and one sampled token per slot, entirely on the device (:mod:`.decode_step`).
+Every ``sync_every`` steps the host looks: finished samples are collected, their slots
+given to waiting samples or closed up (compaction), until nothing waits or decodes. On the
+CPU it looks after every step, so no step is ever computed for a finished sample; on CUDA
+every 16, so the device runs (captured) steps back to back. What it reads from its engine
+is :class:`Decoder`; the keys/values live in :mod:`.kv_cache`::
 
     results = DecodeRun(engine, requests, sampling).loop()   # list[list[Sample]], in request order
 
@@ -20,15 +23,49 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from trinity_like.errors import TrinityError
+from trinity_like.explorer.decode_step import (
+    REASONS,
+    STOP,
+    SlotState,
+    StepGraphs,
+    StepSettings,
+    decode_step,
+    sample_into,
+)
 from trinity_like.explorer.engine_contract import EngineParams, Request, Sample, SamplingParams
 from trinity_like.explorer.kv_cache import PrefillCache, SlotCache
 from trinity_like.explorer.prefix_cache import PrefixCache, PrefixEntry
-from trinity_like.explorer.sampling import greedy_tokens, sample_tokens, uniforms
+from trinity_like.explorer.sampling import seed_bits
+
+KEY_BUCKET = 64  # CUDA graphs: key lengths rounded up to a multiple of this (one graph per bucket)
+
+
+def row_bucket(rows: int, limit: int) -> int:
+    """The graph batch for ``rows`` live rows: the first of 1, 2, 3, 4, 6, 8, 12, 16, 24, ... that holds
+    them (a graph per bucket, at most a third of its rows idle), capped at ``limit`` (the slots).
+
+    >>> [row_bucket(n, 100) for n in (1, 3, 5, 7, 9, 17, 97)]
+    [1, 3, 6, 8, 12, 24, 100]
+    """
+    power = 1
+    while True:
+        for size in (power, power * 3 // 2):
+            if size >= rows:
+                return min(size, limit)
+        power *= 2
+
+
+@dataclass
+class Workspace:
+    """What decoding keeps on the device: the slot cache, the slots' state, the captured steps."""
+
+    cache: SlotCache
+    state: SlotState
+    graphs: StepGraphs | None  # None: steps run eagerly (CPU, or graphs off)
 
 
 class Decoder(Protocol):
@@ -44,18 +81,23 @@ class Decoder(Protocol):
     timings: dict[str, float]  # seconds per TIMING_KEYS phase, accumulated
     pace: Callable[[], object] | None  # called before every decode step
 
+    def workspace(self, slots: int, max_new: int, max_length: int, example: PrefillCache) -> Workspace:
+        """Slot cache and state for at least ``slots`` x ``max_length`` (fresh, or the engine's kept one)."""
+
+    def slots_for(self, samples: int, max_length: int, example: PrefillCache) -> int:
+        """How many cache slots a call of ``samples`` samples decodes with."""
+
 
 @dataclass(eq=False)  # identity comparison: slots are found in the slot list by `is`
 class _Slot:
-    """A sequence being decoded."""
+    """A sequence being decoded; its tokens are on the device until it finishes."""
 
     request: int
     sample: int
-    seed: int  # the sample's random stream; draw i is uniforms(seed, i)
-    cached: int  # positions 0..cached-1 are in the KV cache; the last token goes at `cached`
+    pos: int  # positions 0..pos-1 are cached (as of the host's last look)
     source: PrefixEntry | None  # the kept sequence its prompt extends in full (replaced when it is kept)
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
+    count: int = 0  # tokens sampled (as of the last look)
+    tail: list[int] = field(default_factory=list)  # its last tokens, kept on the host for stop strings
 
 
 @dataclass
@@ -72,7 +114,7 @@ class _Prefilled:
 
 
 class DecodeRun:
-    """The state of one ``RolloutEngine.run`` call: waiting samples, slots, results."""
+    """The state of one ``NativeEngine.run`` call: waiting samples, slots, results."""
 
     def __init__(self, engine: Decoder, requests: list[Request], sampling: SamplingParams) -> None:
         self.engine = engine
@@ -82,7 +124,7 @@ class DecodeRun:
         self.version = engine.model_version
         self.device = next(self.model.parameters()).device
         stop_ids = sampling.stop_token_ids if sampling.stop_token_ids is not None else engine.default_stop_ids
-        self.stop_ids = frozenset(stop_ids)
+        self.settings = StepSettings.of(sampling, frozenset(stop_ids))
         if sampling.stop_strings and engine.tokenizer is None:
             raise TrinityError("stop_strings need the engine to have a tokenizer")
         # Tokens a stop string can span: each token decodes to at least one byte.
@@ -93,9 +135,12 @@ class DecodeRun:
         self.prefilled: dict[int, _Prefilled] = {}
         self.results: list[list[Sample | None]] = [[None] * len(req.seeds) for req in requests]
         self.slots: list[_Slot | None] = []
-        self.cache: SlotCache | None = None
-        self.num_slots = min(engine.params.max_batch_size, len(self.waiting))
+        self.ws: Workspace | None = None
+        self.num_slots = 0  # set at the first admission (it needs the cache's shape)
         self.max_length = max(len(r.prompt_ids) for r in requests) + sampling.max_new_tokens
+        sync = engine.params.sync_every or (16 if self.device.type == "cuda" else 1)
+        self.sync_every = 1 if sampling.stop_strings else sync  # stop strings are checked on the host
+        self.since_look = 0  # decode steps since the host last looked
         self.t = engine.timings
 
     # -- the loop -------------------------------------------------------------------------
@@ -104,148 +149,171 @@ class DecodeRun:
         pace()
         self.refill()
         while self.slots:
-            pace()
-            self.decode_step()
+            for _ in range(self.steps_until_look()):
+                pace()
+                self.step()
+            self.look()
             self.refill()
         return [[s for s in group if s is not None] for group in self.results]
 
-    def decode_step(self) -> None:
-        t0 = time.perf_counter()
-        assert self.cache is not None
-        slots = [s for s in self.slots if s is not None]
-        positions_B = torch.tensor([s.cached for s in slots], device=self.device)
-        key_length = int(positions_B.max()) + 1
-        self.cache.prepare_step(positions_B, key_length)
-        visible_BL = torch.arange(key_length, device=self.device)[None, :] <= positions_B[:, None]
-        mask_B11L = self._additive(visible_BL)[:, None, None, :]
-        input_B1 = torch.tensor([[s.tokens[-1]] for s in slots], device=self.device)
-        t1 = time.perf_counter()
-        logits_BV = self.model(
-            input_ids=input_B1,
-            position_ids=positions_B[:, None],
-            attention_mask=mask_B11L,
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits[:, -1]
-        t2 = time.perf_counter()
-        for s in slots:
-            s.cached += 1
-        self.t["cache"] += t1 - t0
-        self.t["decode_forward"] += t2 - t1
-        self.append_tokens(slots, logits_BV)
+    def steps_until_look(self) -> int:
+        """``sync_every``, but never past the step where the last live sample reaches the cap."""
+        left = max(self.sampling.max_new_tokens - s.count for s in self.slots if s is not None)
+        return max(1, min(self.sync_every, left))
 
-    def append_tokens(self, slots: list[_Slot], logits_BV: torch.Tensor) -> None:
-        """Sample one token for each of ``slots``, append it, and retire finished slots."""
+    def step(self) -> None:
+        """One decode step over the live rows (a graph's row bucket on CUDA), keys up to the furthest position."""
         t0 = time.perf_counter()
-        sp = self.sampling
-        if sp.greedy:
-            token_B, logprob_B = greedy_tokens(logits_BV)
+        assert self.ws is not None
+        ws, b = self.ws, len(self.slots)
+        self.since_look += 1
+        furthest = max(s.pos for s in self.slots if s is not None) + self.since_look  # cached after this step
+        stop_ids = ws.state.stop_tensor(self.settings)
+        if ws.graphs is None:
+            decode_step(self.model, ws.cache, ws.state, b, furthest, self.settings, stop_ids)
         else:
-            seeds_B = np.fromiter((s.seed for s in slots), dtype=np.uint64, count=len(slots))
-            draws_B = np.fromiter((len(s.tokens) for s in slots), dtype=np.uint64, count=len(slots))
-            u_B = uniforms(seeds_B, draws_B).to(logits_BV.device)
-            token_B, logprob_B = sample_tokens(
-                logits_BV, u_B, temperature=sp.temperature, top_k=sp.top_k, top_p=sp.top_p
+            rows = row_bucket(b, ws.state.slots)
+            length = min(-(-furthest // KEY_BUCKET) * KEY_BUCKET, ws.state.max_length)
+            ws.graphs.run(
+                (rows, length, self.settings),
+                lambda: decode_step(self.model, ws.cache, ws.state, rows, length, self.settings, stop_ids),
             )
-        tokens, logprobs = token_B.tolist(), logprob_B.tolist()
-        t1 = time.perf_counter()
-        self.t["sampling"] += t1 - t0
-        for slot, token, logprob in zip(slots, tokens, logprobs):
-            slot.tokens.append(token)
-            slot.logprobs.append(logprob)
-            reason = self.finish_reason(slot)
-            if reason:
-                self.results[slot.request][slot.sample] = Sample(
-                    slot.request, slot.sample, slot.tokens, slot.logprobs, reason, self.version
-                )
-                index = self.slots.index(slot)
-                self.keep(index, slot)
-                self.slots[index] = None
-        self.t["bookkeeping"] += time.perf_counter() - t1
+        self.t["decode_forward"] += time.perf_counter() - t0
 
-    def keep(self, index: int, slot: _Slot) -> None:
+    def look(self) -> None:
+        """The host's look at the slots: counts and positions refreshed, finished samples collected."""
+        t0 = time.perf_counter()
+        self.since_look = 0
+        b = len(self.slots)
+        if b == 0:
+            return
+        st = self.ws.state  # type: ignore[union-attr]
+        snap = torch.stack([st.live_S[:b].long(), st.reason_S[:b].long(), st.pos_S[:b], st.count_S[:b], st.last_S[:b]])
+        finished: list[tuple[int, int]] = []  # (row, reason)
+        host_stops: list[int] = []
+        for i, (live, reason, pos, count, last) in enumerate(zip(*snap.tolist())):
+            slot = self.slots[i]
+            if slot is None:
+                continue
+            grew = count > slot.count  # one token at most: with stop strings the host looks every step
+            slot.pos, slot.count = pos, count
+            if self.sampling.stop_strings and grew and reason != STOP:
+                slot.tail = (slot.tail + [last])[-self.stop_window :]
+                text = self.engine.tokenizer.decode(slot.tail)  # type: ignore[union-attr]
+                if any(s in text for s in self.sampling.stop_strings):
+                    host_stops += [i] if live else []
+                    live, reason = False, STOP
+            if not live:
+                finished.append((i, reason))
+        if host_stops:
+            st.live_S[torch.tensor(host_stops, device=self.device)] = False
+        self.t["bookkeeping"] += time.perf_counter() - t0
+        if finished:
+            self.retire(finished)
+
+    def retire(self, finished: list[tuple[int, int]]) -> None:
+        """Collect finished samples (one transfer for all), offer their keys to the prefix cache, free their slots."""
+        t0 = time.perf_counter()
+        st = self.ws.state  # type: ignore[union-attr]
+        rows = torch.tensor([i for i, _ in finished], device=self.device)
+        width = max(self.slots[i].count for i, _ in finished)  # type: ignore[union-attr]
+        tokens, logprobs = st.tokens_SN[rows, :width].tolist(), st.logprobs_SN[rows, :width].tolist()
+        for (i, reason), toks, lps in zip(finished, tokens, logprobs):
+            slot = self.slots[i]
+            assert slot is not None
+            n = slot.count
+            self.results[slot.request][slot.sample] = Sample(
+                slot.request, slot.sample, toks[:n], lps[:n], REASONS.get(reason, "stop"), self.version
+            )
+            self.keep(i, slot, toks[:n])
+            self.slots[i] = None
+        self.t["bookkeeping"] += time.perf_counter() - t0
+
+    def keep(self, index: int, slot: _Slot, tokens: list[int]) -> None:
         """Offer a finished sequence's cached tokens to the prefix cache (its next turn may extend it)."""
         store = self.engine.prefix_cache
         if not store.budget:
             return
         t0 = time.perf_counter()
-        tokens = self.requests[slot.request].prompt_ids + tuple(slot.tokens[:-1])  # the last was never fed
-        assert len(tokens) == slot.cached
-        cache = self.cache
-        assert cache is not None
-        store.insert(tokens, lambda: cache.read(index, slot.cached), slot.source)
+        kept = self.requests[slot.request].prompt_ids + tuple(tokens[:-1])  # the last was never fed
+        assert len(kept) == slot.pos, (len(kept), slot.pos)
+        cache = self.ws.cache  # type: ignore[union-attr]
+        store.insert(kept, lambda: cache.read(index, slot.pos), slot.source)
         self.t["cache"] += time.perf_counter() - t0
 
-    def finish_reason(self, slot: _Slot) -> str:
-        if slot.tokens[-1] in self.stop_ids:
-            return "stop"
-        if self.sampling.stop_strings:
-            tail = self.engine.tokenizer.decode(slot.tokens[-self.stop_window :])  # type: ignore[union-attr]
-            if any(s in tail for s in self.sampling.stop_strings):
-                return "stop"
-        if len(slot.tokens) >= self.sampling.max_new_tokens:
-            return "length"
-        return ""
-
     # -- admission and compaction -----------------------------------------------------------
+    def free(self) -> bool:
+        return None in self.slots or len(self.slots) < self.num_slots or not self.num_slots
+
     def refill(self) -> None:
-        """Give free slots to waiting samples, then close the remaining holes."""
-        while self.waiting and (None in self.slots or len(self.slots) < self.num_slots):
-            admitted: list[_Slot] = []
-            while self.waiting and (None in self.slots or len(self.slots) < self.num_slots):
+        """Give free slots to waiting samples (their first tokens sampled from the prefill), then close the holes."""
+        while self.waiting and self.free():
+            admitted: list[tuple[int, _Slot]] = []
+            while self.waiting and self.free():
                 admitted.append(self.admit(*self.waiting.pop()))
-            # Each new sample's first token comes from its prompt's prefill logits.
-            logits_BV = torch.stack([self.prefilled_of(s.request).logits_V for s in admitted])
-            for s in admitted:
-                self.release_prompt(s.request)
-            self.append_tokens(admitted, logits_BV)
+            self.start(admitted)
+            self.look()  # a first token may finish its sample at once
         self.compact()
 
-    def admit(self, request: int, sample: int) -> _Slot:
+    def admit(self, request: int, sample: int) -> tuple[int, _Slot]:
         entry = self.prefilled_of(request)
-        t0 = time.perf_counter()
-        seed = self.requests[request].seeds[sample]
-        slot = _Slot(request, sample, seed % 2**64, cached=entry.length, source=entry.source)
+        if self.ws is None:
+            self.num_slots = self.engine.slots_for(len(self.waiting) + 1, self.max_length, entry.cache)
+            self.ws = self.engine.workspace(self.num_slots, self.sampling.max_new_tokens, self.max_length, entry.cache)
+        slot = _Slot(request, sample, pos=entry.length, source=entry.source)
         index = self.slots.index(None) if None in self.slots else len(self.slots)
-        if self.cache is None:
-            self.cache = self._allocate(entry.cache)
-        self.cache.load_prompt(index, entry.cache, entry.row, entry.spans)
         if index == len(self.slots):
             self.slots.append(slot)
         else:
             self.slots[index] = slot
+        return index, slot
+
+    def start(self, admitted: list[tuple[int, _Slot]]) -> None:
+        """Copy the admitted samples' prompts into their slots (one gather per prefill chunk and
+        layer) and draw each one's first token from its prompt's prefill logits."""
+        t0 = time.perf_counter()
+        ws = self.ws
+        assert ws is not None
+        by_chunk: dict[int, list[tuple[int, _Slot]]] = {}
+        for index, slot in admitted:
+            by_chunk.setdefault(id(self.prefilled[slot.request].cache), []).append((index, slot))
+        for group in by_chunk.values():
+            entries = [self.prefilled[s.request] for _, s in group]
+            ws.cache.load_prompts(
+                [i for i, _ in group], entries[0].cache, [e.row for e in entries], [e.spans for e in entries]
+            )
+        rows = [i for i, _ in admitted]
+        seeds = [seed_bits(self.requests[s.request].seeds[s.sample]) for _, s in admitted]
+        ws.state.admit(rows, [s.pos for _, s in admitted], seeds)
+        logits_BV = torch.stack([self.prefilled[s.request].logits_V for _, s in admitted])
+        for _, s in admitted:
+            self.release_prompt(s.request)
         self.t["cache"] += time.perf_counter() - t0
-        return slot
+        t1 = time.perf_counter()
+        index_B = torch.tensor(rows, device=self.device)
+        sample_into(ws.state, index_B, logits_BV, self.settings, ws.state.stop_tensor(self.settings))
+        self.t["sampling"] += time.perf_counter() - t1
 
     def compact(self) -> None:
-        """Move the last active slots into holes so active rows are exactly 0..B-1."""
+        """Move the last active slots into holes so active rows are exactly 0..B-1 (one batched copy)."""
         t0 = time.perf_counter()
-        assert self.cache is not None or not self.slots
         while self.slots and self.slots[-1] is None:
             self.slots.pop()
-        while None in self.slots:
-            hole = self.slots.index(None)
-            last = self.slots.pop()
-            assert last is not None
-            self.cache.move(len(self.slots), hole, last.cached)  # type: ignore[union-attr]
-            self.slots[hole] = last
-            while self.slots and self.slots[-1] is None:
-                self.slots.pop()
+        holes = [i for i, s in enumerate(self.slots) if s is None]
+        if holes:
+            live = len(self.slots) - len(holes)
+            src = [i for i in range(len(self.slots) - 1, live - 1, -1) if self.slots[i] is not None]
+            dst = [h for h in holes if h < live]
+            assert len(src) == len(dst)
+            length = max(self.slots[i].pos for i in src) + 1  # type: ignore[union-attr]
+            ws = self.ws
+            assert ws is not None
+            ws.cache.move(src, dst, min(length, ws.cache.max_length))
+            ws.state.move(src, dst)
+            for s, d in zip(src, dst):
+                self.slots[d] = self.slots[s]
+            del self.slots[live:]
         self.t["cache"] += time.perf_counter() - t0
-
-    def _allocate(self, example: PrefillCache) -> SlotCache:
-        k = example.keys[0]
-        assert k is not None
-        return SlotCache(
-            num_layers=len(example.keys),
-            num_slots=self.num_slots,
-            num_kv_heads=k.shape[1],
-            max_length=self.max_length,
-            head_dim=k.shape[3],
-            dtype=k.dtype,
-            device=k.device,
-        )
 
     # -- prefill --------------------------------------------------------------------------
     def prefilled_of(self, request: int) -> _Prefilled:

@@ -1,23 +1,33 @@
-"""The rollout engine's contract: what it is asked (:class:`SamplingParams` per call, one
-:class:`Request` per prompt, capacity in :class:`EngineParams`) and what it answers (a
-:class:`Sample` per seed), and how each sample's seed is drawn (:func:`sample_seed`).
+"""The rollout-engine contract: what an engine is asked (:class:`SamplingParams` per call, one
+:class:`Request` per prompt, capacity in :class:`EngineParams`), what it answers (a
+:class:`Sample` per seed), how each sample's seed is drawn (:func:`sample_seed`), and the
+small protocol every engine implements (:class:`RolloutEngine`), as train engines implement
+:class:`~trinity_like.trainer.base.TrainEngine`.
 
-:class:`~trinity_like.explorer.engine.RolloutEngine` implements it over a Hugging Face model
-with a KV cache; whoever drives an engine (the explorer's workflows, the client's sampler,
-environments) needs only these types::
+Engines are registered in ``ROLLOUT_ENGINE`` and built by :func:`~trinity_like.explorer.engines.build_rollout_engine`
+from an :class:`EngineSpec` (a recipe's ``explorer.engine``; ``native`` is ours,
+:class:`~trinity_like.explorer.engine.NativeEngine`). Whoever drives an engine (the explorer's
+workflows, the client's sampler, environments) needs only these types::
 
     sampling = SamplingParams(n=8, max_new_tokens=64, seed=1)
     requests = [Request(tuple(prompt_ids), tuple(sample_seed(sampling.seed, 0, s) for s in range(8)))]
     samples = engine.run(requests, sampling)[0]          # list[Sample], one per seed
     samples[3].token_ids, samples[3].logprobs, samples[3].finish_reason
+    engine.update_weights(state_dict, version=1)         # copied in; Borrowed(state_dict): used as they are
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from trinity_like.errors import TrinityError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -51,14 +61,33 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class EngineParams:
-    """Capacity knobs of the engine; they change speed and memory, never results."""
+    """Capacity knobs of the engine; they change speed and memory, never results (beyond the
+    float rounding a different batch composition gives)."""
 
-    max_batch_size: int = 128  # cache slots = most sequences decoded in one forward
+    # Cache slots = most sequences decoded in one forward. None: sized to the work -- 128 on
+    # CPU; on CUDA one slot per sample of the call, as many as half the free device memory holds.
+    max_batch_size: int | None = None
     prefill_batch_size: int = 16  # prompts per prefill forward
     # Tokens of finished sequences whose keys/values are kept for prompts that extend them
     # (multi-turn); costs layers x 2 x kv heads x head dim x dtype bytes per token (46 KB
     # for SmolLM2-135M in fp32: 8192 tokens = 377 MB). 0 disables prefix reuse.
     prefix_cache_tokens: int = 8192
+    # Decode steps between the host's looks at the batch (finished samples collected, waiting
+    # ones admitted, holes closed). None: 1 on CPU (no step is ever computed for a finished
+    # sample), 16 on CUDA (the host stays out of the loop; a finished row idles until the look).
+    sync_every: int | None = None
+    cuda_graphs: bool = True  # on CUDA: replay each decode step as a captured CUDA graph
+    compile: bool = False  # torch.compile the decode forward (fuses small kernels; compiles once per shape)
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "sync_every"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise TrinityError(f"EngineParams.{name} must be >= 1 (or None), got {value}")
+        if self.prefill_batch_size < 1:
+            raise TrinityError(f"EngineParams.prefill_batch_size must be >= 1, got {self.prefill_batch_size}")
+        if self.prefix_cache_tokens < 0:
+            raise TrinityError(f"EngineParams.prefix_cache_tokens must be >= 0, got {self.prefix_cache_tokens}")
 
 
 @dataclass(frozen=True)
@@ -85,3 +114,64 @@ def sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:
     """A well-mixed 63-bit seed for sample ``sample_index`` of prompt ``prompt_index``."""
     digest = hashlib.blake2b(f"{seed}:{prompt_index}:{sample_index}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1
+
+
+@dataclass(frozen=True)
+class Borrowed:
+    """Weights an engine may use as its own, without a copy, until its next ``update_weights``.
+
+    The owner promises that nothing writes them meanwhile and that it keeps them alive: a
+    mailbox in shared memory that is rewritten only after the engine moved on
+    (:mod:`~trinity_like.trainer.shared_weights`), or device tensors of a trainer that waits.
+    A plain mapping passed to ``update_weights`` is copied instead. An engine that cannot
+    borrow (other device, other dtype) copies.
+    """
+
+    tensors: Mapping[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What a registered rollout-engine factory builds an engine from."""
+
+    model_path: Path  # a Hugging Face model folder (resolved: built-in ids are converted first)
+    device: torch.device  # where the model runs (trinity_like.models.device)
+    dtype: torch.dtype  # the weights' (and KV cache's) dtype
+    params: EngineParams = EngineParams()  # capacity knobs
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the explorer, the client's sampler and environments need of a rollout engine.
+
+    Calls come one at a time (an engine need not be thread-safe). Example plugin engine:
+    ``plugins/example_plugin`` (``hf_generate``, over ``transformers``' ``generate``).
+    """
+
+    tokenizer: Any  # the model's tokenizer (workflows render prompts and decode with it)
+    model_version: int  # stamped on every sample; set by update_weights
+    default_stop_ids: tuple[int, ...]  # stop tokens when a call names none (the model's eos ids)
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Sample]]:
+        """``sampling.n`` samples per prompt, in prompt order; sample (p, s) uses ``sample_seed(seed, p, s)``."""
+
+    def run(self, requests: Sequence[Request], sampling: SamplingParams) -> list[list[Sample]]:
+        """One sample per seed of each request, in request order (``sampling.n`` unused); a sample's
+        tokens depend on its seed and the weights, not on what else the call holds."""
+
+    def update_weights(
+        self, weights: Mapping[str, torch.Tensor] | Borrowed, *, version: int | None = None, strict: bool = True
+    ) -> int:
+        """Sample with ``weights`` from now on (copied in; a :class:`Borrowed` may be used as it is);
+        returns the model version: ``version``, or the last one + 1. ``strict=False`` takes a partial
+        state dict (a tied output embedding may always be left out)."""
+
+    def release_memory(self) -> None:
+        """Free what the engine holds between calls (KV cache, captured graphs, kept prefixes), so
+        another part (a trainer on the same GPU) can use the memory; the weights stay."""
+
+    def resume_memory(self) -> None:
+        """Take back what :meth:`release_memory` freed, before the next call (or let that call do it)."""
+
+    def close(self) -> None:
+        """Free the model and everything else; the engine is not used again."""

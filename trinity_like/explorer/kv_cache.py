@@ -11,14 +11,18 @@ at ``0..P-1``, generated tokens after it), so a slot's length is also the next p
 A decode step writes one key/value per active slot at that slot's own length and hands the
 attention a *view* ``[:B, :, :L]`` -- no copy. Slots shorter than ``L`` are masked.
 Active sequences always occupy slots ``0..B-1``: a finished one is replaced by a waiting
-one (its prompt's keys copied in) or by the last active slot (one row copied).
+one (its prompt's keys copied in) or by the last active slot (one row copied). Copies are
+batched -- one gather per layer for every prompt admitted at once, one per layer for every
+row moved -- so a GPU launches a few kernels per refill, not a few per sample.
 
 The attention function :func:`slot_attention` is registered with ``transformers``'
 ``AttentionInterface`` and selected only while the engine runs a forward pass
 (:func:`use_attention`); it does grouped-query attention by reshaping the queries instead
-of repeating keys, so strided cache views feed ``matmul`` directly. Masks are additive
-float masks ``[B, 1, Q, L]`` built by the engine (transformers passes a 4-D mask through
-as it is).
+of repeating keys, so strided cache views are read where they lie. On CUDA the decode
+step runs the card's fused kernel (``scaled_dot_product_attention``, memory-efficient
+attention with the mask as a bias) over those views; on the CPU two ``matmul`` calls read
+them without the copy SDPA makes. Masks are additive float masks ``[B, 1, Q, L]`` built by
+the engine (transformers passes a 4-D mask through as it is).
 
 Letters: S slots, B active rows, H kv heads, G query heads per kv head, Q query length,
 L key length, D head dim, P prompt length.
@@ -47,8 +51,10 @@ def slot_attention(
 ) -> tuple[torch.Tensor, None]:
     """Softmax attention over a (possibly strided) cache view, grouped-query aware.
 
-    Decoding (Q = 1) multiplies the cache views directly: ``matmul`` reads strided
-    ``[B, H, L, D]`` views without copying them, where SDPA would make them contiguous.
+    Decoding (Q = 1) folds the G query heads of each kv head into query rows: ``[B, H, G, D]``
+    against the ``[B, H, L, D]`` cache views, plain multi-head attention with no repeated keys.
+    On CUDA that goes to SDPA's fused kernels; on the CPU ``matmul`` reads the strided views
+    without copying them, where SDPA would make them contiguous.
 
     query: [B, H*G, Q, D]; key, value: [B, H, L, D]; attention_mask: [B, 1, Q, L] additive.
     Returns [B, Q, H*G, D], the layout transformers' attention modules expect.
@@ -66,6 +72,11 @@ def slot_attention(
     g = hq // h
     # Head j of the query uses kv head j // G (the order `repeat_kv` produces).
     query_BHXD = query.reshape(b, h, g * q, d)
+    if query.is_cuda:
+        out_BHXD = torch.nn.functional.scaled_dot_product_attention(
+            query_BHXD, key, value, attn_mask=attention_mask, scale=scaling
+        )
+        return out_BHXD.view(b, hq, q, d).transpose(1, 2), None
     scores_BHXL = torch.matmul(query_BHXD, key.transpose(-1, -2)).mul_(scaling)
     if attention_mask is not None:
         scores_BHGQL = scores_BHXL.view(b, h, g, q, -1)
@@ -154,15 +165,18 @@ class SlotCache:
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.max_length = max_length
         self.num_slots = num_slots
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         # Set by the engine before each decode forward:
-        self.rows_B = torch.arange(0)  # slot index of each active row, 0..B-1
-        self.positions_B = torch.zeros(0, dtype=torch.long)  # where this step's token goes
-        self.key_length = 0  # L of the view handed to attention (max position + 1)
+        self.index_BH1D = torch.zeros((0, num_kv_heads, 1, head_dim), dtype=torch.long)  # row b -> its position
+        self.key_length = 0  # L of the view handed to attention (max position + 1, or a bucket above)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
     def prepare_step(self, positions_B: torch.Tensor, key_length: int) -> None:
-        """Set where the next ``update`` writes: row b at ``positions_B[b]``."""
-        self.positions_B = positions_B
-        self.rows_B = torch.arange(positions_B.shape[0], device=positions_B.device)
+        """Set where the next ``update`` writes: row b at ``positions_B[b]`` (a device tensor)."""
+        b = positions_B.shape[0]
+        self.index_BH1D = positions_B.view(b, 1, 1, 1).expand(b, self.num_kv_heads, 1, self.head_dim)
         self.key_length = key_length
 
     def update(
@@ -170,27 +184,39 @@ class SlotCache:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write one token per row ([B, H, 1, D]) and return the ``[:B, :, :L]`` views."""
         b = key_states.shape[0]
-        keys, values = self.keys[layer_idx], self.values[layer_idx]
-        keys[self.rows_B, :, self.positions_B] = key_states[:, :, 0]
-        values[self.rows_B, :, self.positions_B] = value_states[:, :, 0]
-        return keys[:b, :, : self.key_length], values[:b, :, : self.key_length]
+        keys, values = self.keys[layer_idx][:b], self.values[layer_idx][:b]
+        keys.scatter_(2, self.index_BH1D, key_states)
+        values.scatter_(2, self.index_BH1D, value_states)
+        return keys[:, :, : self.key_length], values[:, :, : self.key_length]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.key_length
 
-    def load_prompt(self, slot: int, prefill: PrefillCache, row: int, spans: Sequence[tuple[int, int]]) -> None:
-        """Copy a prefilled prompt into ``slot``: row ``row``'s ``(start, count)`` column spans, in order.
+    def load_prompts(
+        self,
+        slots: Sequence[int],
+        prefill: PrefillCache,
+        rows: Sequence[int],
+        spans: Sequence[Sequence[tuple[int, int]]],
+    ) -> None:
+        """Copy prefilled prompts into ``slots``: for each, row ``rows[i]``'s ``(start, count)``
+        column spans of ``prefill``, in order, to columns ``0, 1, ...`` of the slot.
 
         A fresh prompt is one span; one that reused kept keys is two (those keys, then the
-        new tokens), which sit apart in the prefill buffer when the chunk is padded.
+        new tokens), which sit apart in the prefill buffer when the chunk is padded. One gather
+        per layer takes every prompt: columns past a prompt's end get whatever the index pads
+        with, which the mask hides until the slot's own tokens overwrite them.
         """
+        columns = [[c for start, count in sp for c in range(start, start + count)] for sp in spans]
+        width = max(len(c) for c in columns)
+        device = self.keys[0].device
+        cols_NW = torch.tensor([c + [c[-1]] * (width - len(c)) for c in columns], device=device)
+        rows_N, slots_N = torch.tensor(list(rows), device=device), torch.tensor(list(slots), device=device)
+        index_NHWD = cols_NW[:, None, :, None].expand(-1, self.num_kv_heads, -1, self.head_dim)
         for layer, (k, v) in enumerate(zip(prefill.keys, prefill.values)):
             assert k is not None and v is not None
-            at = 0
-            for start, count in spans:
-                self.keys[layer][slot, :, at : at + count] = k[row, :, start : start + count]
-                self.values[layer][slot, :, at : at + count] = v[row, :, start : start + count]
-                at += count
+            self.keys[layer][slots_N, :, :width] = k[rows_N].gather(2, index_NHWD)
+            self.values[layer][slots_N, :, :width] = v[rows_N].gather(2, index_NHWD)
 
     def read(self, slot: int, length: int) -> torch.Tensor:
         """A copy of the first ``length`` positions of ``slot``: ``[layers, 2, H, length, D]``."""
@@ -203,8 +229,10 @@ class SlotCache:
             out[layer, 1] = v[slot, :, :length]
         return out
 
-    def move(self, src: int, dst: int, length: int) -> None:
-        """Copy the first ``length`` positions of slot ``src`` into slot ``dst``."""
+    def move(self, src: Sequence[int], dst: Sequence[int], length: int) -> None:
+        """Copy the first ``length`` positions of slots ``src`` into slots ``dst`` (no slot is both)."""
+        device = self.keys[0].device
+        s, d = torch.tensor(list(src), device=device), torch.tensor(list(dst), device=device)
         for k, v in zip(self.keys, self.values):
-            k[dst, :, :length] = k[src, :, :length]
-            v[dst, :, :length] = v[src, :, :length]
+            k[d, :, :length] = k[s, :, :length]
+            v[d, :, :length] = v[s, :, :length]

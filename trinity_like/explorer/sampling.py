@@ -14,26 +14,45 @@ Letters: B rows, V vocabulary, K kept candidates (top-k / top-p).
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
+
+def _signed(c: int) -> int:
+    """A 64-bit constant as the int64 with the same bits (torch has no full uint64 arithmetic)."""
+    return c - 2**64 if c >= 2**63 else c
 
 
-def uniforms(seeds_B: np.ndarray, draws_B: np.ndarray) -> torch.Tensor:
+_GOLDEN = _signed(0x9E3779B97F4A7C15)
+_MIX1 = _signed(0xBF58476D1CE4E5B9)
+_MIX2 = _signed(0x94D049BB133111EB)
+
+
+def _shift_right(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns (``>>`` on int64 is arithmetic: it copies the sign bit)."""
+    return (z >> k) & ((1 << (64 - k)) - 1)
+
+
+def uniforms(seeds_B: torch.Tensor, draws_B: torch.Tensor) -> torch.Tensor:
     """U[0, 1) float64 numbers: the ``draws_B``-th output of SplitMix64 seeded with ``seeds_B``.
 
     Counter-based: a row's number depends on its seed and draw index only, so it needs no
-    generator state and the whole batch is drawn in a few vectorised uint64 operations
-    (SplitMix64, Steele et al. 2014; numpy's uint64 arithmetic wraps modulo 2**64).
+    generator state and the whole batch is drawn in a few vectorised integer operations
+    on whatever device the tensors are (SplitMix64, Steele et al. 2014). The arithmetic is
+    int64 wrapping modulo 2**64 -- the same bits as uint64 -- so CPU and CUDA give identical
+    numbers for the same (seed, draw), and the engine's decode step can be captured in a
+    CUDA graph: nothing leaves the device. ``seeds_B``: int64 bit patterns of 64-bit seeds;
+    ``draws_B``: int64 draw indices (the sample's tokens so far).
     """
-    z = seeds_B.astype(np.uint64) + (draws_B.astype(np.uint64) + np.uint64(1)) * _GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * _MIX1
-    z = (z ^ (z >> np.uint64(27))) * _MIX2
-    z = z ^ (z >> np.uint64(31))
-    return torch.from_numpy((z >> np.uint64(11)).astype(np.float64) * 2.0**-53)
+    z = seeds_B + (draws_B + 1) * _GOLDEN
+    z = (z ^ _shift_right(z, 30)) * _MIX1
+    z = (z ^ _shift_right(z, 27)) * _MIX2
+    z = z ^ _shift_right(z, 31)
+    return _shift_right(z, 11).double() * 2.0**-53
+
+
+def seed_bits(seed: int) -> int:
+    """A Python seed as the int64 :func:`uniforms` takes: its low 64 bits, as a signed value."""
+    return _signed(seed % 2**64)
 
 
 def _inverse_cdf(scores_BK: torch.Tensor, u_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,7 +1,9 @@
 """Where the explorer runs: in the driver's process, or as a Ray actor that Ray restarts.
 
-Both are an :class:`Explorer`: ``run`` a batch of tasks through the workflow and take
-new weights with ``receive_weights``. The pipeline holds one and never asks which::
+Both are an :class:`Explorer`: ``run`` a batch of tasks through the workflow, take new
+weights with ``receive_weights``, and hand memory back between phases (``release_memory``,
+``resume_memory``: a trainer on the same GPU takes it meanwhile). The pipeline holds one
+and never asks which::
 
     explorer = ExplorerWorker(config, model_folder)          # or RemoteExplorer(config, model_folder)
     result = explorer.run(tasks, sampling_params(config, step=1))
@@ -10,6 +12,10 @@ new weights with ``receive_weights``. The pipeline holds one and never asks whic
 A crashed actor (OOM, a reward function that kills its process, a lost node) is restarted
 by Ray (``max_restarts``); :class:`RemoteExplorer` then re-sends the latest weights and
 retries the call, so the run goes on. Each restart is counted (``restarts``).
+
+The engine is the recipe's ``explorer.engine`` (``ROLLOUT_ENGINE``, :mod:`.engines`) on
+``cluster.device`` in ``explorer.dtype``. Ray is imported only by :class:`RemoteExplorer`:
+an in-process explorer runs where Ray is not installed (a GPU machine with a small image).
 """
 
 from __future__ import annotations
@@ -22,9 +28,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
-import ray
-from ray.exceptions import RayActorError
-
 from trinity_like.components import build_params, params_type
 from trinity_like.config.schema import Config
 from trinity_like.cpu_share import EXPLORER, CoreShare
@@ -36,7 +39,7 @@ from trinity_like.trainer.shared_weights import SharedWeights, WeightMailbox
 if TYPE_CHECKING:
     import torch
 
-    from trinity_like.explorer.engine import SamplingParams
+    from trinity_like.explorer.engine_contract import SamplingParams
     from trinity_like.explorer.workflows import WorkflowResult
 
 MAX_RESTARTS = 3
@@ -70,7 +73,7 @@ def workflow_params(config: Config, cls: type, *, evaluation: bool = False) -> A
 
 def sampling_params(config: Config, *, step: int, evaluation: bool = False) -> SamplingParams:
     """The explorer's sampling for ``step``; seeds depend on (run seed, step) only."""
-    from trinity_like.explorer.engine import SamplingParams
+    from trinity_like.explorer.engine_contract import SamplingParams
 
     s = config.explorer.eval_sampling if evaluation else config.explorer.sampling
     return SamplingParams(
@@ -96,6 +99,12 @@ class Explorer(Protocol):
 
     def receive_weights(self, weights: Weights, version: int) -> None:
         """Sample with ``weights`` from now on, recorded as model ``version``."""
+
+    def release_memory(self) -> None:
+        """Free the engine's between-calls memory (KV cache, graphs) for the trainer's phase."""
+
+    def resume_memory(self) -> None:
+        """The trainer's phase is over: the engine may take its memory again."""
 
     def close(self) -> None:
         """Free the model (and the actor)."""
@@ -129,14 +138,15 @@ class ExplorerWorker:
         every decode step instead."""
         import torch
 
-        from trinity_like.explorer.engine import EngineParams, RolloutEngine
-        from trinity_like.models.resolve import load_model
+        from trinity_like.explorer.engine_contract import EngineParams
+        from trinity_like.explorer.engines import build_rollout_engine
+        from trinity_like.models.device import set_run_device
         from trinity_like.registry import WORKFLOW
 
         load_plugins()
+        set_run_device(config.cluster.device)  # in an actor too: env players and reward models follow it
         if num_threads:
             torch.set_num_threads(num_threads)
-        model, tokenizer = load_model(model_path, dtype=getattr(torch, config.explorer.dtype))
         # The prefix cache only for workflows whose later turns extend earlier ones: for single-turn
         # ones no prompt extends a finished sequence, and kept keys would only hold memory (up to
         # ~0.4 GB for SmolLM2) until the next sync.
@@ -146,7 +156,9 @@ class ExplorerWorker:
             max_batch_size=config.explorer.max_concurrent,
             prefix_cache_tokens=EngineParams.prefix_cache_tokens if multi_turn else 0,
         )
-        self.engine = RolloutEngine(model, tokenizer, params)
+        self.engine = build_rollout_engine(
+            config.explorer.engine, model_path, dtype=config.explorer.dtype, params=params
+        )
         self.workflow = wf_cls(params=workflow_params(config, wf_cls))
         self.eval_workflow = (
             wf_cls(params=workflow_params(config, wf_cls, evaluation=True))
@@ -155,7 +167,7 @@ class ExplorerWorker:
         )
         self.restarts = 0  # in-process: a crash is the driver's
         self.cores = cores
-        if cores is not None:
+        if cores is not None and hasattr(self.engine, "pace"):  # our engine paces its decode steps
             self.engine.pace = functools.partial(cores.fit, EXPLORER)
 
     def run(self, tasks: list[Task], sampling: SamplingParams, evaluation: bool = False) -> WorkflowResult:
@@ -164,17 +176,29 @@ class ExplorerWorker:
             return workflow.run(tasks, engine=self.engine, sampling=sampling)
 
     def receive_weights(self, weights: Weights, version: int) -> None:
+        from trinity_like.explorer.engine_contract import Borrowed
+
         state, full = _state_dict(weights)
-        # Shared memory is sampled from where it lies, with no copy of the weights here: the
-        # driver rewrites it only once this explorer has moved on to other weights (a live state
-        # dict is copied: the trainer's optimiser writes it in place).
-        share = isinstance(weights, SharedWeights)
-        self.engine.update_weights(state, version=version, strict=full, share=share)
+        # Shared memory is borrowed -- sampled from where it lies, with no copy of the weights
+        # here: the driver rewrites it only once this explorer has moved on to other weights. A
+        # live state dict (the local engine's tensors, on the device when it trains on a GPU) is
+        # copied, device to device: the trainer's optimiser writes it in place.
+        self.engine.update_weights(
+            Borrowed(state) if isinstance(weights, SharedWeights) else state, version=version, strict=full
+        )
+
+    def release_memory(self) -> None:
+        self.engine.release_memory()
+
+    def resume_memory(self) -> None:
+        self.engine.resume_memory()
 
     def pid(self) -> int:
         return os.getpid()
 
     def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
         self.engine = None
 
 
@@ -183,6 +207,8 @@ class RemoteExplorer:
 
     def __init__(self, config: Config, model_path: str, cores: CoreShare | None = None) -> None:
         """``cores``: the board the actor shares the CPU cores through with the trainer (None: fixed width)."""
+        import ray
+
         actor_cls = ray.remote(max_restarts=MAX_RESTARTS, max_task_retries=0, num_cpus=0)(ExplorerWorker)
         threads = config.cpu_threads()
         width = threads.explorer_alone if cores is not None else threads.explorer
@@ -195,6 +221,9 @@ class RemoteExplorer:
         self._pid: int = ray.get(self.actor.pid.remote())
 
     def _call(self, method: str, *args: Any) -> Any:
+        import ray
+        from ray.exceptions import RayActorError
+
         for attempt in range(MAX_RESTARTS + 1):
             try:
                 return ray.get(getattr(self.actor, method).remote(*args))
@@ -208,6 +237,9 @@ class RemoteExplorer:
         raise AssertionError("unreachable")
 
     def _wait_alive(self) -> None:
+        import ray
+        from ray.exceptions import RayActorError
+
         for _ in range(600):
             try:
                 self._pid = ray.get(self.actor.pid.remote(), timeout=60)
@@ -228,11 +260,19 @@ class RemoteExplorer:
         self._weights = (weights, version)
         self._call("receive_weights", weights, version)
 
+    def release_memory(self) -> None:
+        self._call("release_memory")
+
+    def resume_memory(self) -> None:
+        self._call("resume_memory")
+
     def pid(self) -> int:
         """The actor's process id (as of its last start)."""
         return self._pid
 
     def close(self) -> None:
+        import ray
+
         ray.kill(self.actor, no_restart=True)
         if self._mailbox is not None:
             self._mailbox.close()

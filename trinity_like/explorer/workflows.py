@@ -51,7 +51,7 @@ from trinity_like.registry import REWARD_TRANSFORM, WORKFLOW, UnknownNameError
 
 if TYPE_CHECKING:  # the engine imports transformers: only when a workflow runs
     from trinity_like.config.schema import ExplorerConfig
-    from trinity_like.explorer.engine import RolloutEngine, SamplingParams
+    from trinity_like.explorer.engine_contract import RolloutEngine, SamplingParams
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from transformers import (
 )
 
 from trinity_like.errors import TrinityError
+from trinity_like.models.device import resolve_device
 
 HEAD_FILE = "reward_head.safetensors"
 
@@ -94,9 +95,16 @@ def _model_folder(path: Path) -> Path:
     return path
 
 
-def load_reward_model(path: str | os.PathLike[str]) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
-    """Load a reward model folder (either layout) or a run directory's latest one, in eval mode."""
-    path = _model_folder(Path(path).expanduser())
+def load_reward_model(
+    path: str | os.PathLike[str], device: str | None = None
+) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """Load a reward model folder (either layout) or a run directory's latest one, in eval mode, on
+    ``device`` (None: the run's device, :func:`~trinity_like.models.device.run_device`), in float32."""
+    model, tokenizer = _load_reward_model(_model_folder(Path(path).expanduser()))
+    return model.to(resolve_device(device)), tokenizer
+
+
+def _load_reward_model(path: Path) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
     if not (path / "config.json").is_file():
         raise TrinityError(
             f"reward model {str(path)!r}: no config.json (expected a reward-model folder or an rm run directory)"
@@ -138,7 +146,8 @@ def score_conversations(
         rows.append(tokens[-max_length:])
     width = max(len(r) for r in rows)
     pad = tokenizer.pad_token_id
-    ids_BT = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
-    mask_BT = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    device = next(model.parameters()).device
+    ids_BT = torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=device)
+    mask_BT = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=device)
     with torch.inference_mode():
         return model(ids_BT, mask_BT).tolist()

@@ -32,6 +32,7 @@ from trinity_like.config.schema import Config
 from trinity_like.cpu_share import CoreShare
 from trinity_like.errors import TrinityError
 from trinity_like.explorer.worker import ExplorerWorker, RemoteExplorer
+from trinity_like.models.device import set_run_device
 from trinity_like.pipeline.data_sources import load_stage_data
 from trinity_like.pipeline.reward_watch import RewardWatch
 from trinity_like.pipeline.run_dir import RunDir
@@ -69,11 +70,13 @@ def start_ray_for(spec: ResolvedStage, engines: int) -> bool:
     many logical CPUs as the stage's worker groups need (actor, reference, critic), whatever
     the machine's core count: they take turns, they do not all compute at once.
     """
+    if not uses_ray(spec):  # the local engine with an in-process explorer never imports Ray
+        return False
     import ray
 
     from trinity_like.trainer.verl_engine import start_ray, verl_params
 
-    if not uses_ray(spec) or ray.is_initialized():
+    if ray.is_initialized():
         return False
     cfg = spec.config
     needed = cfg.cluster.workers * engines if cfg.trainer.engine == "verl" else 0
@@ -159,6 +162,7 @@ def build_stage(spec: ResolvedStage, role: str) -> Stage:
     cfg = spec.config
     seed_everything(cfg.seed)
     check_gpus(cfg)
+    set_run_device(cfg.cluster.device)  # every model of the run goes there; a GPU that is not there fails here
     model_path = resolve_model_path(cfg.model.path)
     tokenizer = load_tokenizer(model_path)
     trains = role != "explore"

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -161,11 +162,35 @@ class Stage:
         return int(self.tokenizer.pad_token_id)
 
     # -- explorer side -------------------------------------------------------------------
+    def _one_gpu(self) -> bool:
+        """The trainer and an in-process explorer share a GPU (``cluster.device`` on CUDA, the
+        ``local`` engine): memory changes hands around every rollout (:meth:`_rollout_phase`)."""
+        device = getattr(self.trainer.actor, "device", None) if self.trainer is not None else None
+        in_process = self.explorer is not None and not isinstance(self.explorer, RemoteExplorer)
+        return in_process and getattr(device, "type", "cpu") == "cuda"
+
+    @contextmanager
+    def _rollout_phase(self) -> Iterator[None]:
+        """On one shared GPU: the trainer's freed memory (activations, cached blocks) goes back to
+        the device before a rollout, the explorer's KV cache and graphs after it, before the update
+        takes the card. Elsewhere nothing changes hands."""
+        shared = self._one_gpu()
+        if shared:
+            self.trainer.actor.release_memory()
+            self.explorer.resume_memory()
+        try:
+            yield
+        finally:
+            if shared:
+                self.explorer.release_memory()
+                self.trainer.actor.resume_memory()
+
     def explore(self, step: int) -> tuple[list[Experience], dict[str, float]]:
         tasks = self.data.train.next_batch(self.config.explorer.batch_size)  # the position is checkpointed
         if not tasks:
             raise TrinityError("the task set is exhausted")
-        result = self.explorer.run(tasks, sampling_params(self.config, step=step))
+        with self._rollout_phase():
+            result = self.explorer.run(tasks, sampling_params(self.config, step=step))
         for sk in result.skipped:
             self.run.logger.write(f"step {step}: task {sk.task_id} skipped: {sk.reason}")
         check_step(self.config, result.skipped, len(tasks), step)  # most tasks skipped: stop with the first's error
@@ -210,7 +235,8 @@ class Stage:
         if self.trainer is not None:
             # the trainer waits through it: its peak and the explorer's must not add up
             self.trainer.actor.release_memory()
-        result = self.explorer.run(tasks, sampling_params(self.config, step=0, evaluation=True), True)
+        with self._rollout_phase():
+            result = self.explorer.run(tasks, sampling_params(self.config, step=0, evaluation=True), True)
         if self.run.eval_log is not None:
             append_evals(self.run.eval_log, step, answer_items(tasks, result.experiences, self.tokenizer))
         rewards = [float(r.reward or 0.0) for r in result.experiences] + [0.0] * (n - len(result.experiences))

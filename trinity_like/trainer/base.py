@@ -86,7 +86,7 @@ class TrainEngine(Protocol):
         """Drop accumulated gradients without stepping (a skipped step)."""
 
     def compute_logprobs(self, batch: Batch, *, need_entropy: bool = False) -> dict[str, torch.Tensor]:
-        """``logprob [B, R]`` (and ``entropy [B, R]``) of the response tokens, without grad.
+        """``logprob [B, R]`` (and ``entropy [B, R]``) of the response tokens, without grad, on the CPU.
 
         A value model returns ``values [B, R]`` and a reward model ``scores [B]`` instead.
         """
@@ -112,8 +112,13 @@ class TrainEngine(Protocol):
         state, step count and RNG state (else a fresh optimiser at step 0)."""
 
     def release_memory(self) -> None:
-        """Hand memory the last step freed back to the machine, before a long wait (an
-        evaluation): the next step faults it in again."""
+        """Hand memory the last step freed back to the machine (device memory on a GPU), before
+        another part uses it (an evaluation; an explorer sampling on the same GPU): the next step
+        takes it again."""
+
+    def resume_memory(self) -> None:
+        """The other part is done: the engine may take memory again (engines that allocate on
+        demand do nothing here)."""
 
     def close(self) -> None:
         """Release workers and memory."""

@@ -296,7 +296,11 @@ def padded_outputs(
         stats["grid"] = stats.get("grid", 0) + attention.numel()
     if kind == "reward":
         last = last_token_index(attention)
-        return {"scores": at_least_fp32(model.score(hidden[torch.arange(hidden.shape[0]), last]).squeeze(-1))}
+        return {
+            "scores": at_least_fp32(
+                model.score(hidden[torch.arange(hidden.shape[0], device=hidden.device), last]).squeeze(-1)
+            )
+        }
     before = hidden[:, -response_len - 1 : -1, :]
     if kind == "value":
         return {"values": at_least_fp32(model.score(before).squeeze(-1))}

@@ -20,6 +20,15 @@ builds, so a critic folder moves between the engines and loads in ``transformers
 (``AutoModelForTokenClassification``). Started from a causal-LM folder, the head is new,
 initialised from ``head_seed``.
 
+Device and precision (:mod:`trinity_like.models.device`): the model lives on
+``ModelParams.device`` (a recipe's ``cluster.device``; ``auto``: a GPU when torch sees one).
+With ``dtype: auto`` its weights and AdamW state are float32 everywhere, and on CUDA the
+forward and backward run under bf16 autocast; logprobs, losses and the optimiser step stay
+float32. Batches arrive on the CPU and are moved one micro-batch at a time; what comes back
+(``compute_logprobs``, ``out``, :meth:`LocalEngine.state_dict`) is on the CPU, while
+:meth:`LocalEngine.export_weights` hands out the live device tensors (an explorer on the same
+GPU copies them device to device).
+
 LoRA (``ModelParams(lora=LoraParams(rank=8))``, :mod:`~trinity_like.trainer.lora`): the
 model is a ``peft`` LoRA model and the optimiser holds the adapter's parameters alone;
 :meth:`LocalEngine.state_dict` merges the adapter into plain Hugging Face weights and
@@ -35,6 +44,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -46,6 +56,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClas
 from trinity_like import fault_points
 from trinity_like.errors import TrinityError
 from trinity_like.malloc import retain_freed_memory
+from trinity_like.models.device import resolve_device, train_dtypes
 from trinity_like.trainer import lora as lora_lib
 from trinity_like.trainer.base import (
     OPTIMIZER_FILE,
@@ -72,15 +83,17 @@ from trinity_like.trainer.shared_weights import SharedWeights, WeightMailbox
 FULL = StateDictOptions(full_state_dict=True)
 
 
-def load_model(path: str, params: ModelParams) -> nn.Module:
-    """Load the folder as a causal LM, or as a one-label token classifier for value/reward kinds.
+def load_model(path: str, params: ModelParams, device: torch.device | None = None) -> nn.Module:
+    """Load the folder as a causal LM, or as a one-label token classifier for value/reward kinds,
+    in the parameter dtype ``params.dtype`` gives on ``device`` (None: the CPU), onto ``device``.
 
     A missing folder is one clear error line. The classifier's dropout is off (as in verl's
     critic); a head missing from the folder is initialised under ``head_seed``.
     """
     if not (Path(path) / "config.json").is_file():
         raise TrinityError(f"model folder {path!r} not found (no config.json there)")
-    dtype = getattr(torch, params.dtype)
+    device = device or torch.device("cpu")
+    dtype, _ = train_dtypes(params.dtype, device)
     if params.kind == "lm":
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=params.attn_implementation)
     else:
@@ -93,7 +106,7 @@ def load_model(path: str, params: ModelParams) -> nn.Module:
             )
     if params.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model
+    return model.to(device)
 
 
 class LocalEngine:
@@ -103,7 +116,9 @@ class LocalEngine:
         retain_freed_memory()  # large tensors reuse freed pages (trinity_like/malloc.py)
         self.params = model
         self.optim_params = optim
-        self.model = load_model(model.path, model)
+        self.device = resolve_device(model.device)
+        self.compute_dtype = train_dtypes(model.dtype, self.device)[1]  # bf16 autocast on CUDA (dtype auto)
+        self.model = load_model(model.path, model, self.device)
         if model.adapter is not None:
             self.model = lora_lib.apply_lora(self.model, model.adapter, base_path=model.path)
         self.tokenizer_path = model.path
@@ -129,15 +144,25 @@ class LocalEngine:
     def _forward(
         self, batch: Batch, need_entropy: bool, stats: dict[str, float] | None = None
     ) -> dict[str, torch.Tensor]:
-        """What the model produces for the response columns of one micro-batch (:mod:`~trinity_like.trainer.forward`)."""
-        return model_outputs(
-            self.hf_model,
-            batch,
-            self.params.kind,
-            need_entropy=need_entropy,
-            share_prompts=self.params.share_prompts,
-            stats=stats,
+        """What the model produces for the response columns of one micro-batch (:mod:`~trinity_like.trainer.forward`),
+        run on the engine's device, under autocast where :func:`~trinity_like.models.device.train_dtypes` says."""
+        autocast = (
+            torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
+            if self.compute_dtype is not None
+            else contextlib.nullcontext()
         )
+        with autocast:
+            return model_outputs(
+                self.hf_model,
+                batch,
+                self.params.kind,
+                need_entropy=need_entropy,
+                share_prompts=self.params.share_prompts,
+                stats=stats,
+            )
+
+    def _on_device(self, batch: Batch) -> Batch:
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     # -- the contract --------------------------------------------------------------
     def forward_backward(
@@ -162,13 +187,14 @@ class LocalEngine:
             batch, self.params.micro_batch_size, share_prompts=self.params.share_prompts
         )
         for mb in parts:
+            mb = self._on_device(mb)
             outputs = self._forward(mb, need_entropy, stats)
             loss, metrics = loss_fn(outputs, mb)
             loss.backward()
             total += float(loss.detach())
             per_micro.append(dict(metrics))
             if out is not None:
-                kept.append({k: v.detach() for k, v in outputs.items()})
+                kept.append({k: v.detach().cpu() for k, v in outputs.items()})
         if out is not None:
             out.update({k: torch.cat([part[k] for part in kept])[restore] for k in kept[0]})
         return {**mean_metrics(per_micro), **packing_metrics(stats), "loss": total}
@@ -213,7 +239,7 @@ class LocalEngine:
         parts, restore = sorted_micro_batches(
             batch, self.params.micro_batch_size, share_prompts=self.params.share_prompts
         )
-        outputs = [self._forward(mb, need_entropy) for mb in parts]
+        outputs = [{k: v.cpu() for k, v in self._forward(self._on_device(mb), need_entropy).items()} for mb in parts]
         self.model.train(was_training)
         return {k: torch.cat([o[k] for o in outputs])[restore] for k in outputs[0]}
 
@@ -225,17 +251,23 @@ class LocalEngine:
         return state if lora is None else lora_lib.merged_state_dict(state, lora)
 
     def release_memory(self) -> None:
-        """Nothing: an explorer in this process reuses what the step freed, page for page."""
+        """On a GPU, hand the memory the last step freed (activations; gradients are dropped by
+        every optimiser step) back to the device, for an explorer that samples next on the same
+        card. On the CPU nothing: an explorer in this process reuses it page for page."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def resume_memory(self) -> None:
+        """Nothing ahead of time: the next step allocates what it needs."""
 
     def export_weights(self, mailbox: WeightMailbox | None = None) -> dict[str, torch.Tensor] | SharedWeights:
-        """The weights for an explorer: views of the live weights (the reader copies them into
-        its model; no snapshot of 0.5 GB is made for SmolLM2), merged with LoRA; written into
-        ``mailbox`` when one is given."""
-        weights = (
-            self.state_dict()
-            if self.params.adapter is not None
-            else {k: v.detach() for k, v in self.model.state_dict().items()}
-        )
+        """The weights for an explorer: views of the live weights where they are -- on the
+        engine's device (an explorer on the same GPU copies them device to device; no snapshot of
+        0.5 GB is made for SmolLM2) -- merged with LoRA there; written into ``mailbox`` when one
+        is given (a shared-memory file: through the host)."""
+        live = {k: v.detach() for k, v in self.model.state_dict().items()}
+        lora = self.params.adapter
+        weights = live if lora is None else lora_lib.merged_state_dict(live, lora)
         return weights if mailbox is None else mailbox.write(weights)
 
     def save(self, path: str) -> None:
@@ -271,7 +303,7 @@ class LocalEngine:
             adapter = lora_lib.adapter_to_peft_state(lora_lib.read_adapter(folder))
             copy_adapter(self.model, adapter, str(folder))
         else:
-            self.model = load_model(path, self.params)
+            self.model = load_model(path, self.params, self.device)
             self.tokenizer_path = path
         self.step = 0
         if self.optimizer is not None:

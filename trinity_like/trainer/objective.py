@@ -123,7 +123,7 @@ class Objective:
             # A NaN/inf loss must not reach the weights: hand back a zero that backpropagates
             # into nothing, and let the trainer skip the step (it counts and limits these).
             metrics["nonfinite_loss"] = 1.0
-            return torch.zeros((), dtype=loss.dtype, requires_grad=True), metrics
+            return torch.zeros((), dtype=loss.dtype, device=loss.device, requires_grad=True), metrics
         return loss, metrics
 
 

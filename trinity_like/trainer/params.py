@@ -16,7 +16,15 @@ import math
 from dataclasses import dataclass
 from typing import get_args
 
-from trinity_like.config.schema import Config, Dtype, ModelConfig, OptimizerConfig, Scheduler, TrainerConfig
+from trinity_like.config.schema import (
+    ClusterConfig,
+    Config,
+    Dtype,
+    ModelConfig,
+    OptimizerConfig,
+    Scheduler,
+    TrainerConfig,
+)
 from trinity_like.config.schema import field_default as _default
 from trinity_like.errors import TrinityError
 from trinity_like.trainer.lora import LoraParams
@@ -36,7 +44,10 @@ class ModelParams:
     share_prompts: bool = _default(
         TrainerConfig, "share_prompts"
     )  # each distinct prompt once per micro-batch (trainer/forward.py)
-    dtype: str = _default(ModelConfig, "dtype")  # local: the parameters; verl: compute over fp32 masters
+    dtype: str = _default(
+        ModelConfig, "dtype"
+    )  # auto: by device (models/device.py); local bfloat16: the parameters; verl: compute over fp32 masters
+    device: str = _default(ClusterConfig, "device")  # the local engine's device: auto | cpu | cuda | cuda:N
     attn_implementation: str = _default(ModelConfig, "attn_implementation")  # transformers attention kernel
     forward_only: bool = False  # a frozen model (the reference policy): no optimiser, no grads
     gradient_checkpointing: bool = False  # recompute activations in backward to save memory
@@ -162,6 +173,7 @@ def model_params(config: Config, path: str, *, kind: str = "lm", forward_only: b
         share_prompts=config.trainer.share_prompts,
         gradient_checkpointing=config.trainer.gradient_checkpointing,
         dtype=m.dtype,
+        device=config.cluster.device,
         attn_implementation=m.attn_implementation,
         forward_only=forward_only,
         head_seed=config.seed,

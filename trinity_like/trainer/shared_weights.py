@@ -10,7 +10,7 @@ syncs. A reader maps the same file and samples from it as its own weights, with 
 
     box = WeightMailbox()                    # the owner: creates, and at close removes, the file
     handle = box.write(model.state_dict())   # small and picklable: path + layout
-    engine.update_weights(handle.tensors(), share=True)   # views of the file become the weights
+    engine.update_weights(Borrowed(handle.tensors()))     # views of the file become the weights
 
 The driver orders writes and reads: a sync writes the file and hands it to the explorer,
 and the next write is the next sync, never while the explorer samples (an explorer that

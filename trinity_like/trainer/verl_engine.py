@@ -1,6 +1,8 @@
 """The ``verl`` train engine: verl 0.9.1's FSDP training workers driven through Ray.
 
-Workers are verl's engine-based ``TrainingWorker`` (see ``verl_worker.py``), created with
+Workers are verl's engine-based ``TrainingWorker`` (see ``verl_worker.py``; their
+configuration and our :class:`VerlParams` in ``verl_config.py``, Ray and the workers'
+placement in ``verl_ray.py``), created with
 verl's own single-controller classes (``RayResourcePool``, ``RayClassWithInitArgs``,
 ``RayWorkerGroup``); the model is sharded with FSDP2 over ``num_workers`` data-parallel
 ranks -- nccl on GPUs, gloo on CPU through ``verl_cpu``. The same class serves the actor
@@ -33,9 +35,7 @@ Example::
 from __future__ import annotations
 
 import os
-import socket
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +43,6 @@ import ray
 import torch
 
 from trinity_like import fault_points
-from trinity_like.config.schema import ClusterConfig, Config
-from trinity_like.config.schema import field_default as _default
-from trinity_like.cpu_share import CoreShare
 from trinity_like.errors import TrinityError
 from trinity_like.plugins import ray_runtime_env
 from trinity_like.trainer import lora as lora_lib
@@ -62,140 +59,30 @@ from trinity_like.trainer.base import (
 from trinity_like.trainer.forward import packing_metrics
 from trinity_like.trainer.params import AdamStep, ModelParams, OptimParams
 from trinity_like.trainer.shared_weights import SharedWeights, WeightMailbox
+from trinity_like.trainer.verl_config import VerlParams, verl_params, worker_config
+from trinity_like.trainer.verl_ray import check_free_resources, check_reachable, placement_group_for, start_ray
 from trinity_like.trainer.verl_watch import gather
 
-PLACEMENTS = {"pack": "STRICT_PACK", "spread": "STRICT_SPREAD"}  # cluster.placement -> Ray placement group strategy
+# Where the pieces live: placement and Ray in verl_ray, parameters and verl's worker config in
+# verl_config; the names callers import from here are re-exported.
+__all__ = [
+    "VerlEngine",
+    "VerlParams",
+    "check_free_resources",
+    "check_reachable",
+    "pad_rows",
+    "split_over_workers",
+    "start_ray",
+    "verl_params",
+]
 
 
-@dataclass(frozen=True)
-class VerlParams:
-    """Where and how wide the verl workers run (``cluster`` of a recipe: :func:`verl_params`)."""
-
-    num_workers: int = 1  # data-parallel FSDP ranks (one Ray actor each); a recipe's: cluster.workers
-    ray_address: str | None = _default(ClusterConfig, "ray_address")  # an existing Ray cluster; None starts one here
-    num_cpus: int | None = _default(ClusterConfig, "num_cpus")  # CPUs for a locally started Ray; None: Ray counts them
-    use_gpu: bool = False  # one GPU per worker (nccl); False: CPU workers (gloo)
-    placement: str = _default(ClusterConfig, "placement")  # "pack": every worker on one node; "spread": one node each
-    strategy: str = "fsdp2"  # verl's FSDP flavour: "fsdp2" (fully_shard) or "fsdp"
-    seed: int = _default(Config, "seed")  # verl's engine seed
-    threads: int | None = None  # torch threads of each CPU worker; None: the node's cores // num_workers
-    cores: CoreShare | None = None  # the board the CPU workers share the cores through with the explorer
-
-    def __post_init__(self) -> None:
-        if self.num_workers < 1:
-            raise TrinityError(f"num_workers must be >= 1, got {self.num_workers}")
-        if self.placement not in PLACEMENTS:
-            raise TrinityError(f"placement {self.placement!r} unknown; expected one of {', '.join(PLACEMENTS)}")
-        if self.strategy not in ("fsdp", "fsdp2"):
-            raise TrinityError(f"verl strategy {self.strategy!r} unknown; expected fsdp2 or fsdp (fsdp2 on CPU)")
-
-
-def verl_params(config: Config, cores: CoreShare | None = None) -> VerlParams:
-    """A recipe's ``cluster`` section as verl worker placement (``cores``: :mod:`trinity_like.cpu_share`)."""
-    c, threads = config.cluster, config.cpu_threads()
-    return VerlParams(
-        num_workers=c.workers,
-        ray_address=c.ray_address,
-        num_cpus=c.num_cpus,
-        use_gpu=c.num_gpus > 0,
-        placement=c.placement,
-        seed=config.seed,
-        threads=threads.trainer_alone if cores is not None else threads.trainer,
-        cores=cores,
-    )
-
-
-def check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fail fast on an unreachable ``host:port`` (``ray.init`` would retry GCS for minutes)."""
-    if address == "auto":
-        return  # Ray finds the local cluster itself and fails at once when there is none
-    hostport = address.removeprefix("ray://").rsplit("/", 1)[0]
-    host, _, port = hostport.rpartition(":")
-    if not host or not port.isdigit():
-        raise TrinityError(f"Ray address {address!r} is not of the form host:port or ray://host:port")
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except OSError as exc:
-        raise TrinityError(f"cannot reach the Ray cluster at {address!r}: {exc}") from exc
-
-
-def start_ray(params: VerlParams) -> bool:
-    """Connect to ``ray_address`` or start Ray here; True when this call started it."""
-    if ray.is_initialized():
-        return False
-    if params.ray_address is not None:
-        check_reachable(params.ray_address)
-    env = ray_runtime_env()
-    for attempt in range(3):
-        try:
-            if params.ray_address is None:
-                ray.init(
-                    address="local",
-                    num_cpus=params.num_cpus,
-                    include_dashboard=False,
-                    runtime_env=env,
-                    log_to_driver=False,
-                )
-            else:
-                ray.init(address=params.ray_address, runtime_env=env, log_to_driver=False)
-            return True
-        except ConnectionError as exc:
-            raise TrinityError(f"cannot reach the Ray cluster at {params.ray_address!r}: {exc}") from exc
-        except Exception as exc:  # noqa: BLE001 -- only Ray's own start-up timeout is retried
-            # Ray gives a starting raylet a fixed 30 s to register; on a loaded laptop it can
-            # take longer. That one failure is retried; anything else propagates as it is.
-            if "timed out during startup" not in str(exc) or attempt == 2 or params.ray_address is not None:
-                raise
-            ray.shutdown()
-    return True
+DEFAULT_VERL = VerlParams()  # frozen: one shared default
 
 
 def check_model_folder(path: str) -> None:
     if not (Path(path) / "config.json").is_file():
         raise TrinityError(f"model folder {path!r} not found (no config.json there)")
-
-
-def check_free_resources(workers: int, resource: str, placement: str = "pack") -> None:
-    """Each worker's placement bundle takes one CPU (or GPU); Ray would wait forever for a
-    placement group it cannot place, so one that does not fit now is an error instead of a
-    hang: ``pack`` needs one node with a free unit per worker, ``spread`` ``workers`` nodes
-    with one free unit each."""
-    free = ray.available_resources().get(resource, 0.0)
-    if free < workers:
-        raise TrinityError(
-            f"Ray has {free:g} free {resource} for {workers} verl workers (one each; actor, reference and "
-            f"critic groups add up): start Ray with more logical CPUs (num_cpus) or use fewer workers"
-        )
-    # Ray has no public per-node view of free resources; its own `ray status` reads this one
-    from ray._private.state import available_resources_per_node
-
-    per_node = sorted((float(r.get(resource, 0.0)) for r in available_resources_per_node().values()), reverse=True)
-    if placement == "pack" and per_node[0] < workers:
-        raise TrinityError(
-            f"cluster.placement: pack puts all {workers} verl workers on one node, but the most free {resource} "
-            f"on one node is {per_node[0]:g} (free per node: {', '.join(f'{n:g}' for n in per_node)}): "
-            f"set cluster.placement: spread to put them on several nodes, or use fewer workers"
-        )
-    if placement == "spread" and sum(n >= 1 for n in per_node) < workers:
-        raise TrinityError(
-            f"cluster.placement: spread puts each of the {workers} verl workers on a node of its own, but "
-            f"{sum(n >= 1 for n in per_node)} of the cluster's {len(per_node)} nodes have a free {resource}: "
-            f"add nodes, set cluster.placement: pack, or use fewer workers"
-        )
-
-
-def placement_group_for(workers: int, use_gpu: bool, placement: str) -> Any:
-    """One placement group of ``workers`` bundles (a CPU each, and a GPU each on GPUs), packed on
-    one node or spread over as many nodes: what verl's ``RayResourcePool`` would build for
-    ``process_on_nodes=[workers]``, with the strategy it cannot be told."""
-    from ray.util.placement_group import placement_group
-
-    bundle = {"CPU": 1.0, **({"GPU": 1.0} if use_gpu else {})}
-    pg = placement_group([dict(bundle) for _ in range(workers)], strategy=PLACEMENTS[placement])
-    if not pg.wait(timeout_seconds=120):  # checked to fit before; a cluster that changed meanwhile
-        ray.util.remove_placement_group(pg)
-        raise TrinityError(f"Ray could not place {workers} verl workers ({PLACEMENTS[placement]}) within 120 s")
-    return pg
 
 
 def pad_rows(batch: Batch, multiple: int) -> Batch:
@@ -228,86 +115,10 @@ def split_over_workers(batch: Batch, workers: int) -> list[Batch]:
     return [slice_rows(batch, i * step, (i + 1) * step) for i in range(workers)]
 
 
-def lora_target_modules(model: ModelParams) -> list[str]:
-    """peft's ``target_modules`` for the adapter, found on a weightless (meta) copy of the model."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    with torch.device("meta"):
-        meta = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model.path))
-    return lora_lib.target_modules(meta, model.adapter)
-
-
-def worker_config(model: ModelParams, optim: OptimParams, verl: VerlParams, use_gpu: bool):
-    """verl's ``TrainingWorkerConfig`` for our params: fp32 unless asked, no remove-padding, no compile."""
-    from verl.trainer.config import CheckpointConfig
-    from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig, TrainingWorkerConfig
-
-    # verl keeps fp32 master weights for training and computes in ``dtype`` (mixed precision);
-    # a frozen model is stored in ``dtype`` itself.
-    dtype = "fp32" if model.dtype == "float32" else "bf16"
-    master = dtype if model.forward_only else "fp32"
-    lora = model.adapter
-    adapter = (
-        {}
-        if lora is None
-        else {
-            # verl wraps its model with peft's LoRA on these layers (_build_lora_module); the
-            # workers then set our seeded initial adapter (trinity_init_adapter)
-            "lora_rank": lora.rank,
-            "lora_alpha": lora.alpha,
-            "target_modules": lora_target_modules(model),
-        }
-    )
-    model_config = HFModelConfig(
-        path=model.path,
-        override_config={"attn_implementation": model.attn_implementation},
-        use_remove_padding=False,
-        enable_gradient_checkpointing=model.gradient_checkpointing,
-        **adapter,
-    )
-    engine_config = FSDPEngineConfig(
-        strategy=verl.strategy,
-        # verl's forward-only engines keep their weights in pinned CPU memory (an offload
-        # policy for GPUs) and pinning needs an accelerator; on CPU a frozen model is a normal
-        # engine that is never stepped (AdamW allocates no state before its first step).
-        forward_only=model.forward_only and use_gpu,
-        model_dtype=master,
-        mixed_precision={"param_dtype": dtype, "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
-        use_dynamic_bsz=False,
-        micro_batch_size_per_gpu=model.micro_batch_size,
-        infer_micro_batch_size_per_gpu=model.micro_batch_size,
-        use_torch_compile=False,
-        use_remove_padding=False,
-        seed=verl.seed,
-        # Deferring the gradient reduce to the last micro-batch saves collectives between
-        # ranks at the cost of a second, unsharded copy of every gradient held across the
-        # micro-batches; one rank has nothing to save (0.5 GB for a 135M model).
-        use_no_sync_for_gradient_accumulation=verl.num_workers > 1,
-    )
-    optim_config = FSDPOptimizerConfig(
-        lr=optim.lr,
-        betas=optim.betas,
-        weight_decay=optim.weight_decay,
-        clip_grad=optim.grad_clip if optim.grad_clip > 0 else float("inf"),  # 0: no clipping
-        lr_warmup_steps=optim.warmup_steps,
-        lr_scheduler_type=optim.scheduler,
-        total_training_steps=optim.total_steps,
-        min_lr_ratio=optim.min_lr_ratio,
-        override_optimizer_config={"eps": optim.eps},
-    )
-    return TrainingWorkerConfig(
-        model_type="language_model" if model.kind == "lm" else "value_model",
-        model_config=model_config,
-        engine_config=engine_config,
-        optimizer_config=optim_config,
-        checkpoint_config=CheckpointConfig(),
-    )
-
-
 class VerlEngine:
     """A :class:`~trinity_like.trainer.base.TrainEngine` over a group of verl FSDP workers."""
 
-    def __init__(self, model: ModelParams, optim: OptimParams = OptimParams(), verl: VerlParams = VerlParams()) -> None:
+    def __init__(self, model: ModelParams, optim: OptimParams = OptimParams(), verl: VerlParams = DEFAULT_VERL) -> None:
         check_model_folder(model.path)  # before Ray starts: a typo fails in a second
         self._started_ray = start_ray(verl)
         # GPUs are the cluster's, not the driver's: a CPU-only driver may drive GPU workers.
@@ -441,6 +252,9 @@ class VerlEngine:
         """The workers hand back what their last step freed (they keep it for the next step
         otherwise: :mod:`trinity_like.malloc`)."""
         self._call("trinity_release_memory", "releasing memory")
+
+    def resume_memory(self) -> None:
+        """Nothing: the workers' next step takes back what :meth:`release_memory` returned."""
 
     def close(self) -> None:
         """Kill the workers, and Ray itself when this engine started it. On a Ray that stays up,

@@ -1,7 +1,8 @@
-"""Example trinity-like plugin: one policy loss and one algorithm type.
+"""Example trinity-like plugin: one policy loss, one algorithm type and one rollout engine.
 
-Importing this module registers both; trinity-like imports it through the
-``trinity_like.plugins`` entry point declared in this package's pyproject.toml.
+Importing this module registers all three (the engine, ``hf_generate``, in
+:mod:`.generate_engine`); trinity-like imports it through the ``trinity_like.plugins`` entry
+point declared in this package's pyproject.toml.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import torch
 from trinity_like.components import AlgorithmType
 from trinity_like.ops import aggregate
 from trinity_like.registry import ALGORITHM_TYPE, POLICY_LOSS_FN
+
+from . import generate_engine  # noqa: F401  (registers the hf_generate rollout engine)
 
 
 @dataclass(frozen=True)

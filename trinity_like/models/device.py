@@ -1,0 +1,120 @@
+"""Where models run and in what precision: the one place both are decided.
+
+A recipe's ``cluster.device`` (``auto`` | ``cpu`` | ``cuda`` | ``cuda:N``) places every model of
+a run -- the local train engine, the explorer, env players, reward models -- and the client's
+``ServiceClient(device=...)`` does the same for its learner and samplers. ``auto`` is the
+first CUDA device when torch sees one, else the CPU::
+
+    device = resolve_device("auto")              # torch.device("cuda", 0) on a GPU machine
+    p = precision(device)                        # what runs in which dtype there
+    p.rollout, p.train_compute                   # bf16, bf16 on CUDA; fp32, None on CPU
+
+What stays float32 everywhere: the train engines' master weights and optimiser state
+(AdamW moments), the logprobs and every loss (the head's logits are upcast before
+``logsumexp``: :func:`~trinity_like.trainer.forward.at_least_fp32`), the sampler's softmax
+and the logprobs it reports. On CUDA the train engines compute forward and backward under
+bf16 autocast over those fp32 weights, and the rollout engine holds its weights and KV
+cache in bf16 (what decoding reads every step). On the CPU everything is float32, as it
+always was; a CPU with bf16 units may get bf16 here later -- :func:`precision` is the one
+function to change.
+
+The process's run device (:func:`set_run_device`) is what parts built without a config see
+(environments' frozen players, reward models): a run sets it from ``cluster.device`` before
+it builds anything.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from trinity_like.errors import TrinityError
+
+if TYPE_CHECKING:
+    import torch
+
+DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"  # what cluster.device accepts
+DTYPE_NAMES = ("auto", "float32", "bfloat16")  # model.dtype / explorer.dtype; auto: precision(device)
+_run_device = "auto"  # this process's device spec (set_run_device)
+
+
+def resolve_device(spec: str | None = None, *, where: str = "cluster.device") -> torch.device:
+    """The torch device of ``spec`` (None: this process's run device).
+
+    ``auto``: ``cuda`` (device 0) when torch sees a CUDA device, else ``cpu``. Asking for a
+    CUDA device torch cannot see is an error naming ``where`` -- never a silent CPU run.
+    """
+    import torch
+
+    spec = _run_device if spec is None else str(spec)
+    if not re.fullmatch(DEVICE_PATTERN, spec):
+        raise TrinityError(f"{where}: {spec!r} is not a device; expected auto, cpu, cuda or cuda:N")
+    if spec == "auto":
+        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    if spec == "cpu":
+        return torch.device("cpu")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(spec.partition(":")[2] or 0)
+    if index >= count:
+        seen = f"{count} CUDA device{'s' * (count != 1)}" if count else "no CUDA device"
+        raise TrinityError(f"{where}: {spec} asked for, but torch sees {seen}; set {where}: cpu (or auto)")
+    return torch.device("cuda", index)
+
+
+def set_run_device(spec: str) -> None:
+    """Make ``spec`` this process's run device (checked now: a bad one fails here)."""
+    global _run_device
+    resolve_device(spec)
+    _run_device = spec
+
+
+def run_device() -> torch.device:
+    """This process's run device, resolved (``auto`` until :func:`set_run_device`)."""
+    return resolve_device(None)
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What runs in which dtype on one device (see the module docstring)."""
+
+    rollout: torch.dtype  # the rollout engine's weights and KV cache
+    train_weights: torch.dtype  # train engines' master weights and optimiser state
+    train_compute: torch.dtype | None  # autocast dtype of train forward/backward; None: the weights' own
+
+
+def precision(device: torch.device) -> Precision:
+    """The default precision on ``device``: bf16 compute over fp32 masters on CUDA, fp32 on CPU."""
+    import torch
+
+    if device.type == "cuda":
+        return Precision(rollout=torch.bfloat16, train_weights=torch.float32, train_compute=torch.bfloat16)
+    return Precision(rollout=torch.float32, train_weights=torch.float32, train_compute=None)
+
+
+def rollout_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The dtype a rollout engine holds its weights in: ``name`` (``explorer.dtype``), auto: :func:`precision`."""
+    import torch
+
+    return precision(device).rollout if name == "auto" else getattr(torch, _checked(name))
+
+
+def train_dtypes(name: str, device: torch.device) -> tuple[torch.dtype, torch.dtype | None]:
+    """``(parameter dtype, autocast dtype or None)`` of a train engine for ``model.dtype`` = ``name``.
+
+    ``auto``: :func:`precision` (fp32 weights, bf16 autocast on CUDA); ``float32``: fp32, no
+    autocast; ``bfloat16``: the parameters themselves in bf16 (the local engine's meaning since
+    before devices; the verl engine computes in bf16 over fp32 masters).
+    """
+    import torch
+
+    if name == "auto":
+        p = precision(device)
+        return p.train_weights, p.train_compute
+    return getattr(torch, _checked(name)), None
+
+
+def _checked(name: str) -> str:
+    if name not in DTYPE_NAMES:
+        raise TrinityError(f"dtype {name!r} unknown; expected one of {', '.join(DTYPE_NAMES)}")
+    return name

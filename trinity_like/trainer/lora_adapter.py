@@ -1,0 +1,164 @@
+"""A LoRA adapter on a live model: its params, the layers it adapts, its seeded start, peft's wrapping.
+
+What LoRA is, and how merged weights and checkpoints look, is told in :mod:`.lora`, which
+re-exports everything here. Layers are found by where they sit: a linear layer under a module
+named for attention or for the MLP, and the output embedding. The start is a function of the
+seed alone (A uniform, B zero), so every engine given the same seed starts from the same adapter.
+
+Example::
+
+    model = apply_lora(base_model, LoraParams(rank=4, seed=0))   # a peft model; only A and B train
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from trinity_like.config.schema import Config, ModelConfig
+from trinity_like.config.schema import field_default as _default
+from trinity_like.errors import TrinityError
+
+PEFT_PREFIX = "base_model.model."  # what peft puts before the wrapped model's own names
+ADAPTER_NAME = "default"  # peft's name of the one adapter (in memory; files leave it out)
+ATTENTION_WORDS = ("attn", "attention")  # a linear layer under a module so named is an attention projection
+MLP_WORDS = ("mlp", "feed_forward", "ffn")  # ... an MLP projection
+
+
+@dataclass(frozen=True)
+class LoraParams:
+    """Which layers get a LoRA adapter, its rank, scale and initial seed."""
+
+    rank: int = _default(ModelConfig, "lora_rank")  # adapter rank r; 0: no adapter, every weight trains
+    alpha: float = _default(ModelConfig, "lora_alpha")  # scale numerator: the update is (alpha / rank) * B A
+    train_attn: bool = _default(ModelConfig, "lora_train_attn")  # adapters on the attention projections
+    train_mlp: bool = _default(ModelConfig, "lora_train_mlp")  # adapters on the MLP projections
+    train_unembed: bool = _default(ModelConfig, "lora_train_unembed")  # an adapter on the output layer
+    seed: int = _default(Config, "seed")  # seeds A's initialisation (B starts at 0)
+
+    def __post_init__(self) -> None:
+        if self.rank < 0:
+            raise TrinityError(f"LoRA rank must be >= 0 (0: train every weight), got {self.rank}")
+        if self.alpha <= 0:
+            raise TrinityError(f"LoRA alpha must be > 0, got {self.alpha}")
+        if self.rank > 0 and not (self.train_attn or self.train_mlp or self.train_unembed):
+            raise TrinityError("LoRA with train_attn, train_mlp and train_unembed all off has nothing to train")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether there is an adapter at all (rank > 0)."""
+        return self.rank > 0
+
+    @property
+    def scaling(self) -> float:
+        """The factor of B A in the update: alpha / rank."""
+        return self.alpha / self.rank
+
+    def same_adapter(self, other: LoraParams) -> bool:
+        """Whether ``other`` describes adapters of the same shape and scale (the seed aside)."""
+        return dataclasses.replace(self, seed=0) == dataclasses.replace(other, seed=0)
+
+
+# -- which layers ---------------------------------------------------------------------
+def _group(name: str) -> str | None:
+    """ "attn" or "mlp" for a layer under a module named for either, else None."""
+    parents = name.split(".")[:-1]
+    if any(word in part for part in parents for word in ATTENTION_WORDS):
+        return "attn"
+    if any(word in part for part in parents for word in MLP_WORDS):
+        return "mlp"
+    return None
+
+
+def target_layers(model: nn.Module, params: LoraParams) -> list[str]:
+    """Full names of the linear layers of ``model`` (a transformers causal LM) that get adapters."""
+    output = model.get_output_embeddings()
+    wanted = {"attn": params.train_attn, "mlp": params.train_mlp, "unembed": params.train_unembed}
+    found, chosen = set(), []
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear):
+            continue
+        group = "unembed" if module is output else _group(name)
+        if group is None:
+            continue
+        found.add(group)
+        if wanted[group]:
+            chosen.append(name)
+    missing = [g for g, on in wanted.items() if on and g not in found]
+    if missing:
+        raise TrinityError(
+            f"LoRA: {type(model).__name__} has no linear {' or '.join(missing)} layers to adapt "
+            f"(looked for modules named {ATTENTION_WORDS + MLP_WORDS} and the output embedding)"
+        )
+    return chosen
+
+
+def target_modules(model: nn.Module, params: LoraParams) -> list[str]:
+    """peft's ``target_modules`` for :func:`target_layers`: their last names (``q_proj``) when
+    those select exactly these layers (peft matches a name by suffix), else the full names."""
+    layers = target_layers(model, params)
+    leaves = sorted({name.rsplit(".", 1)[-1] for name in layers})
+    selected = {name for name, _ in model.named_modules() if name and name.rsplit(".", 1)[-1] in leaves}
+    return leaves if selected == set(layers) else sorted(layers)
+
+
+def lora_config(model: nn.Module, params: LoraParams, base_path: str | None = None):
+    """peft's ``LoraConfig`` for ``params`` on ``model``: no dropout, no bias, plain 1/rank scaling."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=params.rank,
+        lora_alpha=params.alpha,
+        target_modules=target_modules(model, params),
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+        base_model_name_or_path=base_path,
+    )
+
+
+def initial_adapter_from_shapes(shapes: Mapping[str, Any], params: LoraParams) -> dict[str, torch.Tensor]:
+    """The adapter at step 0 for peft parameter names -> shapes, in model order: each
+    A ~ U(-1/sqrt(in), 1/sqrt(in)) drawn in turn from one generator seeded by ``params.seed``,
+    each B = 0. (verl's sharded workers call this with their global shapes.)"""
+    generator = torch.Generator().manual_seed(params.seed)
+    out = {}
+    for name, shape in shapes.items():
+        if f".lora_A.{ADAPTER_NAME}." in name:
+            bound = 1.0 / shape[1] ** 0.5
+            out[name] = torch.empty(tuple(shape)).uniform_(-bound, bound, generator=generator)
+        elif f".lora_B.{ADAPTER_NAME}." in name:
+            out[name] = torch.zeros(tuple(shape))
+    return out
+
+
+def initial_adapter(peft_model: nn.Module, params: LoraParams) -> dict[str, torch.Tensor]:
+    """:func:`initial_adapter_from_shapes` for ``peft_model``'s parameters (shapes only: meta is fine)."""
+    return initial_adapter_from_shapes({n: p.shape for n, p in peft_model.named_parameters()}, params)
+
+
+def wrap_with_peft(model: nn.Module, params: LoraParams, base_path: str | None = None):
+    """``model`` wrapped by peft with freshly created (not yet seeded) adapters; the global RNG is left as it was."""
+    from peft import get_peft_model
+
+    config = lora_config(model, params, base_path)
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        # peft warns when an adapter sits on a tied output layer: here that is the point (see above)
+        warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
+        return get_peft_model(model, config)
+
+
+def apply_lora(model: nn.Module, params: LoraParams, base_path: str | None = None):
+    """``model`` as a peft LoRA model on the layers ``params`` selects, initialised from ``params.seed``."""
+    peft_model = wrap_with_peft(model, params, base_path)
+    named = dict(peft_model.named_parameters())
+    with torch.no_grad():
+        for name, value in initial_adapter(peft_model, params).items():
+            named[name].copy_(value)
+    return peft_model
