@@ -106,3 +106,33 @@ def test_uniforms_and_draws_are_the_same_on_cuda():
     want = sample_tokens(logits, u, temperature=0.9, top_k=20, top_p=0.9)
     got = sample_tokens(logits.cuda(), u.cuda(), temperature=0.9, top_k=20, top_p=0.9)
     assert torch.equal(want[0], got[0].cpu()) and torch.allclose(want[1], got[1].cpu(), atol=1e-9)
+
+
+@pytest.mark.parametrize("temperature", [1e-257, 1e-45, 1e-31, 1e-20])
+def test_a_vanishing_temperature_is_the_greedy_limit(temperature):
+    """logits / 1e-257 overflows float32 (inf - inf = NaN once the max is subtracted); whatever the
+    temperature, the draw is the argmax -- ties split between the tied -- with logprob log(1 / ties)."""
+    logits = torch.tensor([[0.3, 4.0, -2.0, 3.999, -50.0], [2.0, -1.0, 2.0, 0.5, -3.0]])
+    u = torch.tensor([0.1, 0.9], dtype=torch.float64)
+    for top_k, top_p in ((0, 1.0), (3, 1.0), (0, 0.5)):
+        tokens, logprob = sample_tokens(logits, u, temperature=temperature, top_k=top_k, top_p=top_p)
+        assert tokens[0] == 1 and math.isclose(float(logprob[0]), 0.0, abs_tol=1e-6)
+        assert int(tokens[1]) in (0, 2) and math.isfinite(float(logprob[1]))
+    tokens, logprob = sample_tokens(logits, u, temperature=temperature)
+    assert tokens.tolist() == [1, 2] and math.isclose(float(logprob[1]), math.log(0.5), abs_tol=1e-6)
+
+
+@pytest.mark.parametrize("top_p", [1e-50, 1e-40, 0.0, -1.0])
+def test_a_top_p_that_rounds_to_zero_keeps_the_most_likely_token(top_p):
+    logits = torch.randn(64, 100, generator=torch.Generator().manual_seed(3))
+    u = torch.rand(64, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    tokens, logprob = sample_tokens(logits, u, temperature=1.0, top_p=top_p)
+    assert torch.equal(tokens, logits.argmax(-1)) and torch.allclose(logprob, torch.zeros(64))
+
+
+def test_nan_logits_never_draw_past_the_vocabulary():
+    logits = torch.full((3, 7), float("nan"))
+    u = torch.tensor([0.0, 0.5, 0.999], dtype=torch.float64)
+    for kwargs in ({}, {"top_k": 3}, {"top_p": 0.9}):
+        tokens, logprob = sample_tokens(logits, u, temperature=1.0, **kwargs)
+        assert ((tokens >= 0) & (tokens < 7)).all() and torch.isnan(logprob).all()

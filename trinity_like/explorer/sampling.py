@@ -69,11 +69,26 @@ def _inverse_cdf(scores_BK: torch.Tensor, u_B: torch.Tensor) -> tuple[torch.Tens
     # whose weight is positive (c[i-1] <= t < c[i] implies w[i] > 0).
     target_B1 = (u_B.unsqueeze(1) * total_B1.double()).to(cdf_BK.dtype)
     target_B1 = torch.minimum(target_B1, torch.nextafter(total_B1, torch.zeros_like(total_B1)))
-    index_B1 = torch.searchsorted(cdf_BK, target_B1, right=True)
+    # Clamped: NaN logits (a broken model) must not index past the candidates -- the NaN logprob
+    # that comes with the draw is what reports them.
+    index_B1 = torch.searchsorted(cdf_BK, target_B1, right=True).clamp_(max=scores_BK.shape[-1] - 1)
     # The log-partition from a pairwise sum (more accurate than the cumsum's last entry).
     log_z_B1 = weights_BK.sum(dim=-1, keepdim=True).log_()
     logprob_B = (shifted_BK.gather(1, index_B1) - log_z_B1).squeeze(1)
     return index_B1.squeeze(1), logprob_B
+
+
+# Below this, logits / temperature may overflow float32 (|logit| up to ~1e4): the row's maximum is
+# subtracted first, so the most likely token scores 0 and the rest tend to -inf (the greedy limit).
+_SAFE_TEMPERATURE = 1e-30
+
+
+def _tempered(scores_BV: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``scores / temperature`` without inf - inf: tiny temperatures divide the max-shifted scores."""
+    if temperature >= _SAFE_TEMPERATURE:
+        return scores_BV / temperature
+    shifted_BV = scores_BV - scores_BV.max(dim=-1, keepdim=True).values
+    return shifted_BV / max(temperature, torch.finfo(torch.float32).tiny)
 
 
 def sample_tokens(
@@ -92,7 +107,7 @@ def sample_tokens(
     ``transformers``; top-p keeps the smallest prefix of the sorted candidates whose mass
     reaches ``top_p``.
     """
-    scores_BV = logits_BV.float() / temperature
+    scores_BV = _tempered(logits_BV.float(), temperature)
     vocab = scores_BV.shape[-1]
     if top_k <= 0 and top_p >= 1.0:
         return _inverse_cdf(scores_BV, u_B)
@@ -103,7 +118,9 @@ def sample_tokens(
     if top_p < 1.0:
         probs_BK = torch.softmax(scores_BK, dim=-1)
         mass_before_BK = probs_BK.cumsum(dim=-1) - probs_BK
-        scores_BK = scores_BK.masked_fill(mass_before_BK >= top_p, float("-inf"))
+        drop_BK = mass_before_BK >= top_p  # a top_p that rounds to 0 in float32 would drop every candidate:
+        drop_BK[:, 0] = False  # the most likely one always stays (the limit top_p -> 0 is greedy)
+        scores_BK = scores_BK.masked_fill(drop_BK, float("-inf"))
     index_B, logprob_B = _inverse_cdf(scores_BK, u_B)
     return ids_BK.gather(1, index_B.unsqueeze(1)).squeeze(1), logprob_B
 
