@@ -174,6 +174,23 @@ def test_a_hostile_compare_json_never_leads_out_of_its_folder(compare_dir, tmp_p
     assert all(e["steps"] == [] for p in data["panels"] for e in p["entries"])
 
 
+def test_a_run_listed_twice_is_drawn_once_and_an_older_compare_json_reads_the_default_places(compare_dir, tmp_path):
+    folder = tmp_path / "cmp"
+    shutil.copytree(compare_dir, folder)
+    report = json.loads((folder / "compare.json").read_text())
+    del report["keys"]  # written before compare.json kept them: the default keys, each run's own folder
+    for r in report["runs"]:
+        del r["run_dirs"]
+    report["runs"].append(report["runs"][0])  # grpo_add2/seed_0 again
+    (folder / "compare.json").write_text(json.dumps(report))
+    runs, comparisons = open_folders([str(folder)])
+    assert comparisons[0].warnings == [
+        f"{folder / 'compare.json'}: runs.4: grpo_add2/seed_0 is listed twice; the first is drawn"
+    ]
+    assert len(runs) == 4
+    assert_same(drawn(comparisons_data(runs, comparisons)[0], "reward/mean"), oracle(compare_dir, "reward/mean"))
+
+
 def test_a_missing_run_folder_and_a_damaged_metrics_line_are_warned_and_the_rest_drawn(compare_dir, tmp_path):
     folder = tmp_path / "cmp"
     shutil.copytree(compare_dir, folder)

@@ -201,6 +201,9 @@ def _members(report: dict[str, Any], c: Comparison) -> None:
             continue
         if status not in FINISHED:
             continue  # failed, invalid or not run: the comparison left it out too
+        if any(m.label == label and m.seed == seed for m in c.members):
+            c.warn(f"{where}: {label}/seed_{seed} is listed twice; the first is drawn")
+            continue
         given = row.get("run_dirs", ["."])  # a single-stage run wrote into its own folder
         if not isinstance(given, list) or not given:
             c.warn(f"{where}: run_dirs must be a list of paths; skipped")
