@@ -24,6 +24,8 @@ def test_the_doc_shows_these_commands():
         ["trinity-like", "compare", "compare_hard.yaml"],
         ["trinity-like", "compare", "--script"],
         ["trinity-like", "run", "--config"],
+        ["trinity-like", "view", "runs/compare_add2"],  # run by tests/view/test_docs.py
+        ["trinity-like", "report", "runs/compare_add2"],
     ]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import socket
 import sqlite3
@@ -453,7 +454,7 @@ def check_hostile_page(pg, run_dir: Path) -> None:
     pg.wait_for_function("document.querySelector('#summary').textContent.startsWith('step 1:')")
     assert [el.inner_text() for el in pg.query_selector_all("#groups .chosen")] == HOSTILE
     assert pg.evaluate("window.pwned") is None and not dialogs
-    assert not pg.query_selector_all("img") and len(pg.query_selector_all("script")) == 2 + pg.evaluate(
+    assert not pg.query_selector_all("img") and len(pg.query_selector_all("script")) == 3 + pg.evaluate(
         "!!window.REPORT"
     )
 
@@ -489,3 +490,113 @@ def test_hostile_text_is_shown_as_text_in_the_report(browser, hostile_run, tmp_p
     check_hostile_page(pg, hostile_run)
     pg.screenshot(path=str(tmp_path / "hostile_report.png"), full_page=True)
     assert not errors, errors
+
+
+# -- a trinity-like compare folder: each entry's mean over seeds with its 95 % band ----------------------
+BAND_PIXELS = """async ([key, k, colour]) => {
+  // the chart's canvas after a redraw: for each pixel column, the rows painted in entry k's band colour
+  // (the fill is the colour at alpha 0x33 over a transparent canvas); and where uPlot puts the values
+  await new Promise((r) => setTimeout(r, 100));
+  const u = viewer.compares[0].charts[key], c = u.ctx.canvas, px = u.ctx.getImageData(0, 0, c.width, c.height).data;
+  const rgb = [1, 3, 5].map((i) => parseInt(colour.slice(i, i + 2), 16));
+  const painted = (x, y) => { const i = 4 * (y * c.width + x);
+    return Math.abs(px[i + 3] - 0x33) <= 2 && rgb.every((v, j) => Math.abs(px[i + j] - v) <= 3); };
+  let n = 0; const top = {}, bottom = {};
+  for (let x = 0; x < c.width; x++) for (let y = 0; y < c.height; y++) if (painted(x, y)) {
+    n++; if (!(x in top)) top[x] = y; bottom[x] = y; }
+  return {n, top, bottom, pos: u.data[0].map((s) => Math.round(u.valToPos(s, "x", true)))};
+}"""
+
+
+def test_a_comparison_draws_each_entrys_mean_and_band_beside_its_verdict(page, compare_dir):
+    """The page of ``trinity-like view COMPARE_DIR``: one chart per metric, one colour per entry, each entry's
+    line at its mean over seeds and its band between the interval's ends (the oracle's, from the runs' own
+    metrics), its verdict line beside; a click on an entry's legend hides its line and its band."""
+    from compare_oracle import oracle
+
+    proc, url = serve(compare_dir)
+    try:
+        page.goto(url)
+        page.wait_for_selector(".cmp-panel[data-key='reward/mean'] canvas")
+        report = json.loads((compare_dir / "compare.json").read_text())
+        verdicts = [b["line"] for b in report["comparisons"]["dr_grpo_add2"]]
+        shown = page.inner_text(".verdicts li[data-entry='dr_grpo_add2']")
+        assert len(verdicts) == 2 and all(line in shown for line in verdicts)
+        assert "the baseline" in page.inner_text(".verdicts li[data-entry='grpo_add2']")
+        labels = ["grpo_add2", "dr_grpo_add2"]
+        colours = page.evaluate("COLORS.slice(0, 2)")
+        for key in ("eval/accuracy", "reward/mean"):
+            want = oracle(compare_dir, key)
+            chart = f"viewer.compares[0].charts[{json.dumps(key)}]"
+            names = page.evaluate(f"{chart}.series.map((s) => s.label)")
+            assert names == ["step"] + [
+                f"{label}{part}" for label in labels for part in (" (mean of 2 seeds)", " 95 % high", " 95 % low")
+            ]
+            shown = page.evaluate(
+                f"[...{chart}.root.querySelectorAll('.u-legend .u-series')].filter((r) => r.style.display !== 'none')"
+                ".map((r) => r.innerText.trim())"
+            )
+            assert shown == ["grpo_add2 (mean of 2 seeds)", "dr_grpo_add2 (mean of 2 seeds)"]
+            data = page.evaluate(f"{chart}.data")
+            steps = sorted({s for label in labels for s in want[label]})
+            assert data[0] == steps
+            for k, label in enumerate(labels):
+                mean, high, low = data[1 + 3 * k : 4 + 3 * k]
+                for j, step in enumerate(steps):
+                    m, lo, hi, _ = want[label][step]
+                    assert mean[j] == pytest.approx(m) and high[j] == pytest.approx(hi) and low[j] == pytest.approx(lo)
+        # the reward bands, entry by entry: the other entry hidden by a click on its legend (line and band go)
+        key = "reward/mean"
+        want = oracle(compare_dir, key)
+        legend = f".cmp-panel[data-key='{key}'] .u-legend .u-series"
+        for k, label in enumerate(labels):
+            other = 1 - k
+            entry = page.locator(legend).filter(has_text=re.compile(rf"^{labels[other]} \(mean"))
+            entry.click()
+            alone = page.evaluate(BAND_PIXELS, [key, k, colours[k]])
+            hidden = page.evaluate(BAND_PIXELS, [key, other, colours[other]])
+            assert hidden["n"] == 0, "the hidden entry's band is still drawn"
+            assert alone["n"] > 1000, f"{label}: no band drawn"
+            (s0, s1) = sorted(want[label])[:2]
+            (x0, x1) = alone["pos"][:2]
+            # a column near the middle of the two steps that no grid line crosses: there the band's edges are
+            # the interval's ends interpolated between the steps
+            x = next(x for d in range(20) for x in ((x0 + x1) // 2 + d, (x0 + x1) // 2 - d) if str(x) in alone["top"])
+            f = (x - x0) / (x1 - x0)
+            ends = [(1 - f) * want[label][s0][i] + f * want[label][s1][i] for i in (2, 1)]  # high, low
+            top, bottom = page.evaluate(
+                f"(ends) => ends.map((v) => viewer.compares[0].charts[{json.dumps(key)}].valToPos(v, 'y', true))", ends
+            )
+            assert abs(alone["top"][str(x)] - top) <= 3 and abs(alone["bottom"][str(x)] - bottom) <= 3, label
+            entry.click()  # shown again
+        page.screenshot(path=str(compare_dir.parent / "compare_view.png"), full_page=True)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_a_comparisons_report_draws_the_same_bands(browser, compare_dir, tmp_path):
+    from compare_oracle import oracle
+
+    out = tmp_path / "compare.html"
+    done = subprocess.run(
+        [sys.executable, "-m", "trinity_like.cli", "report", str(compare_dir), "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    pg.goto(out.as_uri())
+    pg.wait_for_selector(".cmp-panel[data-key='reward/mean'] canvas")
+    want = oracle(compare_dir, "reward/mean")
+    data = pg.evaluate("viewer.compares[0].charts['reward/mean'].data")
+    bands = pg.evaluate("viewer.compares[0].charts['reward/mean'].bands.map((b) => b.series)")
+    assert bands == [[2, 3], [5, 6]]  # each entry's band between its interval's ends
+    for k, label in enumerate(["grpo_add2", "dr_grpo_add2"]):
+        assert data[1 + 3 * k] == pytest.approx([want[label][s][0] for s in data[0]])
+        assert data[2 + 3 * k] == pytest.approx([want[label][s][2] for s in data[0]])
+    assert pg.locator(".verdicts li").count() == 2 and not errors, errors
+    pg.screenshot(path=str(tmp_path / "compare_report.png"), full_page=True)
+    pg.close()

@@ -1,4 +1,5 @@
-"""docs/view.md's `trinity-like view` / `report` / `plot` commands run as written (on tiny runs in the folders they name)."""
+"""docs/view.md's `trinity-like view` / `report` / `plot` commands run as written (on tiny runs in the folders they
+name), and docs/compare.md's `view` / `report` of a comparison folder."""
 
 from __future__ import annotations
 
@@ -28,21 +29,46 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_doc_view_report_and_plot_commands_run_as_written(tmp_path):
+def test_doc_view_report_and_plot_commands_run_as_written(tmp_path, compare_dir):
     commands = doc_commands()
-    assert [c[1] for c in commands] == ["view", "view", "report", "plot", "plot"]
+    assert [c[1] for c in commands] == ["view", "view", "report", "view", "plot", "plot"]
     made = run(tmp_path, "trainer.total_steps=1")  # runs/grpo_arith
     assert made == tmp_path / "grpo_arith"
     (tmp_path / "runs").mkdir()
     made.rename(tmp_path / "runs" / "grpo_arith")
     shutil.copytree(tmp_path / "runs" / "grpo_arith", tmp_path / "runs" / "dapo")
+    shutil.copytree(compare_dir, tmp_path / "runs" / "compare_add2")  # a comparison of 2 entries x 2 seeds
+    check_commands(commands, tmp_path)
+
+
+def test_compare_docs_view_and_report_commands_run_as_written(tmp_path, compare_dir):
+    from compare_testlib import doc_commands as compare_doc_commands
+
+    commands = [c for c in compare_doc_commands() if c[1] in ("view", "report")]
+    assert [c[1:3] for c in commands] == [["view", "runs/compare_add2"], ["report", "runs/compare_add2"]]
+    shutil.copytree(compare_dir, tmp_path / "runs" / "compare_add2")
+    check_commands(commands, tmp_path)
+
+
+def shown_runs(folder: Path) -> list[str]:
+    """The folder names of the runs the page lists for ``folder``: itself, or a comparison's finished runs."""
+    if not (folder / "compare.json").is_file():
+        return [folder.name]
+    report = json.loads((folder / "compare.json").read_text())
+    return [f"seed_{r['seed']}" for r in report["runs"] if r["status"] in ("done", "reused")]
+
+
+def check_commands(commands: list[list[str]], tmp_path: Path) -> None:
     cli = [sys.executable, "-m", "trinity_like.cli"]
     for command in commands:
         args = command[1:]
         if args[0] == "report":
             r = subprocess.run(cli + args, cwd=tmp_path, capture_output=True, text=True)
             assert r.returncode == 0, r.stderr
-            assert "window.REPORT" in (tmp_path / args[args.index("--out") + 1]).read_text()
+            page = (tmp_path / args[args.index("--out") + 1]).read_text()
+            assert "window.REPORT" in page
+            if "compare" in args[1]:
+                assert '"compares":[{"name":"compare_add2"' in page
             continue
         if args[0] == "plot":  # the PNG its comment names
             r = subprocess.run(cli + args, cwd=tmp_path, capture_output=True, text=True)
@@ -58,7 +84,9 @@ def test_doc_view_report_and_plot_commands_run_as_written(tmp_path):
             while socket.socket().connect_ex(("127.0.0.1", port)) and time.monotonic() < deadline:
                 time.sleep(0.1)
             runs = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/runs").read())
-            assert [Path(r["path"]).name for r in runs] == [Path(a).name for a in args[1:]]
+            assert [Path(r["path"]).name for r in runs] == [n for a in args[1:] for n in shown_runs(tmp_path / a)]
+            compares = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/compares").read())
+            assert [c["name"] for c in compares] == [Path(a).name for a in args[1:] if "compare" in a]
         finally:
             proc.terminate()
             proc.wait(timeout=10)

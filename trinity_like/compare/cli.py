@@ -185,7 +185,7 @@ def _report(args, entries, runs, outcomes, diff, held_out, sizing, out: Path) ->
 
     keys = Keys(args.accuracy_key, args.reward_key, args.rows_key, args.tokens_key, tuple(args.metric))
     results = {r.key: read_run(r.run_dirs, keys, outcomes[r.key].wall_s) for r in runs if outcomes[r.key].status in OK}
-    report = build_report(entries, runs, outcomes, results, diff, held_out, sizing, _command(args))
+    report = build_report(entries, runs, outcomes, results, diff, held_out, sizing, _command(args), keys)
     stem = Path(args.report).resolve() if args.report else out / "compare"
     png = None
     if not args.no_plot and results:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trinity_like.compare.entries import Entry, Run
-from trinity_like.compare.results import RunResult
+from trinity_like.compare.results import Keys, RunResult
 from trinity_like.compare.scheduler import Outcome, Sizing
 from trinity_like.compare.stats import Summary, fmt_number, paired, summarize, verdict, verdict_line
 
@@ -80,8 +80,12 @@ def build_report(
     held_out_keys: list[str],
     sizing: Sizing | None,
     command: str,
+    keys: Keys | None = None,
 ) -> dict[str, Any]:
-    """The report as one JSON-able dict (``compare.json``); :func:`markdown` renders it."""
+    """The report as one JSON-able dict (``compare.json``); :func:`markdown` renders it.
+
+    ``keys``: the metric keys the results were read with, kept so that ``trinity-like view`` draws the same curves.
+    """
     labels = [e.label for e in entries]
     base = labels[0]
     per: dict[str, dict[int, RunResult]] = {label: {} for label in labels}
@@ -144,6 +148,8 @@ def build_report(
                 "message": o.message,
                 "attempts": o.attempts,
                 "command": run.command if run.argv else None,
+                # where each stage wrote metrics.jsonl, relative to <out>/runs/<label>/seed_<seed> (trinity-like view)
+                "run_dirs": [_relative(d, run.folder) for d in run.run_dirs],
                 "result": {k: v for k, v in asdict(r).items()} if r is not None and o.status in OK else None,
             }
         )
@@ -157,6 +163,7 @@ def build_report(
             {"label": e.label, "recipe": str(e.recipe) if e.recipe else None, "script": e.script} for e in entries
         ],
         "seeds": sorted({r.seed for r in runs}),
+        "keys": asdict(keys or Keys()),
         "plan_diff": [{"key": k, "values": v} for k, v in diff],
         "held_out_differs": held_out_keys,
         "summary": summary,
@@ -164,6 +171,14 @@ def build_report(
         "runs": run_rows,
         "all_finished": all(outcomes[r.key].status in OK for r in runs),
     }
+
+
+def _relative(path: Path, folder: Path) -> str:
+    """``path`` relative to ``folder`` when inside it (the comparison's folder may move), else as given."""
+    try:
+        return path.relative_to(folder).as_posix() or "."
+    except ValueError:
+        return str(path)
 
 
 def _cell(v: Any) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 from trinity_like.errors import TrinityError
 from trinity_like.monitor.jsonl import finite, warn
 from trinity_like.monitor.plot import out_file, write_atomic
+from trinity_like.view.compare import Comparison, comparisons_data, open_folders
 from trinity_like.view.rollouts import step_page
 from trinity_like.view.run import BufferUnreadable, Run
 from trinity_like.view.server import STATIC, run_summary
@@ -36,8 +37,8 @@ def spread(items: list[Any], n: int) -> list[Any]:
     return [items[round(j * (len(items) - 1) / (n - 1))] for j in range(n)]
 
 
-def report_data(runs: list[Run]) -> dict[str, Any]:
-    data: dict[str, Any] = {"runs": [], "metrics": [], "versions": [], "rollouts": [], "evals": []}
+def report_data(runs: list[Run], comparisons: list[Comparison] | None = None) -> dict[str, Any]:
+    data: dict[str, Any] = {"runs": [], "metrics": [], "versions": [], "rollouts": [], "evals": [], "compares": []}
     for i, run in enumerate(runs):
         unreadable = ""
         try:
@@ -55,6 +56,7 @@ def report_data(runs: list[Run]) -> dict[str, Any]:
         summary = run_summary(i, run)  # last: with the warnings of everything read above
         summary["buffer_missing"] = unreadable or summary["buffer_missing"]
         data["runs"].append(summary)
+    data["compares"] = comparisons_data(runs, comparisons or [])
     return data
 
 
@@ -74,10 +76,11 @@ def data_script(data: dict[str, Any]) -> str:
 
 
 def write_report(run_dirs: list[str], out: str | Path) -> Path:
-    """Write the report of ``run_dirs`` to ``out``; a run with nothing to show is a one-line error."""
+    """Write the report of ``run_dirs`` (runs and comparison folders) to ``out``; a run with nothing to
+    show is a one-line error."""
     out = out_file(out)
-    runs = [Run.open(d) for d in run_dirs]
-    data = report_data(runs)
+    runs, comparisons = open_folders(run_dirs)
+    data = report_data(runs, comparisons)
     for i, run in enumerate(runs):
         if not data["metrics"][i] and not data["versions"][i] and not data["evals"][i]:
             raise TrinityError(f"{run.path}: nothing to report yet (no metrics, no rollouts, no held-out answers)")

@@ -190,7 +190,9 @@ class Run:
             raise TrinityError(f"{path}: no such folder")
         config_file = path / CONFIG_FILE
         if not config_file.is_file() and not (path / METRICS_FILE).is_file():
-            raise TrinityError(f"{path}: not a run directory (no {CONFIG_FILE} or {METRICS_FILE})")
+            raise TrinityError(
+                f"{path}: not a run directory (no {CONFIG_FILE} or {METRICS_FILE}) nor a comparison (no compare.json)"
+            )
         config: Any = {}
         if config_file.is_file():
             try:
@@ -255,6 +257,10 @@ class Run:
         rows = [r for _, r in got.records]
         rows += [{k if k == "step" else explorer_key(k): v for k, v in r.items()} for _, r in explored.records]
         return rows, got.end, explored.end
+
+    def main_metrics(self) -> list[dict[str, Any]]:
+        """Every row of ``metrics.jsonl`` alone (not an explorer process's), as :meth:`metrics` reads it."""
+        return [r for _, r in self._read(METRICS_FILE, 0, None).records]
 
     def _items(self, name: str) -> list[dict[str, Any]]:
         path = self.path / name

@@ -14,6 +14,8 @@ Routes (``i``: the run's index on the command line)::
     GET /api/runs/{i}/versions         model versions in the buffer (a DPO / RM run: training steps), with row counts
     GET /api/runs/{i}/rollouts?version=&page=&...filters   one page of one step (rollouts.step_page)
     GET /api/runs/{i}/evals            every held-out answer / pair of every evaluation
+    GET /api/compares                  each comparison folder's entries, verdict lines and mean curves with
+                                       their 95 % bands (view.compare; its runs are among /api/runs)
 
 What it answers to anything else:
 
@@ -36,6 +38,7 @@ from typing import Any
 
 from trinity_like.errors import TrinityError
 from trinity_like.monitor.jsonl import finite
+from trinity_like.view.compare import Comparison, comparisons_data, open_folders
 from trinity_like.view.rollouts import step_page
 from trinity_like.view.run import BufferUnreadable, Filters, Run, setting
 
@@ -104,8 +107,9 @@ class LoopbackOnly:
                 await send({"type": "http.response.body", "body": body})
 
 
-def build_app(runs: list[Run], port: int | None = None) -> Any:
-    """The app over ``runs``; ``port``: the one it is served on (other ``Host`` values get 421; None: no check)."""
+def build_app(runs: list[Run], port: int | None = None, comparisons: list[Comparison] | None = None) -> Any:
+    """The app over ``runs`` (and ``comparisons``, whose runs are among them); ``port``: the one it is served on
+    (other ``Host`` values get 421; None: no check)."""
     from fastapi import FastAPI, HTTPException, Query, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import FileResponse, JSONResponse
@@ -147,6 +151,10 @@ def build_app(runs: list[Run], port: int | None = None) -> Any:
     @app.get("/api/runs")
     def list_runs() -> list[dict[str, Any]]:
         return [run_summary(i, r) for i, r in enumerate(runs)]
+
+    @app.get("/api/compares")
+    def list_comparisons() -> list[dict[str, Any]]:
+        return comparisons_data(runs, comparisons or [])
 
     @app.get("/api/runs/{i}/metrics")
     def metrics(
@@ -198,10 +206,10 @@ def listen(port: int) -> socket.socket:
 
 
 def serve(run_dirs: list[str], port: int) -> None:
-    """Open the runs (a folder that is not a run is a one-line error) and serve until Ctrl-C."""
+    """Open the runs and comparison folders (a folder that is neither is a one-line error) and serve until Ctrl-C."""
     import uvicorn
 
-    runs = [Run.open(d) for d in run_dirs]
+    runs, comparisons = open_folders(run_dirs)
     for run in runs:
         try:
             has_rows = bool(run.steps())
@@ -212,11 +220,17 @@ def serve(run_dirs: list[str], port: int) -> None:
             print(f"{run.path}: nothing recorded yet (no metrics, no buffer); the page fills in as the run writes")
     sock = listen(port)
     print(
-        f"trinity-like view: http://127.0.0.1:{port}/  ({len(runs)} run{'s' * (len(runs) != 1)}; Ctrl-C stops)",
+        f"trinity-like view: http://127.0.0.1:{port}/  ({len(runs)} run{'s' * (len(runs) != 1)}"
+        + (f", {len(comparisons)} comparison{'s' * (len(comparisons) != 1)}" if comparisons else "")
+        + "; Ctrl-C stops)",
         flush=True,
     )
     config = uvicorn.Config(
-        build_app(runs, port), log_level="warning", access_log=False, timeout_graceful_shutdown=1, lifespan="off"
+        build_app(runs, port, comparisons),
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=1,
+        lifespan="off",
     )
     with sock:
         uvicorn.Server(config).run(sockets=[sock])

@@ -407,6 +407,7 @@ function renderEvals() {
 
 // -- start -----------------------------------------------------------------------------------------
 function openTab(name) {
+  if (!state.runs.length && name !== "curves") return;  // a comparison none of whose runs could be opened
   if (name === "rollouts" && !state.rolloutsLoaded) { state.rolloutsLoaded = true; loadVersions(); }
   if (name === "evals" && !state.evals) loadEvals();
   if (name === "curves") drawPanels();
