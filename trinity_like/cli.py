@@ -104,12 +104,17 @@ def build_parser() -> argparse.ArgumentParser:
     view = sub.add_parser(
         "view", help="a local web page over runs: curves, every rollout in the buffer, held-out answers"
     )
-    view.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (several: curves overlaid)")
+    view.add_argument(
+        "run_dirs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="run directories or trinity-like compare folders (several: curves overlaid)",
+    )
     view.add_argument("--port", type=_port, default=8420, help="port on 127.0.0.1 (default 8420)")
     view.add_argument("--debug", action="store_true", help="show tracebacks")
 
     rep = sub.add_parser("report", help="the view's page as one self-contained HTML file (curves, sampled rollouts)")
-    rep.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories")
+    rep.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories or trinity-like compare folders")
     rep.add_argument("--out", required=True, help="HTML file to write")
     rep.add_argument("--debug", action="store_true", help="show tracebacks")
 
