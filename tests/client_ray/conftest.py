@@ -15,6 +15,8 @@ CPUS = 8  # logical CPUs: room for two services' bundles at once on the 2-core m
 def ray_here():
     import ray
 
+    if ray.is_initialized():  # a test before, in this worker, failed before it shut its Ray down
+        ray.shutdown()
     ray.init(address="local", num_cpus=CPUS, include_dashboard=False, log_to_driver=False)
     try:
         yield ray

@@ -85,7 +85,7 @@ def test_unknown_sources_and_args_fail_at_resolve_time_with_file_and_line(tmp_pa
     msg = error_of(recipe(tmp_path, "generator: arithmetc\n"))
     assert msg.startswith(
         f"{tmp_path / 'r.yaml'}:6: buffer.tasks.generator: unknown task source 'arithmetc'; "
-        "did you mean 'arithmetic'? (registered: arithmetic, reasoning_gym"
+        "did you mean 'arithmetic'? (registered: arithmetic, arithmetic_add2, arithmetic_mul1, reasoning_gym"
     )
     msg = error_of(recipe(tmp_path, "generator: arithmetic\ngenerator_args:\n  num_term: 3\n"))
     assert msg.startswith(f"{tmp_path / 'r.yaml'}:8: buffer.tasks.generator_args.num_term: unknown parameter")
