@@ -7,16 +7,21 @@ first CUDA device when torch sees one, else the CPU::
 
     device = resolve_device("auto")              # torch.device("cuda", 0) on a GPU machine
     p = precision(device)                        # what runs in which dtype there
-    p.rollout, p.train_compute                   # bf16, bf16 on CUDA; fp32, None on CPU
+    p.rollout, p.train_compute                   # bf16, bf16 on CUDA and on a CPU with bf16 units
+    p.why                                        # "CPU has avx512_bf16": what decided it
 
 What stays float32 everywhere: the train engines' master weights and optimiser state
 (AdamW moments), the logprobs and every loss (the head's logits are upcast before
 ``logsumexp``: :func:`~trinity_like.trainer.forward.at_least_fp32`), the sampler's softmax
-and the logprobs it reports. On CUDA the train engines compute forward and backward under
-bf16 autocast over those fp32 weights, and the rollout engine holds its weights and KV
-cache in bf16 (what decoding reads every step). On the CPU everything is float32, as it
-always was; a CPU with bf16 units may get bf16 here later -- :func:`precision` is the one
-function to change.
+and the logprobs it reports. On CUDA, and on a CPU with bf16 units (AVX512-BF16, AMX-BF16:
+:func:`cpu_bf16_flags`), the train engines compute forward and backward in bf16 over those
+fp32 weights (autocast on the local engine, FSDP's mixed precision on verl), and the rollout
+engine holds its weights and KV cache in bf16 (what decoding reads every step). Measured on a
+2-core AMD EPYC with AVX512-BF16 and no AMX (``benchmarks/precision.py``): the update 2.2x and
+the rollout 2.1x faster than fp32 (``docs/precision.md``). A CPU without the units (AVX2)
+stays float32: bf16 arithmetic is emulated there and slower. ``model.dtype`` /
+``explorer.dtype`` set to ``float32`` or ``bfloat16`` win over this; :func:`describe` is the
+line the run log and ``--dry-run`` print.
 
 The process's run device (:func:`set_run_device`) is what parts built without a config see
 (environments' frozen players, reward models): a run sets it from ``cluster.device`` before

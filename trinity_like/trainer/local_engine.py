@@ -22,9 +22,9 @@ initialised from ``head_seed``.
 
 Device and precision (:mod:`trinity_like.models.device`): the model lives on
 ``ModelParams.device`` (a recipe's ``cluster.device``; ``auto``: a GPU when torch sees one).
-With ``dtype: auto`` its weights and AdamW state are float32 everywhere, and on CUDA the
-forward and backward run under bf16 autocast; logprobs, losses and the optimiser step stay
-float32. Batches arrive on the CPU and are moved one micro-batch at a time; what comes back
+With ``dtype: auto`` its weights and AdamW state are float32 everywhere, and on CUDA and on a
+CPU with bf16 units (AVX512-BF16, AMX) the forward and backward run under bf16 autocast;
+logprobs, losses and the optimiser step stay float32 (``docs/precision.md``). Batches arrive on the CPU and are moved one micro-batch at a time; what comes back
 (``compute_logprobs``, ``out``, :meth:`LocalEngine.state_dict`) is on the CPU, while
 :meth:`LocalEngine.export_weights` hands out the live device tensors (an explorer on the same
 GPU copies them device to device).
@@ -117,7 +117,7 @@ class LocalEngine:
         self.params = model
         self.optim_params = optim
         self.device = resolve_device(model.device)
-        self.compute_dtype = train_dtypes(model.dtype, self.device)[1]  # bf16 autocast on CUDA (dtype auto)
+        self.compute_dtype = train_dtypes(model.dtype, self.device)[1]  # bf16 autocast where precision() says
         self.model = load_model(model.path, model, self.device)
         if model.adapter is not None:
             self.model = lora_lib.apply_lora(self.model, model.adapter, base_path=model.path)
