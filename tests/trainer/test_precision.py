@@ -70,8 +70,14 @@ def test_the_probe_reads_the_flags_and_the_environment_can_switch_it_off(monkeyp
     assert dev.cpu_bf16_flags() == {f for f in flags if f in ("avx512_bf16", "amx_bf16")}
     monkeypatch.setenv(dev.CPU_BF16_ENV, "off")
     assert dev.cpu_bf16_flags() == frozenset()
+    assert dev.precision(CPU).train_compute is None
+    monkeypatch.setenv(dev.CPU_BF16_ENV, "on")
+    assert dev.cpu_bf16_flags() == {"TRINITY_LIKE_CPU_BF16=on"}
+    assert dev.precision(CPU).why.startswith("CPU has TRINITY_LIKE_CPU_BF16=on")
     monkeypatch.setenv(dev.CPU_BF16_ENV, "yes")
-    with pytest.raises(TrinityError, match=r"^environment variable TRINITY_LIKE_CPU_BF16='yes': expected auto or off$"):
+    with pytest.raises(
+        TrinityError, match=r"^environment variable TRINITY_LIKE_CPU_BF16='yes': expected auto, on or off$"
+    ):
         dev.cpu_bf16_flags()
 
 

@@ -85,7 +85,7 @@ CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of native bf
 # What runs in bf16 by default on a CPU with those units: each part measured faster there than in fp32
 # (benchmarks/precision.py on a 2-core AMD EPYC with avx512_bf16, no AMX; benchmarks/RESULTS.md).
 CPU_BF16_PARTS = frozenset({"train", "rollout"})
-CPU_BF16_ENV = "TRINITY_LIKE_CPU_BF16"  # auto | off: see cpu_bf16_flags
+CPU_BF16_ENV = "TRINITY_LIKE_CPU_BF16"  # auto | on | off: see cpu_bf16_flags
 CPU_BF16_NOTE = ""  # why a part stays fp32 there, when one does
 
 
@@ -93,15 +93,19 @@ def cpu_bf16_flags() -> frozenset[str]:
     """The CPU's bf16 units: which of :data:`CPU_BF16_FLAGS` ``/proc/cpuinfo`` lists (empty where
     there is no such file). The one hardware probe :func:`precision` reads; tests replace it.
 
-    ``TRINITY_LIKE_CPU_BF16=off`` in the environment reports none (CPU defaults as on an AVX2
-    machine, in every process a run starts): the test suite sets it, so that its numbers do not
-    depend on the CPU that runs it. ``auto`` (or unset) looks.
+    The environment variable ``TRINITY_LIKE_CPU_BF16`` (read in every process a run starts)
+    overrides the probe: ``off`` reports no units (CPU defaults as on an AVX2 machine; the test
+    suite sets it, so that its numbers do not depend on the CPU that runs it), ``on`` reports
+    ``TRINITY_LIKE_CPU_BF16=on`` as if it were a unit (the bf16 path on any CPU: slow where
+    bf16 is emulated, for tests and benchmarks), ``auto`` (or unset) looks.
     """
     setting = os.environ.get(CPU_BF16_ENV, "auto")
-    if setting not in ("auto", "off"):
-        raise TrinityError(f"environment variable {CPU_BF16_ENV}={setting!r}: expected auto or off")
+    if setting not in ("auto", "off", "on"):
+        raise TrinityError(f"environment variable {CPU_BF16_ENV}={setting!r}: expected auto, on or off")
+    if setting != "auto":
+        return frozenset({f"{CPU_BF16_ENV}=on"}) if setting == "on" else frozenset()
     info = Path("/proc/cpuinfo")
-    if setting == "off" or not info.is_file():
+    if not info.is_file():
         return frozenset()
     for line in info.read_text(errors="replace").splitlines():
         if line.startswith("flags"):
