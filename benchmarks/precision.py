@@ -46,6 +46,7 @@ from trinity_like.explorer.engine import NativeEngine, SamplingParams  # noqa: E
 from trinity_like.models.shapes import shaped_folder, shaped_model  # noqa: E402
 from trinity_like.pipeline.batching import experience_batch  # noqa: E402
 from trinity_like.trainer.local_engine import LocalEngine  # noqa: E402
+from trinity_like.trainer.objective import sampler_gap  # noqa: E402
 from trinity_like.trainer.params import ModelParams, OptimParams  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -163,6 +164,42 @@ def rollout(engine: NativeEngine, prompts, args) -> tuple[float, float]:
     return tokens / wall, tokens / cpu
 
 
+def sampler_trainer_gap(args) -> dict[str, dict[str, float]]:
+    """The gap (:func:`~trinity_like.trainer.objective.sampler_gap`) between the rollout engine's logprobs
+    and the trainer's for the same sampled tokens, for each sampler dtype x trainer precision: the
+    main job's prompts (built-in arithmetic under the chat template) on ``--gap-model``'s real weights."""
+    from trinity_like.explorer.engines import build_rollout_engine
+    from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks
+    from trinity_like.models.chat import render_prompt
+    from trinity_like.models.resolve import load_tokenizer, resolve_model_path
+
+    path = str(resolve_model_path(args.gap_model))
+    tokenizer = load_tokenizer(path)
+    tasks = arithmetic_tasks(ArithmeticParams(), "train", args.prompts, seed=args.seed)
+    prompts = [render_prompt(tokenizer, t.messages()) for t in tasks]
+    trainers = {}
+    for name, compute in PRECISIONS.items():
+        trainers[name] = LocalEngine(
+            ModelParams(path=path, dtype="float32", micro_batch_size=args.micro_batch, forward_only=True)
+        )
+        trainers[name].compute_dtype = compute  # as in the update above: the mixed path on any CPU
+    out = {}
+    for sampler_name, dtype in ROLLOUT_DTYPES.items():
+        engine = build_rollout_engine("native", path, device="cpu", dtype=dtype)
+        sp = SamplingParams(n=args.group, max_new_tokens=args.response_tokens, temperature=1.0, seed=args.seed)
+        rows = [
+            Experience(tokens=list(prompt) + s.token_ids, prompt_length=len(prompt), logprobs=s.logprobs)
+            for prompt, group in zip(prompts, engine.generate(prompts, sp), strict=True)
+            for s in group
+        ]
+        batch = experience_batch(rows, tokenizer.pad_token_id)
+        for trainer_name, trainer in trainers.items():
+            logprob = trainer.compute_logprobs(batch)["logprob"]
+            gap = sampler_gap(logprob, batch["rollout_logprob"], batch["response_mask"], batch["is_expert"])
+            out[f"{sampler_name} sampler, {trainer_name} trainer"] = gap
+    return out
+
+
 def interleaved(contenders: dict, run, reps: int, what: str) -> dict[str, list[tuple[float, float]]]:
     """``reps`` rounds of ``run(contender)`` for each contender, the order alternating every round."""
     out: dict[str, list[tuple[float, float]]] = {name: [] for name in contenders}
@@ -193,12 +230,13 @@ def main(argv: list[str] | None = None) -> dict:
         "--threads", type=int, default=1, help="torch threads (1: CPU seconds are the work, whatever the load)"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gap-model", default="smollm2-135m-instruct", help="real weights for the sampler gap")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     shape = "tiny" if args.tiny else "smollm2-135m"
     if args.tiny:
-        args.reps = min(args.reps, 2)
+        args.reps, args.gap_model = min(args.reps, 2), "tiny-random"
     peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
     with tempfile.TemporaryDirectory() as tmp:
         folder = str(shaped_folder(shape, Path(tmp) / shape))
@@ -224,6 +262,8 @@ def main(argv: list[str] | None = None) -> dict:
     for sampler in samplers.values():
         rollout(sampler, prompts[:1], args)  # warm-up
     rollouts = interleaved(samplers, lambda e: rollout(e, prompts, args), args.reps, "rollout tok/s")
+    del samplers
+    gap = sampler_trainer_gap(args)
     meta = {
         "command": "python benchmarks/precision.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "commit": git_commit(),
@@ -243,6 +283,7 @@ def main(argv: list[str] | None = None) -> dict:
         "profile_s": profiles,
         "rollout_tok_s": medians(rollouts),
         "rollout_samples": rollouts,
+        "gap": gap,
     }
     text = markdown(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -289,6 +330,19 @@ def markdown(result: dict) -> str:
         total = sum(prof.values()) or 1.0
         cells = " | ".join(f"{prof.get(g, 0.0):.2f} ({prof.get(g, 0.0) / total:.0%})" for g in groups)
         lines.append(f"| {name} | {cells} |")
+    lines += [
+        "",
+        f"The sampler-trainer gap on `{m['gap_model']}` (its own weights, not random; the same {m['prompts']} x {m['group']} sampled "
+        "responses per sampler dtype, the trainer's logprobs of the same tokens; expert rows none):",
+        "",
+        "| sampler, trainer | KL k3 (mean) | max abs logprob diff | mean abs logprob diff |",
+        "| --- | --- | --- | --- |",
+    ]
+    for combo, g in result["gap"].items():
+        lines.append(
+            f"| {combo} | {g['train/sampler_kl_k3']:.2e} | {g['train/sampler_logprob_diff_max']:.3f} "
+            f"| {g['train/sampler_logprob_diff_mean']:.4f} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -17,8 +17,8 @@ and the logprobs it reports. On CUDA, and on a CPU with bf16 units (AVX512-BF16,
 :func:`cpu_bf16_flags`), the train engines compute forward and backward in bf16 over those
 fp32 weights (autocast on the local engine, FSDP's mixed precision on verl), and the rollout
 engine holds its weights and KV cache in bf16 (what decoding reads every step). Measured on a
-2-core AMD EPYC with AVX512-BF16 and no AMX (``benchmarks/precision.py``): the update 2.2x and
-the rollout 2.1x faster than fp32 (``docs/precision.md``). A CPU without the units (AVX2)
+2-core AMD EPYC with AVX512-BF16 and no AMX (``benchmarks/precision.py``): the update 2.5x and
+the rollout 2.2x faster than fp32 (``docs/precision.md``). A CPU without the units (AVX2)
 stays float32: bf16 arithmetic is emulated there and slower. ``model.dtype`` /
 ``explorer.dtype`` set to ``float32`` or ``bfloat16`` win over this; :func:`describe` is the
 line the run log and ``--dry-run`` print.
