@@ -165,3 +165,26 @@ def test_the_rollout_engine_holds_bf16_weights_and_reports_fp32_logprobs(tiny_pa
             logits = engine.model(input_ids=ids).logits[0].double()
         logp = torch.log_softmax(logits[3:-1], dim=-1).gather(-1, ids[0, 4:, None])[:, 0]
         assert torch.allclose(torch.tensor(sample.logprobs, dtype=torch.float64), logp, atol=5e-2)
+
+
+@pytest.mark.skipif("train" not in dev.CPU_BF16_PARTS, reason="the CPU default trains in fp32")
+def test_a_head_in_checkpointed_chunks_recomputes_under_the_same_autocast(tiny_path, bf16_cpu, monkeypatch):
+    """The head's chunks are recomputed in backward, where the engine has switched autocast off for the
+    loss: torch's checkpoint restores the forward's autocast state, so the gradients are the unchunked ones."""
+    from functools import partial
+
+    from trinity_like.trainer import forward
+
+    batch = make_batch(400, 8, 6, 5, seed=12)
+    grads = {}
+    plain = forward.head_outputs
+    for chunk in (forward.HEAD_CHUNK, 7):  # 7: several chunks for this batch's ~30 scored positions
+        monkeypatch.setattr(forward, "head_outputs", partial(plain, chunk=chunk))
+        engine = LocalEngine(ModelParams(path=tiny_path), OptimParams(lr=1e-3))
+        assert engine.compute_dtype == torch.bfloat16
+        engine.forward_backward(batch, nll_loss)
+        grads[chunk] = torch.cat([p.grad.flatten() for p in engine.model.parameters()])
+    _, oracle = oracle_loss_and_grads(LocalEngine(ModelParams(path=tiny_path, dtype="float32")).model, batch)
+    want = torch.cat([g.flatten() for g in oracle.values()])
+    errors = {chunk: relative_error(g, want) for chunk, g in grads.items()}
+    assert max(errors.values()) < 2e-2, errors  # bf16's rounding (each chunk rounds its own part), no more
