@@ -204,7 +204,7 @@ class VerlEngine:
             out.update({k: torch.cat([p["outputs"][k] for p in parts])[:rows] for k in parts[0]["outputs"]})
         total = sum(loss / workers for part in parts for loss in part["losses"])  # undo the workers' dp scaling
         per_micro = [{k: v} for part in parts for k, values in part["metrics"].items() for v in values]
-        stats = {k: sum(part["stats"].get(k, 0) for part in parts) for k in ("rows", "tokens", "grid")}
+        stats = {k: sum(part["stats"].get(k, 0) for part in parts) for k in ("tokens", "grid")}
         return {**mean_metrics(per_micro), **packing_metrics(stats), "loss": total}
 
     def optim_step(self, adam: AdamStep | None = None) -> dict[str, float]:
