@@ -188,3 +188,17 @@ def test_a_head_in_checkpointed_chunks_recomputes_under_the_same_autocast(tiny_p
     want = torch.cat([g.flatten() for g in oracle.values()])
     errors = {chunk: relative_error(g, want) for chunk, g in grads.items()}
     assert max(errors.values()) < 2e-2, errors  # bf16's rounding (each chunk rounds its own part), no more
+
+
+@pytest.mark.skipif("train" not in dev.CPU_BF16_PARTS, reason="the CPU default trains in fp32")
+def test_micro_batches_in_one_autocast_region_add_up_to_the_full_gradient(tiny_path, bf16_cpu):
+    """One autocast region spans every micro-batch (the weights' cached bf16 copies serve each): the gradient
+    accumulated over 3-row micro-batches is the whole batch's, up to bf16's rounding."""
+    batch = make_batch(400, 8, 6, 5, seed=13)
+    _, oracle = oracle_loss_and_grads(LocalEngine(ModelParams(path=tiny_path, dtype="float32")).model, batch)
+    want = torch.cat([g.flatten() for g in oracle.values()])
+    for micro in (8, 3):
+        engine = LocalEngine(ModelParams(path=tiny_path, micro_batch_size=micro), OptimParams(lr=1e-3))
+        engine.forward_backward(batch, nll_loss)
+        got = torch.cat([p.grad.flatten() for p in engine.model.parameters()])
+        assert relative_error(got, want) < 2e-2, micro

@@ -129,3 +129,12 @@ def test_the_figures_are_the_saved_benchmarks(saved):
     rollout = saved["rollout_tok_s"]["bf16"]["cpu"] / saved["rollout_tok_s"]["fp32"]["cpu"]
     assert f"the update {update:.1f}x, the rollout {rollout:.1f}x" in DOC
     assert "AMD EPYC" in m["cpu"] and "avx512_bf16" in m["cpu"]  # the CPU the doc names
+
+
+def test_a_bad_setting_of_the_variable_is_one_line_naming_it():
+    dry_run = shlex.split(blocks("bash")[0])
+    out = cli(dry_run, "yes")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "trinity-like: error: environment variable TRINITY_LIKE_CPU_BF16='yes': expected auto, on or off"
+    ]
