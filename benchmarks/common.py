@@ -15,9 +15,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def matmul_peak_gflops(size: int = 1024, reps: int = 5) -> float:
-    """The machine's fp32 matmul rate now (best of ``reps``), the ceiling for dense model work."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
+def matmul_peak_gflops(size: int = 1024, reps: int = 5, dtype: torch.dtype = torch.float32) -> float:
+    """The machine's matmul rate in ``dtype`` now (best of ``reps``), the ceiling for dense model work."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     best = float("inf")
     for _ in range(reps):
         start = time.perf_counter()
@@ -189,3 +189,18 @@ def stop_group(memory: PeakMemory, proc: subprocess.Popen) -> int:
             p.kill()
     psutil.wait_procs(left, timeout=10)
     return len(left)
+
+
+def cpu_name() -> str:
+    """The CPU beside every figure: model name (``/proc/cpuinfo``), CPU count, and its bf16 units."""
+    import platform
+
+    from trinity_like.models.device import cpu_bf16_flags
+
+    name = platform.processor() or platform.machine()
+    info = Path("/proc/cpuinfo")
+    if info.is_file():
+        lines = info.read_text(errors="replace").splitlines()
+        name = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), name)
+    units = ", ".join(sorted(cpu_bf16_flags())) or "no bf16 units"
+    return f"{name}, {os.cpu_count()} CPUs, {units}"

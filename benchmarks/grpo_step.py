@@ -3,7 +3,7 @@
 The same workload on every side: P prompts x G samples of the built-in arithmetic task
 (system + user chat messages under the model's chat template), up to N new tokens at
 temperature 1.0 with top-k/top-p off, reward = our ``exact_match``, one AdamW step per
-batch (lr 1e-6, grad clip 1.0, constant schedule), fp32, no reference model (beta 0 /
+batch (lr 1e-6, grad clip 1.0, constant schedule), both sides in one precision, no reference model (beta 0 /
 no KL loss), no old-logprob pass (on-policy), gradient checkpointing off, micro-batch M
 rows on both sides (TRL: ``per_device_train_batch_size=M``, gradient accumulation P*G/M).
 
@@ -46,8 +46,16 @@ reports it (each group's prompt runs once), else the rows' real tokens; TRL, the
 real tokens (every row runs its prompt; its padded micro-batches, rows x (prompt width +
 completion width), are kept in the JSON as ``padded_tokens``). Run::
 
-    python benchmarks/grpo_step.py --model tiny-random --rounds 2 --steps 1 --out /tmp/gs_tiny   # smoke
+    python benchmarks/grpo_step.py --tiny --contenders local --out /tmp/gs_tiny   # smoke (a test runs it)
     python benchmarks/grpo_step.py --model smollm2-135m-instruct --rounds 3 --steps 2
+
+Precision (``--precision fp32|bf16|both``, default both: the rounds run once per precision and
+write ``OUT_fp32.*`` and ``OUT_bf16.*``), the same on both sides: ``fp32`` is ours with
+``model.dtype=float32 explorer.dtype=float32`` and TRL with ``bf16=False``; ``bf16`` is ours
+with the mixed path (``model.dtype=auto``: bf16 compute over fp32 masters, which needs a CPU
+whose ``auto`` is bf16 -- ``TRINITY_LIKE_CPU_BF16=on`` forces it elsewhere -- and
+``explorer.dtype=bfloat16``) and TRL with ``bf16=True`` (accelerate's bf16 autocast over its
+fp32 model). % of peak is against the matmul peak in that precision.
 
 TRL (``trl==1.16.0``, the ``bench`` extra) is loaded from ``$TRL_PATH`` when that
 folder exists (default ``~/.cache/trinity-like-bench/trl-1.16.0``), else from the
@@ -83,7 +91,7 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
-from common import PeakMemory, git_commit, matmul_peak_gflops, stop_group  # noqa: E402
+from common import PeakMemory, cpu_name, git_commit, matmul_peak_gflops, stop_group  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -93,7 +101,39 @@ TRL_PATH = Path(os.environ.get("TRL_PATH", "~/.cache/trinity-like-bench/trl-1.16
 EQUAL_WORK = ("trl", "verl", "local")  # every group trained on both sides
 DYNAMIC = ("verl-dyn", "local-dyn")  # the recipe as shipped: groups without reward signal skipped
 CONTENDERS = EQUAL_WORK + DYNAMIC
-WORKLOAD = ("model", "steps", "prompts", "group", "max_new_tokens", "micro_batch", "lr", "threads", "nice", "recipe")
+WORKLOAD = (
+    "model",
+    "steps",
+    "prompts",
+    "group",
+    "max_new_tokens",
+    "micro_batch",
+    "lr",
+    "threads",
+    "nice",
+    "recipe",
+    "precision",
+)
+PRECISIONS = ("fp32", "bf16")
+PRECISION_TEXT = {
+    "fp32": "fp32 on both sides",
+    "bf16": "bf16 compute over fp32 weights on both sides (ours: the mixed path and a bf16 rollout; TRL: bf16=True)",
+}
+# Our recipe keys per precision (bf16: the mixed path model.dtype auto gives where the CPU has bf16 units).
+OUR_DTYPES = {
+    "fp32": ["model.dtype=float32", "explorer.dtype=float32"],
+    "bf16": ["model.dtype=auto", "explorer.dtype=bfloat16"],
+}
+PEAK_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+TINY = {
+    "model": "tiny-random",
+    "rounds": 1,
+    "steps": 1,
+    "prompts": 2,
+    "group": 4,
+    "max_new_tokens": 8,
+    "micro_batch": 8,
+}
 
 
 def log(text: str) -> None:
@@ -124,6 +164,18 @@ def timed(fn: Callable, sink: dict[str, float], key: str) -> Callable:
 
 # == one contender, in its own process ======================================================
 # -- ours ----------------------------------------------------------------------------------
+def check_mixed_path() -> None:
+    """``--precision bf16`` times our mixed path: stop where ``model.dtype=auto`` would train fp32 here."""
+    from trinity_like.models.device import precision
+
+    p = precision(torch.device("cpu"))
+    if p.train_compute is None:
+        raise SystemExit(
+            f"--precision bf16: model.dtype auto trains fp32 on this CPU ({p.why}); "
+            "TRINITY_LIKE_CPU_BF16=on forces the bf16 path"
+        )
+
+
 class Ours:
     """One online stage of our default GRPO recipe, stepped one ``run_online`` step at a time."""
 
@@ -149,7 +201,10 @@ class Ours:
             "monitor.eval_at_start=false",
             "monitor.progress=false",
         ] + ([] if dyn else ["algorithm.dynamic_sampling=false"])
+        self.overrides += OUR_DTYPES[args.precision]
         self.stage = load_plan(args.recipe, self.overrides).stages[0]
+        if args.precision == "bf16":
+            check_mixed_path()
         self.ctx = build_stage(self.stage, "both")
         self.ctx.data.eval_tasks = None  # no evaluation (the loop evaluates after its last step)
         self.ctx.save_checkpoint = lambda step, loop_state: (
@@ -274,7 +329,7 @@ class Trl:
         config = trl.GRPOConfig(
             output_dir=out_dir,
             use_cpu=True,
-            bf16=False,
+            bf16=args.precision == "bf16",
             per_device_train_batch_size=args.micro_batch,
             gradient_accumulation_steps=rows // args.micro_batch,
             num_generations=args.group,
@@ -508,7 +563,7 @@ def table(summary: dict, names: tuple[str, ...], rows: int) -> list[str]:
     header = (
         "| contender | median step s | speed vs TRL (median of per-round ratios) | (ratio of medians) "
         f"| rows trained / step (of {rows}) | training pass s | equal-work tokens/s | tokens run / step "
-        "| % of fp32 peak | peak RSS GB | peak PSS GB |"
+        "| % of peak | peak RSS GB | peak PSS GB |"
     )
     lines = [header, "|---" * 11 + "|"]
     for name in (n for n in names if n in summary):
@@ -535,7 +590,8 @@ def markdown(summary: dict, meta: dict) -> str:
     workload = (
         f"Workload: `{a['model']}` ({meta['params'] / 1e6:.2f} M parameters), {a['prompts']} prompts x "
         f"{a['group']} samples, up to {a['max_new_tokens']} new tokens, T=1.0, top_k/top_p off, lr {a['lr']:g}, "
-        f"micro-batch {a['micro_batch']}, one AdamW step per batch, fp32, no reference model, no gradient "
+        f"micro-batch {a['micro_batch']}, one AdamW step per batch, {PRECISION_TEXT[a['precision']]}, no "
+        "reference model, no gradient "
         f"checkpointing. Each contender in its own process, one at a time: build, 1 warm-up step, "
         f"{a['steps']} timed steps; {done} round(s) of {a['rounds']} asked, order alternating (round 0: "
         f"{', '.join(meta['orders'][0])}). Torch threads {a['threads']}, niceness {a['nice']} (Ray starts its "
@@ -551,15 +607,16 @@ def markdown(summary: dict, meta: dict) -> str:
         "Speed vs TRL: TRL's median step time in a round / the contender's in the same round (> 1: faster), "
         "median over rounds. Training pass: ours the `update` phase, TRL its step minus generation and "
         "scoring. Equal-work tokens/s: real tokens (prompt + response) of the rows trained / training-pass "
-        f"seconds. % of fp32 peak: 6 x {meta['params'] / 1e6:.2f} M parameters x tokens run through the model "
-        f"(padding left out) / training-pass seconds / {meta['peak_gflops']:.1f} GFLOP/s (this machine's fp32 "
+        f"seconds. % of peak: 6 x {meta['params'] / 1e6:.2f} M parameters x tokens run through the model "
+        f"(padding left out) / training-pass seconds / {meta['peak_gflops']:.1f} GFLOP/s (this machine's "
+        f"{a['precision']} "
         f"matmul, {meta['peak_size']}^3, best of 5, measured here before and after the rounds). Tokens run -- "
         f"{sources}. Peak memory: summed over the contender's processes (Ray's included), RSS sampled every "
         "0.25 s, PSS every 2 s (reading it walks page tables: more often, the sampler slowed the contenders it "
         "measured); RSS counts shared pages once per process, PSS splits them."
     )
     lines = [
-        "# GRPO step rate: ours vs TRL `GRPOTrainer`, equal work first",
+        f"# GRPO step rate: ours vs TRL `GRPOTrainer`, equal work first ({a['precision']})",
         "",
         f"Command: `{meta['command']}`",
         "",
@@ -670,9 +727,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--peak-size", type=int, default=2048, help="matrix size of the fp32 matmul peak")
     parser.add_argument("--child-timeout", type=float, default=3600, help="seconds one contender process may run")
     parser.add_argument("--out", type=Path, default=RESULTS / "grpo_step", help="writes OUT.md and OUT.json")
+    parser.add_argument(
+        "--precision",
+        choices=(*PRECISIONS, "both"),
+        default="both",
+        help="both sides in fp32, both in bf16 (ours mixed, TRL bf16=True), or each in turn (OUT_fp32, OUT_bf16)",
+    )
+    parser.add_argument("--tiny", action="store_true", help="the tiny random model, 1 round of 1 step: a smoke run")
     parser.add_argument("--contender", choices=CONTENDERS, help=argparse.SUPPRESS)  # internal: one contender
     parser.add_argument("--child-json", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.tiny:
+        for key, value in TINY.items():
+            setattr(args, key, value)
     if (args.prompts * args.group) % args.micro_batch:
         parser.error("prompts x group must be a multiple of --micro-batch")
     if args.contender:
@@ -684,16 +751,27 @@ def main(argv: list[str] | None = None) -> None:
     names = [n for n in CONTENDERS if n in names]
 
     torch.set_num_threads(args.threads)
+    precisions = PRECISIONS if args.precision == "both" else (args.precision,)
+    out = args.out
+    for precision in precisions:
+        args.precision = precision
+        args.out = out.with_name(f"{out.name}_{precision}") if len(precisions) > 1 else out
+        print(run_rounds(args, names, argv))
+
+
+def run_rounds(args: argparse.Namespace, names: list[str], argv: list[str] | None) -> str:
+    """Every round of ``names`` at ``args.precision``; writes ``args.out``.{md,json} after each round."""
     load_start = os.getloadavg()[0]
-    peak = matmul_peak_gflops(args.peak_size)
-    log(f"fp32 matmul peak {peak:.1f} GFLOP/s ({args.peak_size}^3, {args.threads} threads)")
+    dtype = PEAK_DTYPES[args.precision]
+    peak = matmul_peak_gflops(args.peak_size, dtype=dtype)
+    log(f"{args.precision} matmul peak {peak:.1f} GFLOP/s ({args.peak_size}^3, {args.threads} threads)")
     versions = ", ".join(f"{p} {importlib.metadata.version(p)}" for p in ("torch", "transformers", "verl", "ray"))
     meta = {
         "command": "python benchmarks/grpo_step.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "commit": git_commit(),
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, {versions}",
+        "machine": f"{cpu_name()}, python {platform.python_version()}, {versions}",
         "load_start": load_start,
         "params": model_parameters(args.model),
         "peak_gflops": peak,
@@ -702,10 +780,11 @@ def main(argv: list[str] | None = None) -> None:
     }
     folder = Path(tempfile.mkdtemp(prefix="grpo_step_"))
     rounds: list[dict[str, dict]] = []
+    text = ""
     for rnd, order in enumerate(meta["orders"]):
         results: dict[str, dict] = {}
         for name in order:
-            log(f"round {rnd}: {name}")
+            log(f"round {rnd}: {name} ({args.precision})")
             r = results[name] = run_child(name, args, rnd, folder)
             times = ", ".join(f"{s['time/step']:.2f}" for s in r["steps"])
             log(
@@ -714,9 +793,9 @@ def main(argv: list[str] | None = None) -> None:
             )
         rounds.append(results)
         if rnd == len(meta["orders"]) - 1:  # the peak again, after the rounds: the best of both
-            meta["peak_gflops"] = max(peak, matmul_peak_gflops(args.peak_size))
+            meta["peak_gflops"] = max(peak, matmul_peak_gflops(args.peak_size, dtype=dtype))
         text = write_results(args, meta, rounds)
-    print(text)
+    return text
 
 
 if __name__ == "__main__":

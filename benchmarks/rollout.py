@@ -16,8 +16,8 @@ the first stop token. Reported: medians over repetitions of tokens/s, and the me
 the per-repetition ratios ours / generate (ratios are fair under load; absolute times
 are not). Run (about 10 minutes on one core)::
 
-    python benchmarks/rollout.py --reps 3 [--bf16]
-    python benchmarks/rollout.py --reps 1 --models tiny-random   # seconds
+    python benchmarks/rollout.py --reps 3 --precision both    # fp32 and bf16 (weights, KV cache), interleaved
+    python benchmarks/rollout.py --tiny                       # seconds (a test runs it)
 
 ``--ab DIR`` times our engine alone against the engine of another checkout ``DIR`` (e.g. the
 commit before a change: ``git worktree add /tmp/base main``), same workload, each run in its own
@@ -36,12 +36,16 @@ import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from trinity_like.explorer.engine import NativeEngine, SamplingParams
 from trinity_like.models import load_model, render_prompt
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import cpu_name  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -111,28 +115,37 @@ def run_generate(model, tokenizer, prompts, group: int, max_new: int, seed: int,
     return {"wall_s": wall, "tokens": count_response_tokens(seqs[:, width:].tolist(), stop_ids)}
 
 
+SUFFIX = {"fp32": "", "bf16": "-bf16"}  # contender names per precision: ours, ours-bf16, ...
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+BASES = ("generate", "generate+logprobs")
+
+
+def precisions_of(args) -> tuple[str, ...]:
+    """``--precision`` as a tuple (``--bf16``: both, as before)."""
+    chosen = "both" if getattr(args, "bf16", False) else getattr(args, "precision", "fp32")
+    return tuple(SUFFIX) if chosen == "both" else (chosen,)
+
+
 def bench_model(ref: str, args) -> dict:
-    model, tokenizer = load_model(ref)
-    prompts = build_prompts(tokenizer, args.prompts)
-    engine = NativeEngine(model, tokenizer)
+    """Every contender in every precision asked (both sides in the same dtype: weights, KV cache,
+    ``generate``'s model), interleaved; medians and per-repetition ratios ours / ``generate``."""
+    contenders, warm_ups, engines, params = {}, [], {}, 0.0
     g, n = args.group, args.max_new_tokens
-    contenders = {
-        "ours": lambda s: run_ours(engine, prompts, g, n, s),
-        "generate": lambda s: run_generate(model, tokenizer, prompts, g, n, s, False),
-        "generate+logprobs": lambda s: run_generate(model, tokenizer, prompts, g, n, s, True),
-    }
-    if args.bf16:
-        # Both sides in bfloat16: different numerics from the fp32 policy, reported apart.
-        model16, _ = load_model(ref, dtype=torch.bfloat16)
-        engine16 = NativeEngine(model16, tokenizer)
-        contenders["ours-bf16"] = lambda s: run_ours(engine16, prompts, g, n, s)
-        contenders["generate-bf16"] = lambda s: run_generate(model16, tokenizer, prompts, g, n, s, False)
-    # Warm-up: first calls allocate and pick kernels.
-    run_ours(engine, prompts[:2], 2, 4, 0)
-    run_generate(model, tokenizer, prompts[:2], 2, 4, 0, False)
-    if args.bf16:
-        run_ours(engine16, prompts[:2], 2, 4, 0)
-        run_generate(model16, tokenizer, prompts[:2], 2, 4, 0, False)
+    for precision in precisions_of(args):
+        model, tokenizer = load_model(ref, dtype=DTYPES[precision])
+        params = sum(p.numel() for p in model.parameters()) / 1e6
+        prompts = build_prompts(tokenizer, args.prompts)  # the same token ids in every precision
+        engine = engines[precision] = NativeEngine(model, tokenizer)
+        x = SUFFIX[precision]
+        contenders[f"ours{x}"] = partial(run_ours, engine, prompts, g, n)
+        contenders[f"generate{x}"] = partial(run_generate, model, tokenizer, prompts, g, n, logprobs=False)
+        contenders[f"generate+logprobs{x}"] = partial(run_generate, model, tokenizer, prompts, g, n, logprobs=True)
+        warm_ups += [  # first calls allocate and pick kernels
+            partial(run_ours, engine, prompts[:2], 2, 4, 0),
+            partial(run_generate, model, tokenizer, prompts[:2], 2, 4, 0, logprobs=False),
+        ]
+    for warm_up in warm_ups:
+        warm_up()
     names = list(contenders)
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for rep in range(args.reps):
@@ -155,19 +168,21 @@ def bench_model(ref: str, args) -> dict:
         }
         for n in names
     }
-    for base in ("generate", "generate+logprobs"):
-        ratios = [o["tokens_per_s"] / b["tokens_per_s"] for o, b in zip(runs["ours"], runs[base])]
-        summary["ours"][f"ratio_vs_{base}"] = statistics.median(ratios)
-        summary["ours"][f"ratios_vs_{base}"] = ratios
-    if args.bf16:
-        for base in ("generate-bf16", "generate"):
-            ratios = [o["tokens_per_s"] / b["tokens_per_s"] for o, b in zip(runs["ours-bf16"], runs[base])]
-            summary["ours-bf16"][f"ratio_vs_{base}"] = statistics.median(ratios)
-    split = {k: statistics.median(r["split_s"][k] for r in runs["ours"]) for k in runs["ours"][0]["split_s"]}
-    summary["ours"]["split_s"] = split
+    for precision in engines:
+        x = SUFFIX[precision]
+        ours = summary[f"ours{x}"]
+        for base in BASES:
+            ratios = [o["tokens_per_s"] / b["tokens_per_s"] for o, b in zip(runs[f"ours{x}"], runs[f"{base}{x}"])]
+            ours[f"ratio_vs_{base}{x}"] = statistics.median(ratios)
+            ours[f"ratios_vs_{base}{x}"] = ratios
+        split = runs[f"ours{x}"][0]["split_s"]
+        ours["split_s"] = {k: statistics.median(r["split_s"][k] for r in runs[f"ours{x}"]) for k in split}
+    if len(engines) == 2:  # ours in bf16 against ours in fp32, per repetition
+        ratios = [b["tokens_per_s"] / f["tokens_per_s"] for b, f in zip(runs["ours-bf16"], runs["ours"])]
+        summary["ours-bf16"]["ratio_vs_ours"] = statistics.median(ratios)
     return {
         "model": ref,
-        "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+        "params_m": params,
         "prompt_tokens": [len(p) for p in prompts],
         "summary": summary,
         "runs": runs,
@@ -197,7 +212,7 @@ def markdown(results: list[dict], args, command: str, commit: str) -> str:
         "",
         f"Workload: {args.prompts} prompts x group {args.group}, up to {args.max_new_tokens} new tokens, "
         f"temperature 1.0, top_k=0, top_p=1.0; torch threads {args.threads}; {args.reps} interleaved repetitions "
-        f"(medians). Machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, shared "
+        f"(medians). Machine: {cpu_name()}, torch {torch.__version__}, shared "
         f"with other jobs -- compare ratios, not absolute times. Code measured: commit {commit}.",
         "",
         "tokens/s, wall and tokens: medians per contender; `ours / this`: median of the per-repetition ratios "
@@ -208,45 +223,38 @@ def markdown(results: list[dict], args, command: str, commit: str) -> str:
     ]
     for res in results:
         s = res["summary"]
-        for name in ("ours", "generate", "generate+logprobs"):
-            ratio = "-" if name == "ours" else f"{s['ours'][f'ratio_vs_{name}']:.2f}x"
-            lines.append(
-                f"| {res['model']} | {name} | {s[name]['tokens_per_s']:.1f} | {s[name]['wall_s']:.2f} "
-                f"| {s[name]['tokens']:.0f} | {ratio} |"
-            )
-        if "ours-bf16" in s:
-            r16 = s["ours-bf16"]
-            for name in ("ours-bf16", "generate-bf16"):
-                ratio = (
-                    "-"
-                    if name == "ours-bf16"
-                    else (
-                        f"{r16['ratio_vs_generate-bf16']:.2f}x (ours-bf16 vs fp32 generate: {r16['ratio_vs_generate']:.2f}x)"
-                    )
-                )
+        for x in (x for x in SUFFIX.values() if f"ours{x}" in s):
+            for name in (f"ours{x}", *(f"{b}{x}" for b in BASES if f"{b}{x}" in s)):
+                ratio = "-" if name.startswith("ours") else f"{s[f'ours{x}'][f'ratio_vs_{name}']:.2f}x"
                 lines.append(
                     f"| {res['model']} | {name} | {s[name]['tokens_per_s']:.1f} | {s[name]['wall_s']:.2f} "
                     f"| {s[name]['tokens']:.0f} | {ratio} |"
                 )
-    lines += ["", "Per-repetition ratios ours / generate (spread under load):", ""]
+        if "ratio_vs_ours" in s.get("ours-bf16", {}):
+            lines.append(f"| {res['model']} | ours-bf16 / ours (fp32) | | | | {s['ours-bf16']['ratio_vs_ours']:.2f}x |")
+    lines += ["", "Per-repetition ratios ours / generate, same precision (spread under load):", ""]
     for res in results:
-        o = res["summary"]["ours"]
-        for base in ("generate", "generate+logprobs"):
-            if f"ratios_vs_{base}" in o:
-                lines.append(f"- {res['model']} vs {base}: " + ", ".join(f"{r:.2f}x" for r in o[f"ratios_vs_{base}"]))
+        s = res["summary"]
+        for x in (x for x in SUFFIX.values() if f"ours{x}" in s):
+            for base in BASES:
+                if f"ratios_vs_{base}{x}" in s[f"ours{x}"]:
+                    ratios = s[f"ours{x}"][f"ratios_vs_{base}{x}"]
+                    lines.append(f"- {res['model']} ours{x} vs {base}{x}: " + ", ".join(f"{r:.2f}x" for r in ratios))
     lines += [
         "",
         "Our time split (median seconds per run):",
         "",
-        "| model | prefill | decode forward | sampling | cache management | bookkeeping |",
-        "|---|---|---|---|---|---|",
+        "| model | contender | prefill | decode forward | sampling | cache management | bookkeeping |",
+        "|---|---|---|---|---|---|---|",
     ]
     for res in results:
-        sp = res["summary"]["ours"]["split_s"]
-        lines.append(
-            f"| {res['model']} | {sp['prefill']:.2f} | {sp['decode_forward']:.2f} | {sp['sampling']:.2f} "
-            f"| {sp['cache']:.2f} | {sp['bookkeeping']:.2f} |"
-        )
+        for name, o in res["summary"].items():
+            if "split_s" in o:
+                sp = o["split_s"]
+                lines.append(
+                    f"| {res['model']} | {name} | {sp['prefill']:.2f} | {sp['decode_forward']:.2f} "
+                    f"| {sp['sampling']:.2f} | {sp['cache']:.2f} | {sp['bookkeeping']:.2f} |"
+                )
     return "\n".join(lines) + "\n"
 
 
@@ -341,12 +349,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions (medians)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: as in notes/baselines.md)")
-    parser.add_argument("--bf16", action="store_true", help="also time both sides in bfloat16")
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "bf16", "both"),
+        default="both",
+        help="every contender's weights and KV cache in fp32, in bf16, or both (interleaved)",
+    )
+    parser.add_argument("--bf16", action="store_true", help="the same as --precision both (older commands)")
+    parser.add_argument("--tiny", action="store_true", help="the tiny random model, 1 repetition: a smoke run")
     parser.add_argument("--render", type=Path, help="only re-render the markdown of a saved JSON result")
     parser.add_argument("--out", type=Path, default=RESULTS / "rollout", help="writes OUT.md and OUT.json")
     parser.add_argument("--ab", type=Path, help="time our engine alone against this other checkout's (OUT_ab.*)")
     parser.add_argument("--ab-calls", type=int, default=3, help="--ab: timed calls per process (its median)")
     args = parser.parse_args(argv)
+    if args.tiny:
+        args.models, args.reps, args.prompts, args.max_new_tokens = ["tiny-random"], 1, 4, 8
     if args.render:
         saved = json.loads(args.render.read_text())
         for res in saved["results"]:  # older files lack the per-repetition ratio lists

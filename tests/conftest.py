@@ -1,4 +1,4 @@
-"""Suite-wide settings: offline, Ray without auth tokens, GPU tests skipped without a GPU; the
+"""Suite-wide settings: offline, Ray without auth tokens, fp32 CPU defaults, GPU tests skipped without a GPU; the
 Qwen3 and tiny tokenizers shared by the buffer and chat tests."""
 
 from __future__ import annotations
@@ -10,6 +10,9 @@ from typing import Any
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# CPU defaults as on a CPU without bf16 units, in every process a test starts: the suite's numbers do
+# not depend on the CPU that runs it (models/device.py; tests/trainer/test_precision.py tests the bf16 path).
+os.environ.setdefault("TRINITY_LIKE_CPU_BF16", "off")
 
 import pytest  # noqa: E402
 

@@ -41,14 +41,18 @@ def test_the_run_device_is_what_parts_built_without_a_config_see():
         dev._run_device = before
 
 
-def test_precision_on_cpu_changes_nothing_and_on_cuda_is_bf16_over_fp32_masters():
+def test_precision_on_a_cpu_without_bf16_units_is_fp32_and_on_cuda_is_bf16_over_fp32_masters(monkeypatch):
+    monkeypatch.setattr(
+        dev, "cpu_bf16_flags", lambda: frozenset()
+    )  # an AVX2 CPU (tests/trainer/test_precision.py: others)
     cpu = dev.precision(torch.device("cpu"))
     assert (cpu.rollout, cpu.train_weights, cpu.train_compute) == (torch.float32, torch.float32, None)
     cuda = dev.precision(torch.device("cuda", 0))  # a device object needs no GPU
     assert (cuda.rollout, cuda.train_weights, cuda.train_compute) == (torch.bfloat16, torch.float32, torch.bfloat16)
 
 
-def test_explicit_dtypes_win_over_auto():
+def test_explicit_dtypes_win_over_auto(monkeypatch):
+    monkeypatch.setattr(dev, "cpu_bf16_flags", lambda: frozenset())
     cuda = torch.device("cuda", 0)
     assert dev.rollout_dtype("auto", cuda) is torch.bfloat16
     assert dev.rollout_dtype("float32", cuda) is torch.float32

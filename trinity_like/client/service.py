@@ -80,7 +80,7 @@ class ServiceClient:
 
     ``train_engine``: "local" (in-process torch) or "verl" (``trainer_workers`` FSDP workers
     through Ray); ``micro_batch_size`` rows per forward/backward; ``dtype`` of the weights
-    ("auto": fp32 on CPU, bf16 compute over fp32 weights on a GPU); ``device`` of the local
+    ("auto": bf16 compute over fp32 weights on a GPU and on a CPU with bf16 units, else fp32); ``device`` of the local
     learner and the samplers ("auto": a GPU when torch sees one, "cpu", "cuda:N").
     ``backend``: "local" (this process) or "ray" (a learner actor and ``ray.samplers`` sampler
     actors, placed by ``ray``: a :class:`~trinity_like.client.ray.RayClientConfig` or its dict;

@@ -5,6 +5,8 @@ from __future__ import annotations
 from trinity_like.components import OFF, ComponentSpec
 from trinity_like.config.resolve import ResolvedComponent, ResolvedStage, RunPlan, load_plan
 from trinity_like.config.schema import Config
+from trinity_like.models.device import describe as describe_precision
+from trinity_like.models.device import resolve_device
 from trinity_like.registry import WORKFLOW
 
 __all__ = ["ComponentSpec", "Config", "ResolvedComponent", "ResolvedStage", "RunPlan", "describe_plan", "load_plan"]
@@ -48,6 +50,7 @@ def describe_plan(plan: RunPlan) -> str:
         lines.append(
             f"  model: {c.model.path} ({c.model.dtype}), prompt <= {c.model.max_prompt_tokens}, response <= {c.model.max_response_tokens} tokens"
         )
+        lines.append(f"  {describe_precision(c.model.dtype, c.explorer.dtype, resolve_device(c.cluster.device))}")
         flags = [f for f in ("use_rollout", "use_reference", "use_critic") if getattr(a, f)]
         flags += ["dynamic_sampling"] if st.dynamic_sampling else []
         lines.append(

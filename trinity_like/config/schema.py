@@ -63,7 +63,7 @@ class Section(BaseModel):
 
 class ModelConfig(Section):
     path: str = "smollm2-135m-instruct"  # built-in id (see `trinity-like list models`) or a local HF folder
-    dtype: Dtype = "auto"  # train engines; auto: fp32 on CPU, bf16 compute over fp32 weights on CUDA (docs/gpu.md)
+    dtype: Dtype = "auto"  # train engines; auto: bf16 compute over fp32 weights on CUDA and bf16 CPUs, else fp32 (docs/precision.md)
     max_prompt_tokens: PosInt = 256  # prompts longer than this are an error, not silently cut
     max_response_tokens: PosInt = 64  # upper bound on generated / trained response tokens
     critic_path: str | None = None  # initial weights of the value model (PPO); None: same as `path`
@@ -138,7 +138,7 @@ class SamplingConfig(Section):
 
 class ExplorerConfig(Section):
     placement: Literal["auto", "driver", "ray"] = "auto"  # where it runs; auto: a Ray actor when the trainer uses Ray
-    dtype: Dtype = "auto"  # rollout weights and KV cache; auto: fp32 on CPU, bf16 on CUDA (bf16 also samples faster on CPUs with AVX-512 bf16)
+    dtype: Dtype = "auto"  # rollout weights and KV cache; auto: bf16 on CUDA and on CPUs with bf16 units, else fp32 (docs/precision.md)
     engine: str = (
         "native"  # ROLLOUT_ENGINE name (`trinity-like list rollout_engine`): our KV-cache engine, or a plugin's
     )

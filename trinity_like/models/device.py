@@ -7,16 +7,21 @@ first CUDA device when torch sees one, else the CPU::
 
     device = resolve_device("auto")              # torch.device("cuda", 0) on a GPU machine
     p = precision(device)                        # what runs in which dtype there
-    p.rollout, p.train_compute                   # bf16, bf16 on CUDA; fp32, None on CPU
+    p.rollout, p.train_compute                   # bf16, bf16 on CUDA and on a CPU with bf16 units
+    p.why                                        # "CPU has avx512_bf16": what decided it
 
 What stays float32 everywhere: the train engines' master weights and optimiser state
 (AdamW moments), the logprobs and every loss (the head's logits are upcast before
 ``logsumexp``: :func:`~trinity_like.trainer.forward.at_least_fp32`), the sampler's softmax
-and the logprobs it reports. On CUDA the train engines compute forward and backward under
-bf16 autocast over those fp32 weights, and the rollout engine holds its weights and KV
-cache in bf16 (what decoding reads every step). On the CPU everything is float32, as it
-always was; a CPU with bf16 units may get bf16 here later -- :func:`precision` is the one
-function to change.
+and the logprobs it reports. On CUDA, and on a CPU with bf16 units (AVX512-BF16, AMX-BF16:
+:func:`cpu_bf16_flags`), the train engines compute forward and backward in bf16 over those
+fp32 weights (autocast on the local engine, FSDP's mixed precision on verl), and the rollout
+engine holds its weights and KV cache in bf16 (what decoding reads every step). Measured on a
+2-core AMD EPYC with AVX512-BF16 and no AMX (``benchmarks/precision.py``): the update 2.5x and
+the rollout 2.2x faster than fp32 (``docs/precision.md``). A CPU without the units (AVX2)
+stays float32: bf16 arithmetic is emulated there and slower. ``model.dtype`` /
+``explorer.dtype`` set to ``float32`` or ``bfloat16`` win over this; :func:`describe` is the
+line the run log and ``--dry-run`` print.
 
 The process's run device (:func:`set_run_device`) is what parts built without a config see
 (environments' frozen players, reward models): a run sets it from ``cluster.device`` before
@@ -25,8 +30,10 @@ it builds anything.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trinity_like.errors import TrinityError
@@ -74,22 +81,98 @@ def run_device() -> torch.device:
     return resolve_device(None)
 
 
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of native bf16 dot products
+# What runs in bf16 by default on a CPU with those units: each part measured faster there than in fp32
+# (benchmarks/precision.py on a 2-core AMD EPYC with avx512_bf16, no AMX; benchmarks/RESULTS.md).
+CPU_BF16_PARTS = frozenset({"train", "rollout"})
+CPU_BF16_ENV = "TRINITY_LIKE_CPU_BF16"  # auto | on | off: see cpu_bf16_flags
+CPU_BF16_NOTE = ""  # why a part stays fp32 there, when one does
+
+
+def cpu_bf16_flags() -> frozenset[str]:
+    """The CPU's bf16 units: which of :data:`CPU_BF16_FLAGS` ``/proc/cpuinfo`` lists (empty where
+    there is no such file). The one hardware probe :func:`precision` reads; tests replace it.
+
+    The environment variable ``TRINITY_LIKE_CPU_BF16`` (read in every process a run starts)
+    overrides the probe: ``off`` reports no units (CPU defaults as on an AVX2 machine; the test
+    suite sets it, so that its numbers do not depend on the CPU that runs it), ``on`` reports
+    ``TRINITY_LIKE_CPU_BF16=on`` as if it were a unit (the bf16 path on any CPU: slow where
+    bf16 is emulated, for tests and benchmarks), ``auto`` (or unset) looks.
+    """
+    setting = os.environ.get(CPU_BF16_ENV, "auto")
+    if setting not in ("auto", "off", "on"):
+        raise TrinityError(f"environment variable {CPU_BF16_ENV}={setting!r}: expected auto, on or off")
+    if setting != "auto":
+        return frozenset({f"{CPU_BF16_ENV}=on"}) if setting == "on" else frozenset()
+    info = Path("/proc/cpuinfo")
+    if not info.is_file():
+        return frozenset()
+    for line in info.read_text(errors="replace").splitlines():
+        if line.startswith("flags"):
+            return frozenset(CPU_BF16_FLAGS) & set(line.partition(":")[2].split())
+    return frozenset()
+
+
 @dataclass(frozen=True)
 class Precision:
-    """What runs in which dtype on one device (see the module docstring)."""
+    """What runs in which dtype on one device (see the module docstring), and why."""
 
     rollout: torch.dtype  # the rollout engine's weights and KV cache
     train_weights: torch.dtype  # train engines' master weights and optimiser state
     train_compute: torch.dtype | None  # autocast dtype of train forward/backward; None: the weights' own
+    why: str = ""  # what on the device decided it, for the run log
 
 
 def precision(device: torch.device) -> Precision:
-    """The default precision on ``device``: bf16 compute over fp32 masters on CUDA, fp32 on CPU."""
+    """The default precision on ``device`` (``model.dtype`` / ``explorer.dtype`` ``auto``).
+
+    - CUDA: bf16 autocast over fp32 masters for training, bf16 rollout weights and KV cache.
+    - A CPU with bf16 units (:func:`cpu_bf16_flags`: AVX512-BF16 or AMX-BF16): the parts
+      :data:`CPU_BF16_PARTS` names -- measured faster in bf16 there (``benchmarks/precision.py``,
+      ``docs/precision.md``) -- in bf16, the same mixed path as CUDA; the rest fp32.
+    - Any other CPU (AVX2): fp32 everything -- bf16 matmuls are emulated there, slower than fp32.
+    """
     import torch
 
+    bf16, fp32 = torch.bfloat16, torch.float32
     if device.type == "cuda":
-        return Precision(rollout=torch.bfloat16, train_weights=torch.float32, train_compute=torch.bfloat16)
-    return Precision(rollout=torch.float32, train_weights=torch.float32, train_compute=None)
+        return Precision(rollout=bf16, train_weights=fp32, train_compute=bf16, why="CUDA")
+    flags = cpu_bf16_flags()
+    if not flags:
+        return Precision(
+            rollout=fp32,
+            train_weights=fp32,
+            train_compute=None,
+            why=f"CPU without bf16 units (no {' or '.join(CPU_BF16_FLAGS)}): bf16 is slower than fp32 there",
+        )
+    return Precision(
+        rollout=bf16 if "rollout" in CPU_BF16_PARTS else fp32,
+        train_weights=fp32,
+        train_compute=bf16 if "train" in CPU_BF16_PARTS else None,
+        why=f"CPU has {', '.join(sorted(flags))}" + CPU_BF16_NOTE,
+    )
+
+
+def describe(model_dtype: str, explorer_dtype: str, device: torch.device) -> str:
+    """One line for the run log and the resolved plan: which precision path each part runs, and why.
+
+    e.g. ``precision on cpu: train bf16 compute over fp32 master weights (model.dtype auto), rollout bf16
+    weights and KV cache (explorer.dtype auto); auto because the CPU has avx512_bf16``.
+    """
+    weights, compute = train_dtypes(model_dtype, device)
+    train = f"bf16 compute over {_short(weights)} master weights" if compute is not None else f"{_short(weights)}"
+    rollout = _short(rollout_dtype(explorer_dtype, device))
+    parts = [
+        f"train {train} (model.dtype {'auto' if model_dtype == 'auto' else '= ' + model_dtype})",
+        f"rollout {rollout} weights and KV cache (explorer.dtype "
+        f"{'auto' if explorer_dtype == 'auto' else '= ' + explorer_dtype})",
+    ]
+    why = f"; auto because: {precision(device).why}" if "auto" in (model_dtype, explorer_dtype) else ""
+    return f"precision on {device.type}: {', '.join(parts)}{why}"
+
+
+def _short(dtype: torch.dtype) -> str:
+    return {"torch.float32": "fp32", "torch.bfloat16": "bf16"}.get(str(dtype), str(dtype))
 
 
 def rollout_dtype(name: str, device: torch.device) -> torch.dtype:

@@ -32,7 +32,8 @@ from trinity_like.config.schema import Config
 from trinity_like.cpu_share import CoreShare
 from trinity_like.errors import TrinityError
 from trinity_like.explorer.worker import ExplorerWorker, RemoteExplorer
-from trinity_like.models.device import set_run_device
+from trinity_like.models.device import describe as describe_precision
+from trinity_like.models.device import run_device, set_run_device
 from trinity_like.pipeline.data_sources import load_stage_data
 from trinity_like.pipeline.reward_watch import RewardWatch
 from trinity_like.pipeline.run_dir import RunDir
@@ -171,6 +172,7 @@ def build_stage(spec: ResolvedStage, role: str) -> Stage:
     objective = objective_from_stage(spec, one_update=one_update(spec)) if trains else None
     needs = frozenset(spec.needs | objective.inputs_needed()) if objective else frozenset()
     run = RunDir.open(cfg, role)
+    run.logger.write(describe_precision(cfg.model.dtype, cfg.explorer.dtype, run_device()))
     stage = Stage(spec=spec, role=role, model_path=model_path, tokenizer=tokenizer, data=data, run=run)
     try:
         if role != "offline":

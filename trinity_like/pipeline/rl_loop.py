@@ -47,6 +47,7 @@ from trinity_like.monitor.logger import PhaseTimer
 from trinity_like.ops import apply_kl_penalty, groups_with_signal, normalizers
 from trinity_like.pipeline.batching import experience_batch, split_rows, trained_records
 from trinity_like.pipeline.stage import Stage
+from trinity_like.trainer.objective import sampler_gap
 
 Batch = dict[str, torch.Tensor]
 Prepare = Callable[[Stage, Batch, PhaseTimer], dict[str, float]]  # adds what the losses read to a batch
@@ -193,6 +194,12 @@ def learn(stage: Stage, loop: LoopState, step: int, timer: PhaseTimer) -> tuple[
         metrics.update(update(stage, loop, step, batch, timer, prepare=prepare_rl_batch, outputs=outputs))
         if "skipped/nan_loss" not in metrics:
             tokens = int(batch["attention_mask"].sum())
+            if "logprob" in outputs and "rollout_logprob" in batch:  # the sampler-trainer gap, whole batch
+                metrics.update(
+                    sampler_gap(
+                        outputs["logprob"], batch["rollout_logprob"], batch["response_mask"], batch["is_expert"]
+                    )
+                )
             if isinstance(stage.storage, TrainingRecorder):
                 with timer("record"):  # for people (trinity-like view): what the loss saw, no extra pass
                     stage.storage.record_trained(step, trained_records(rows, batch, outputs))

@@ -25,7 +25,7 @@ import torch
 from trinity_like.components import ComponentSpec, call_component, required_inputs
 from trinity_like.ops import kl_loss_term
 
-__all__ = ["ComponentSpec", "Objective", "objective_from_stage"]
+__all__ = ["ComponentSpec", "Objective", "objective_from_stage", "sampler_gap"]
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,40 @@ class Objective:
             metrics["nonfinite_loss"] = 1.0
             return torch.zeros((), dtype=loss.dtype, device=loss.device, requires_grad=True), metrics
         return loss, metrics
+
+
+def sampler_gap(
+    logprob_BR: torch.Tensor, rollout_logprob_BR: torch.Tensor, mask_BR: torch.Tensor, is_expert_B: torch.Tensor | None
+) -> dict[str, float]:
+    """How far the trainer's logprobs of the sampled tokens are from the sampler's own, over a whole batch.
+
+    ``logprob``: the trainer's, at the weights that sampled the batch (the first epoch's forward);
+    ``rollout_logprob``: what the rollout engine reported for the same tokens. Both ``[B, R]``;
+    ``mask``: the trained response tokens; expert rows (``is_expert [B]``, MIX) were never
+    sampled and are left out. Returns, over the sampled tokens (nothing when there are none):
+
+    - ``train/sampler_kl_k3``: mean of k3 = (r - 1) - log r, r = pi_train / pi_sampler -- an
+      unbiased, non-negative estimate of KL(sampler || trainer) from the sampler's own tokens
+      (Schulman, "Approximating KL divergence", 2020);
+    - ``train/sampler_logprob_diff_max`` and ``train/sampler_logprob_diff_mean``: the largest
+      and the mean |log pi_train - log pi_sampler|.
+
+    ~0 when both run the same weights in the same precision; bf16 sampling against fp32 (or
+    mixed) training, or stale weights, make it grow -- then turn on an off-policy correction
+    (``docs/precision.md``).
+    """
+    mask = mask_BR.bool()
+    if is_expert_B is not None:
+        mask = mask & ~is_expert_B.bool().unsqueeze(-1)
+    if not mask.any():
+        return {}
+    log_ratio = (logprob_BR.detach().double() - rollout_logprob_BR.double())[mask]
+    k3 = torch.expm1(log_ratio) - log_ratio
+    return {
+        "train/sampler_kl_k3": float(k3.mean()),
+        "train/sampler_logprob_diff_max": float(log_ratio.abs().max()),
+        "train/sampler_logprob_diff_mean": float(log_ratio.abs().mean()),
+    }
 
 
 def objective_from_stage(stage: Any, *, one_update: bool) -> Objective:
