@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, PeakMemory, git_commit, stop_group  # noqa: E402
+from common import ROOT, PeakMemory, cpu_name, git_commit, stop_group  # noqa: E402
 
 RECIPE = ROOT / "examples" / "grpo_arith.yaml"
 
@@ -155,7 +155,6 @@ def main(argv: list[str] | None = None) -> None:
         for label, overrides in variants:
             print(f"main_job: {label} ...", flush=True)
             results.append(run_variant(label, args.config, [*args.set, *overrides], Path(tmp)))
-    import platform
 
     import torch
 
@@ -166,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         "recipe": str(Path(args.config).resolve().relative_to(ROOT))
         if Path(args.config).resolve().is_relative_to(ROOT)
         else str(args.config),
-        "machine": f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
+        "machine": f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
