@@ -205,11 +205,15 @@ def prompt_logprobs(model: PreTrainedModel, ids: list[int], last_n: int | None =
     return logprob_P.numpy().astype(np.float32)
 
 
-def _reject_unsupported(**options: Any) -> None:
-    """Options of the SDK this sampler does not implement fail at call time, by name."""
-    for name, value in options.items():
+def check_sample_options(include_prompt_logprobs: bool, prompt_logprobs_last_n: int | None, **unsupported: Any) -> None:
+    """``sample``'s options, checked at call time in both samplers (in-process and on Ray): the SDK's
+    options this sampler does not implement fail by name, and ``prompt_logprobs_last_n`` needs
+    ``include_prompt_logprobs``."""
+    for name, value in unsupported.items():
         if value:
             raise ValueError(f"{name}={value!r} is not supported by trinity_like's SamplingClient (leave it unset)")
+    if prompt_logprobs_last_n is not None and not include_prompt_logprobs:
+        raise ValueError("prompt_logprobs_last_n applies to prompt logprobs; set include_prompt_logprobs")
 
 
 class SamplingClient:
@@ -382,14 +386,14 @@ class SamplingClient:
         prompt_logprobs_last_n: int | None = None,
     ) -> AwaitableConcurrentFuture[types.SampleResponse]:
         """``num_samples`` responses to ``prompt``; a future, returned at once (``.result()``, ``await``)."""
-        _reject_unsupported(
+        check_sample_options(
+            include_prompt_logprobs,
+            prompt_logprobs_last_n,
             topk_prompt_logprobs=topk_prompt_logprobs,
             topk_sample_logprobs=topk_sample_logprobs,
             target_prompt_logprobs=target_prompt_logprobs,
             prompt_alt_tokens_k=prompt_alt_tokens_k,
         )
-        if prompt_logprobs_last_n is not None and not include_prompt_logprobs:
-            raise ValueError("prompt_logprobs_last_n applies to prompt logprobs; set include_prompt_logprobs")
         key = None
         if isinstance(sampling_params, types.SamplingParams):
             if sampling_params.seed is None:  # a fresh seed per request, drawn now

@@ -22,7 +22,7 @@ from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 from trinity_like.client.ray.actors import WeightsRef
 from trinity_like.client.ray.pool import SamplerPool
 from trinity_like.client.ray.runtime import RayRuntime
-from trinity_like.client.sampling import _reject_unsupported
+from trinity_like.client.sampling import check_sample_options
 from trinity_like.errors import TrinityError
 from trinity_like.models.resolve import load_tokenizer, resolve_model_path
 
@@ -65,14 +65,14 @@ class RaySamplingClient:
         prompt_logprobs_last_n: int | None = None,
     ) -> AwaitableConcurrentFuture[types.SampleResponse]:
         """As in-process; a seed left None is drawn here, so a retried request samples the same tokens."""
-        _reject_unsupported(
+        check_sample_options(
+            include_prompt_logprobs,
+            prompt_logprobs_last_n,
             topk_prompt_logprobs=topk_prompt_logprobs,
             topk_sample_logprobs=topk_sample_logprobs,
             target_prompt_logprobs=target_prompt_logprobs,
             prompt_alt_tokens_k=prompt_alt_tokens_k,
         )
-        if prompt_logprobs_last_n is not None and not include_prompt_logprobs:
-            raise ValueError("prompt_logprobs_last_n applies to prompt logprobs; set include_prompt_logprobs")
         if isinstance(sampling_params, types.SamplingParams) and sampling_params.seed is None:
             sampling_params = sampling_params.model_copy(update={"seed": secrets.randbits(63)})
         return self._pool().submit(
