@@ -143,7 +143,7 @@ CASES = [
     # recipe's), and GPU workers on a machine without GPUs stop at once instead of Ray waiting for them
     Case(
         "yaml_cluster_nnodes",
-        r"r\.yaml:18: cluster\.nnodes: unknown key \(known: ray_address, num_cpus, num_gpus, .*\)",
+        r"r\.yaml:18: cluster\.nnodes: unknown key \(known: device, ray_address, num_cpus, num_gpus, .*\)",
         recipe=GRPO + "cluster:\n  nnodes: 2\n",
     ),
     Case(

@@ -399,7 +399,7 @@ def test_report_embeds_hostile_text_as_data_only(run_dir: Path, record_property)
         assert text not in html  # only as escapes
     parser = Scripts()
     parser.feed(html)
-    assert len(parser.scripts) == 3  # the data, uPlot, the page's own
+    assert len(parser.scripts) == 4  # the data, uPlot, the page's own, its comparison charts
     data = parser.scripts[0]
     assert data.startswith("window.REPORT = ") and data.endswith(";")
     report = json.loads(data[len("window.REPORT = ") : -1])

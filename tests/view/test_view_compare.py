@@ -161,15 +161,18 @@ def test_a_hostile_compare_json_never_leads_out_of_its_folder(compare_dir, tmp_p
     c = open_comparison(folder)
     where = f"{folder / 'compare.json'}"
     assert c.labels == ["grpo_add2", "dr_grpo_add2"] and c.members == []
-    assert c.warnings == [
-        f"{where}: entries.2: needs a label that names a folder (letters, digits, _ . + -)",
-        f"{where}: entries.3: needs a label that names a folder (letters, digits, _ . + -)",
-        f"{where}: runs.0: '../../../../elsewhere' leads out of {folder}; not read",
-        f"{where}: runs.1: run_dirs must be paths inside the run's folder (got {json.dumps(str(secret))}); not read",
-        f"{where}: runs.2: needs the label of an entry, a whole-number seed and a status; skipped",
-        f"{where}: runs.3: '.' leads out of {folder}; not read",
-        f"{where}: runs.4: needs the label of an entry, a whole-number seed and a status; skipped",
-    ]
+    assert (
+        c.warnings
+        == [
+            f"{where}: entries.2: needs a label that names a folder (letters, digits, _ . + -)",
+            f"{where}: entries.3: needs a label that names a folder (letters, digits, _ . + -)",
+            f"{where}: runs.0: '../../../../elsewhere' leads out of {folder}; not read",
+            f"{where}: runs.1: run_dirs must be paths inside the run's folder (got {json.dumps(str(secret))[:80]}); not read",  # at most 80 characters of it
+            f"{where}: runs.2: needs the label of an entry, a whole-number seed and a status; skipped",
+            f"{where}: runs.3: '.' leads out of {folder}; not read",
+            f"{where}: runs.4: needs the label of an entry, a whole-number seed and a status; skipped",
+        ]
+    )
     data = comparisons_data([], [c])[0]
     assert all(e["steps"] == [] for p in data["panels"] for e in p["entries"])
 
