@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from filelock import FileLock
 
 ROOT = Path(__file__).resolve().parents[2]
 # Every recipe shrunk to seconds: the tiny model, the local engine, 2 steps, small batches. A random
@@ -65,3 +68,36 @@ def doc_commands() -> list[list[str]]:
     import shlex
 
     return [shlex.split(line) for block in doc_blocks("bash") for line in block.splitlines() if line.strip()]
+
+
+def tiny_compare(tmp_path_factory, name: str) -> tuple[Path, subprocess.CompletedProcess]:
+    """docs/compare.md's first command, as written, shrunk to the tiny model and 2 seeds by appended
+    flags: run once per test session, copied into a fresh folder for each caller (who may change it).
+
+    Under xdist the workers share the session's temp root: the first to ask runs it, the others wait
+    on the lock and copy its result, so the compare and view tests pay for one comparison, not three.
+    """
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "tiny_compare"
+    shared.mkdir(parents=True, exist_ok=True)
+    done = shared / "done.json"
+    with FileLock(str(shared / "lock")):
+        if not done.exists():
+            argv = doc_commands()[0]
+            assert argv[:2] == ["trinity-like", "compare"], argv
+            result = compare(
+                *argv[2:], "--seeds", "2", *set_flags(TINY_SETS), "--out", str(shared / "out"), "--jobs", "2"
+            )
+            state = {
+                "args": result.args,
+                "returncode": result.returncode,
+                "stdout": result.stdout,
+                "stderr": result.stderr,
+            }
+            done.write_text(json.dumps(state))
+    state = json.loads(done.read_text())
+    result = subprocess.CompletedProcess(state["args"], state["returncode"], state["stdout"], state["stderr"])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = tmp_path_factory.mktemp(name) / "compare_add2"
+    shutil.copytree(shared / "out", out, symlinks=True)
+    return out, result

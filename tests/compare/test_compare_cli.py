@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from compare_testlib import ROOT, TINY_SETS, compare, doc_commands, metrics, report, set_flags
+from compare_testlib import ROOT, TINY_SETS, compare, doc_commands, metrics, report, set_flags, tiny_compare
 
 from trinity_like.compare.stats import paired
 
@@ -20,12 +20,9 @@ A, B = "examples/grpo_add2.yaml", "examples/dr_grpo_add2.yaml"
 
 @pytest.fixture(scope="module")
 def done(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """docs/compare.md's first command, as written, shrunk to the tiny model and 2 seeds by appended flags."""
-    out = tmp_path_factory.mktemp("cmp") / "out"
-    argv = doc_commands()[0]
-    assert argv[:4] == ["trinity-like", "compare", A, B]
-    result = compare(*argv[2:], "--seeds", "2", *set_flags(TINY_SETS), "--out", str(out), "--jobs", "2")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    """docs/compare.md's first command, as written, shrunk to the tiny model and 2 seeds (compare_testlib)."""
+    out, result = tiny_compare(tmp_path_factory, "cmp")
+    assert doc_commands()[0][:4] == ["trinity-like", "compare", A, B]
     return out, result
 
 
@@ -87,7 +84,7 @@ def test_no_run_reports_what_finished_and_starts_nothing(done):
 
 
 def test_a_second_call_reuses_every_finished_run_and_redoes_a_changed_one(done):
-    out, _ = done
+    out, _ = done  # a copy of a comparison made in another folder: its runs are reused where they now are
     again = compare(A, B, "--seeds", "2", *set_flags(TINY_SETS), "--out", str(out))
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("finished before with the same plan: reused") == 4

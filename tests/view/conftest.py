@@ -13,15 +13,11 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "pipeline"))
 sys.path.insert(0, str(Path(__file__).parents[1] / "compare"))
 sys.path.insert(0, str(Path(__file__).parent))  # compare_oracle.py
 
-COMPARED = ("examples/grpo_add2.yaml", "examples/dr_grpo_add2.yaml")
-
 
 @pytest.fixture(scope="session")
 def compare_dir(tmp_path_factory) -> Path:
-    """A real ``trinity-like compare`` of two recipes on the tiny model: 2 seeds x 2 steps (about 2 minutes)."""
-    from compare_testlib import TINY_SETS, compare, set_flags
+    """A real ``trinity-like compare`` of grpo_add2 and dr_grpo_add2 on the tiny model: 2 seeds x 2 steps,
+    the compare tests' own run (made once per test session: ``compare_testlib.tiny_compare``)."""
+    from compare_testlib import tiny_compare
 
-    out = tmp_path_factory.mktemp("compare") / "compare_add2"
-    done = compare(*COMPARED, "--seeds", "2", *set_flags(TINY_SETS), "--out", str(out), "--jobs", "2")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return out
+    return tiny_compare(tmp_path_factory, "compare")[0]

@@ -207,7 +207,7 @@ def recipe_runs(
             run.run_dirs = [Path(s.config.run_dir()) for s in seeded.stages]
             last = seeded.stages[-1]
             run.total_steps = last.config.trainer.total_steps
-            run.identity = {"plan": flat_plan(seeded), "plugins": seeded.plugins}
+            run.identity = {"plan": _under_out(flat_plan(seeded), out), "plugins": seeded.plugins}
             run.model, run.engine = seeded.stages[0].config.model.path, last.config.trainer.engine
             run.extra_models = max(int(s.needs_reference) + 4 * int(s.algorithm.use_critic) for s in seeded.stages)
     except TrinityError as exc:
@@ -218,6 +218,16 @@ def recipe_runs(
     return runs, flat_plan(plan)
 
 
+def _under_out(table: dict[str, Any], out: Path) -> dict[str, Any]:
+    """A run's identity names its folders relative to the comparison's: a comparison folder moved or
+    copied elsewhere keeps its finished runs (they are where the identity says, under the new ``out``)."""
+    root = str(out)
+    return {
+        key: "<out>" + value[len(root) :] if isinstance(value, str) and (value + "/").startswith(root + "/") else value
+        for key, value in table.items()
+    }
+
+
 def script_runs(entry: Entry, seeds: list[int], out: Path) -> list[Run]:
     assert entry.script is not None
     runs = []
@@ -225,6 +235,6 @@ def script_runs(entry: Entry, seeds: list[int], out: Path) -> list[Run]:
         folder = out / "runs" / entry.label / f"seed_{seed}"
         command = entry.script.replace("{seed}", str(seed)).replace("{run_dir}", shlex.quote(str(folder)))
         run = Run(entry.label, seed, folder, argv=shlex.split(command), run_dirs=[folder])
-        run.identity = {"script": entry.script, "seed": seed, "run_dir": str(folder)}
+        run.identity = {"script": entry.script, "seed": seed, "run_dir": str(folder.relative_to(out))}
         runs.append(run)
     return runs

@@ -7,8 +7,9 @@ values after its algorithm's preset filled what it left unset -- what ``trinity-
 params, dynamic sampling, rows per train step, whether a reference model runs). So
 ``grpo_hard`` against ``mix_hard`` shows dynamic sampling beside the expert term.
 
-The same table, with the run's seed and folder, is a run's identity (:func:`plan_hash`): a
-finished run is reused only while its plan hashes the same.
+The same table, with the run's seed and its folder relative to the comparison's, is a run's
+identity (:func:`plan_hash`): a finished run is reused only while its plan hashes the same, also
+after the comparison folder was moved or copied.
 
 Seeds (:func:`seed_overrides`): seed ``s`` sets the recipe's ``seed`` (sampling, init) and
 the ``seed`` of every training data set (which tasks are drawn, in which order), the same for
