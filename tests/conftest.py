@@ -23,11 +23,16 @@ RAY_START = {"test_two_node_ray_cluster.py", "test_existing_ray_cluster.py", "te
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Group tests for ``pytest -n 2 --dist loadgroup`` (the README's command) by module, so a
-    module's fixtures (a Ray instance, a verl engine) start once on one worker; skip GPU tests
-    without a GPU."""
+    module's fixtures (a Ray instance, a verl engine) start once on one worker, slow modules first;
+    skip GPU tests without a GPU."""
     for item in items:
         name = item.path.name
         item.add_marker(pytest.mark.xdist_group("ray_start" if name in RAY_START else str(item.path)))
+    # Modules with a slow test first (xdist hands groups out in collection order): the long ones start
+    # early on both workers and the many short ones fill the end, instead of one worker finishing a
+    # verl or Ray module alone while the other idles. A stable sort keeps each module's own order.
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)
     import torch
 
     if torch.cuda.is_available():

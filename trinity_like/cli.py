@@ -153,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("--max-num-samples", int, 128, "most samples one sample request may ask for"),
         ("--max-batch-datums", int, 1024, "most datums in one forward_backward request (the SDK splits larger)"),
         ("--poll-seconds", float, 10.0, "how long a result fetch waits before the SDK is told to poll again"),
+        ("--max-models", int, 4, "training clients held at once; more is HTTP 400"),
+        ("--max-samplers", int, 8, "sampling sessions kept (least recently used let go first)"),
     ):
         srv.add_argument(flag, type=kind, default=default, help=f"{what} (default {default:g})")
     _add_common(srv)
@@ -356,6 +358,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         poll_seconds=args.poll_seconds,
         max_num_samples=args.max_num_samples,
         max_batch_datums=args.max_batch_datums,
+        max_models=args.max_models,
+        max_samplers=args.max_samplers,
     )
     serve(params)
     return 0

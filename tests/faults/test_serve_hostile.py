@@ -50,6 +50,7 @@ def server(tmp_path_factory, tiny):
     """(base URL, data directory) of a keyless server on the tiny model (vocabulary 400, context 1024)."""
     data_dir = tmp_path_factory.mktemp("hostile") / "data"
     args = ("--model", tiny, "--max-batch-datums", str(MAX_DATUMS), "--max-num-samples", str(MAX_SAMPLES))
+    args += ("--max-models", "32")  # this module's tests all make their clients here (the limit: serve/test_limits.py)
     with running_server(data_dir, *args) as url:
         yield url, data_dir
 

@@ -29,5 +29,6 @@ def tiny_model(tmp_path_factory) -> str:
 def server(tmp_path_factory, tiny_model):
     """(base URL, data directory) of a server on the tiny model."""
     data_dir = tmp_path_factory.mktemp("serve") / "data"
-    with running_server(data_dir, "--model", tiny_model) as url:
+    # every serve test module makes its training clients on this one server: more than a user's one loop
+    with running_server(data_dir, "--model", tiny_model, "--max-models", "64") as url:
         yield url, data_dir

@@ -18,6 +18,9 @@ share engines, losses and request queues. What the server adds is the SDK's book
   samples, a prompt plus ``max_tokens`` beyond the model's context, a bad checkpoint name.
 - **a bounded queue**: at most ``max_pending`` requests wait or run; beyond that a request
   is refused with :class:`Busy` (HTTP 429), which the SDK retries after a back-off.
+- **bounded memory**: at most ``max_models`` training clients (more is HTTP 400) and the
+  ``max_samplers`` most recently used sampling sessions (an older one is let go: HTTP 404
+  saying so); each holds a copy of the weights, and an RL loop makes a sampler per step.
 
 Example::
 
@@ -118,7 +121,8 @@ class Backend:
         self._lock = threading.RLock()  # make() may register a model while a request registers
         self._sessions: set[str] = set()
         self._models: dict[str, Future] = {}  # model id -> Future[TrainingClient]
-        self._samplers: dict[str, Sampler] = {}
+        self._samplers: OrderedDict[str, Sampler] = OrderedDict()  # least recently used first
+        self._released: OrderedDict[str, None] = OrderedDict()  # sampler ids let go (for the 404's words)
         self._futures: OrderedDict[str, Future] = OrderedDict()
         self._seen: dict[tuple[str, int], str] = {}  # (model or sampler id, seq_id) -> request id
         self._pending = 0
@@ -207,10 +211,15 @@ class Backend:
         self.check_session(session)
         model_id = check_name(f"{session}:train:{seq}", "model id")
 
-        def make() -> Future:
+        def make() -> Future:  # under the lock, after a retried request got its first answer
+            held = sum(1 for f in self._models.values() if not (f.done() and f.exception() is not None))
+            if held >= self.params.max_models:
+                raise ValueError(
+                    f"this server holds {held} training models, its limit (--max-models {self.params.max_models}): "
+                    "start it with a larger --max-models, or use one of them"
+                )
             created = self._creating.submit(create, model_id)
-            with self._lock:
-                self._models[model_id] = created
+            self._models[model_id] = created
             return then(created, lambda client: respond(model_id, client))
 
         return self._register((model_id, -1), make)
@@ -311,8 +320,7 @@ class Backend:
         sampler_id = f"{session}:sample:{req.sampling_session_seq_id}"
 
         def registered(sampler: SamplingClient) -> types.SaveWeightsForSamplerResponseInternal:
-            with self._lock:
-                self._samplers[sampler_id] = Sampler(sampler, client.base_model, None, client.limits)
+            self._hold(sampler_id, Sampler(sampler, client.base_model, None, client.limits))
             return types.SaveWeightsForSamplerResponseInternal(sampling_session_id=sampler_id)
 
         return self._register(
@@ -369,13 +377,33 @@ class Backend:
             sampler = Sampler(client, req.base_model, None, ModelLimits.of(resolve_model_path(req.base_model)))
         else:
             raise ValueError("create_sampling_session needs model_path or base_model")
+        self._hold(sampler_id, sampler)
+        return sampler_id
+
+    def _hold(self, sampler_id: str, sampler: Sampler) -> None:
+        """Keep ``sampler``; beyond ``max_samplers`` the least recently used one is let go (a snapshot
+        sampler holds a full copy of the weights: an RL loop makes one per step)."""
         with self._lock:
             self._samplers[sampler_id] = sampler
-        return sampler_id
+            self._samplers.move_to_end(sampler_id)
+            self._released.pop(sampler_id, None)
+            while len(self._samplers) > self.params.max_samplers:
+                old, _ = self._samplers.popitem(last=False)  # a request already queued on it still runs
+                self._released[old] = None
+            while len(self._released) > self.params.keep_results:
+                self._released.popitem(last=False)
 
     def sampler(self, sampler_id: str | None) -> Sampler:
         with self._lock:
             sampler = self._samplers.get(sampler_id or "")
+            if sampler is not None:
+                self._samplers.move_to_end(sampler_id or "")
+            released = (sampler_id or "") in self._released
+        if released:
+            raise NotFound(
+                f"sampling session {sampler_id!r} was let go: this server keeps the "
+                f"{self.params.max_samplers} most recently used (--max-samplers)"
+            )
         if sampler is None:
             raise NotFound(f"unknown sampling session {sampler_id!r}")
         return sampler

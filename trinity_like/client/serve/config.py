@@ -23,6 +23,8 @@ POSITIVE = {  # fields that must be >= 1, and how a user names them
     "micro_batch_size": "--micro-batch-size",
     "max_num_samples": "--max-num-samples",
     "max_batch_datums": "--max-batch-datums",
+    "max_models": "--max-models",
+    "max_samplers": "--max-samplers",
 }
 
 
@@ -40,6 +42,8 @@ class ServeParams:
     poll_seconds: float = 10.0  # how long a retrieve waits for a result before answering "try again"
     max_num_samples: int = 128  # samples one sample request may ask for (the rollout engine's batch)
     max_batch_datums: int = 1024  # datums of one forward_backward request; told to the SDK, which splits larger ones
+    max_models: int = 4  # training clients held at once (each: weights, gradients, Adam state); more is HTTP 400
+    max_samplers: int = 8  # sampling sessions kept, least recently used let go first (a snapshot: a weights copy)
     train_engine: str = "local"  # "local" (in-process torch) or "verl" (FSDP workers through Ray)
     micro_batch_size: int = 8  # rows per forward/backward pass of a train engine
     dtype: str = "float32"  # the training weights' dtype
