@@ -91,6 +91,18 @@ def test_the_run_identity_changes_with_the_plan_only(tmp_path):
     assert first.hash == again.hash != other.hash
 
 
+def test_a_moved_comparison_keeps_its_identities_and_older_state_files_still_match(tmp_path):
+    entry = Entry("g", "g", recipe=EXAMPLES / "grpo_add2.yaml")
+    (here,), _ = recipe_runs(entry, [0], tmp_path / "a", ["trainer.engine=local"], [])
+    (moved,), _ = recipe_runs(entry, [0], tmp_path / "b" / "deeper", ["trainer.engine=local"], [])
+    assert here.hash == moved.hash and here.folder != moved.folder
+    # a state file written before identities were relative (its hash named the absolute folder)
+    assert here.same_plan(here.legacy_hash) and here.legacy_hash != moved.legacy_hash
+    assert not moved.same_plan(here.legacy_hash) and not here.same_plan(None)
+    (script,) = script_runs(Entry("s", "s", script="python loop.py --seed {seed} --log {run_dir}"), [0], tmp_path)
+    assert script.identity["run_dir"] == "runs/s/seed_0" and script.same_plan(script.legacy_hash)
+
+
 def test_a_recipe_that_does_not_validate_becomes_runs_with_its_error(tmp_path):
     entry = Entry("bad", "bad.yaml", recipe=EXAMPLES / "grpo_add2.yaml", overrides=("trainer.total_stepz=3",))
     runs, plan = recipe_runs(entry, [0, 1], tmp_path, [], [])

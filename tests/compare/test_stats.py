@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from trinity_like.compare.stats import paired, summarize, verdict, verdict_line
+from trinity_like.compare.stats import holm, paired, summarize, verdict, verdict_line
 
 T975 = {1: 12.706204736174698, 2: 4.302652729749464, 4: 2.7764451051977934}  # two-sided 95 % t quantiles (tables)
 
@@ -87,3 +89,23 @@ def test_the_verdict_line_reads_as_the_issue_asks():
         f"held-out accuracy: B - A = +7.5 points [{low:+.1f}, {high:+.1f}], p = {d.p:.3f}, 3 seeds: B better"
     )
     assert low > 0 and d.p < 0.05
+
+
+def test_holm_adjusts_a_textbook_family():
+    # sorted: 0.005 x 4 = 0.02, 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, 0.04 x 1 -> 0.06 (never below the one before)
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.2]) == [0.2] and holm([0.6, 0.9]) == [1.0, 1.0]
+
+
+@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=12), st.sampled_from([0.01, 0.05, 0.1]))
+def test_holm_rejects_what_the_step_down_procedure_rejects(ps, alpha):
+    """Holm's procedure as first written: sort, reject while p_(k) <= alpha / (m - k), stop at the first that is not."""
+    m = len(ps)
+    rejected = set()
+    for k, i in enumerate(sorted(range(m), key=lambda i: ps[i])):
+        if ps[i] > alpha / (m - k):
+            break
+        rejected.add(i)
+    adjusted = holm(ps)
+    assert {i for i in range(m) if adjusted[i] <= alpha} == rejected
+    assert all(p <= a <= 1.0 for p, a in zip(ps, adjusted))

@@ -57,6 +57,7 @@ class Run:
     run_dirs: list[Path] = field(default_factory=list)  # where metrics.jsonl is written, one per stage
     total_steps: int | None = None  # the last stage's steps (None: a script, whose length is its own)
     identity: dict[str, Any] = field(default_factory=dict)
+    legacy_hash: str | None = None  # its hash before identities named folders relative to --out (reused too)
     error: str | None = None  # the recipe did not validate: the run never starts
     model: str | None = None  # model reference, for the memory estimate
     engine: str = "local"  # the last stage's trainer.engine (verl runs get their thread count as overrides)
@@ -69,6 +70,10 @@ class Run:
     @property
     def hash(self) -> str:
         return plan_hash(self.identity)
+
+    def same_plan(self, recorded: str | None) -> bool:
+        """Whether a state file's hash is this run's (also as a comparison made before 2026-11-27 wrote it)."""
+        return recorded is not None and recorded in (self.hash, self.legacy_hash)
 
     @property
     def command(self) -> str:
@@ -207,7 +212,9 @@ def recipe_runs(
             run.run_dirs = [Path(s.config.run_dir()) for s in seeded.stages]
             last = seeded.stages[-1]
             run.total_steps = last.config.trainer.total_steps
-            run.identity = {"plan": _under_out(flat_plan(seeded), out), "plugins": seeded.plugins}
+            flat = flat_plan(seeded)
+            run.identity = {"plan": _under_out(flat, out), "plugins": seeded.plugins}
+            run.legacy_hash = plan_hash({"plan": flat, "plugins": seeded.plugins})
             run.model, run.engine = seeded.stages[0].config.model.path, last.config.trainer.engine
             run.extra_models = max(int(s.needs_reference) + 4 * int(s.algorithm.use_critic) for s in seeded.stages)
     except TrinityError as exc:
@@ -236,5 +243,6 @@ def script_runs(entry: Entry, seeds: list[int], out: Path) -> list[Run]:
         command = entry.script.replace("{seed}", str(seed)).replace("{run_dir}", shlex.quote(str(folder)))
         run = Run(entry.label, seed, folder, argv=shlex.split(command), run_dirs=[folder])
         run.identity = {"script": entry.script, "seed": seed, "run_dir": str(folder.relative_to(out))}
+        run.legacy_hash = plan_hash({**run.identity, "run_dir": str(folder)})
         runs.append(run)
     return runs

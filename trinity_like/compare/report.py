@@ -19,7 +19,17 @@ from typing import Any
 from trinity_like.compare.entries import Entry, Run
 from trinity_like.compare.results import Keys, RunResult
 from trinity_like.compare.scheduler import Outcome, Sizing
-from trinity_like.compare.stats import Summary, fmt_number, paired, summarize, verdict, verdict_line
+from trinity_like.compare.stats import (
+    CONFIDENCE,
+    Summary,
+    fmt_number,
+    fmt_p,
+    holm,
+    paired,
+    summarize,
+    verdict,
+    verdict_line,
+)
 
 OK = ("done", "reused")
 
@@ -69,6 +79,39 @@ def _paired_block(
         "verdict": verdict(d, higher_is_better=higher, name_a=base, name_b=other),
         "line": line,
     }
+
+
+REWARD_KEYS = ("explorer.reward_fn", "explorer.reward_args")
+
+
+def rewarded_differently(diff: list[tuple[str, dict[str, Any]]], a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` train on different rewards (a learned reward model against exact match):
+    their train rewards are then on different scales, and not compared."""
+    return any(key.endswith(REWARD_KEYS) and values.get(a) != values.get(b) for key, values in diff)
+
+
+def correct_for_family(comparisons: dict[str, list[dict[str, Any]]]) -> None:
+    """Adjust the p-values of one metric across every challenger (Holm) and let a verdict stand
+    only where the adjusted p is below 5 %; each block keeps its own p and says both."""
+    family: dict[str, list[dict[str, Any]]] = {}
+    for blocks in comparisons.values():
+        for block in blocks:
+            if block.get("p") is not None:
+                family.setdefault(block["metric"], []).append(block)
+    for blocks in family.values():
+        if len(blocks) < 2:
+            continue
+        for block, adjusted in zip(blocks, holm([b["p"] for b in blocks])):
+            block["p_holm"], block["family"] = adjusted, len(blocks)
+            note = f"Holm {fmt_p(adjusted)} over {len(blocks)} comparisons"
+            if adjusted >= 1 - CONFIDENCE and block["verdict"] != "no difference shown":
+                block["verdict_alone"] = block["verdict"]
+                block["verdict"] = f"no difference shown after correcting for {len(blocks)} comparisons"
+                head = block["line"].rsplit(": ", 1)[0]
+                block["line"] = f"{head}, {note}: {block['verdict']} (alone: {block['verdict_alone']})"
+            else:
+                head, says = block["line"].rsplit(": ", 1)
+                block["line"] = f"{head}, {note}: {says}"
 
 
 def build_report(
@@ -124,7 +167,14 @@ def build_report(
             True,
         )
         blocks.append(block)
-        if summary[base]["signal"] and summary[base]["signal"] == summary[label]["signal"]:
+        same_signal = summary[base]["signal"] and summary[base]["signal"] == summary[label]["signal"]
+        if same_signal and rewarded_differently(diff, base, label):
+            what = f"{summary[label]['signal']}, at the end"
+            says = "not compared: the two are rewarded by different functions (explorer.reward_fn / reward_args)"
+            blocks.append(
+                {"metric": what, "seeds": [], "p": None, "verdict": "not compared", "line": f"{what}: {says}"}
+            )
+        elif same_signal:
             what = f"{summary[label]['signal']}, at the end"
             higher = summary[label]["higher_is_better"]
             blocks.append(
@@ -135,6 +185,7 @@ def build_report(
             vb = {s: r.extra[key] for s, r in b.items() if key in r.extra}
             blocks.append(_paired_block(base, label, va, vb, f"{key} at the end", 1.0, "", 3, True))
         comparisons[label] = [x for x in blocks if x is not None]
+    correct_for_family(comparisons)
     run_rows = []
     for run in runs:
         o = outcomes[run.key]

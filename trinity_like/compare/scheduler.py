@@ -172,7 +172,7 @@ def triage(run: Run, out: Path) -> str:
     """``"reuse"`` (finished, same identity), ``"resume"`` (same identity, unfinished) or ``"fresh"``;
     a run whose identity changed is moved to ``<out>/stale/`` first."""
     state = read_state(run)
-    if state is not None and state.get("hash") == run.hash:
+    if state is not None and run.same_plan(state.get("hash")):
         return "reuse" if state.get("status") == "done" and finished(run) else "resume"
     leftovers = [p for p in (run.folder, state_path(run)) if p.exists()]
     if leftovers:
@@ -227,7 +227,7 @@ def execute(
             continue
         state = read_state(run) or {}
         if not start:
-            same = state.get("hash") == run.hash and state.get("status") == "done" and finished(run)
+            same = run.same_plan(state.get("hash")) and state.get("status") == "done" and finished(run)
             wall, attempts = state.get("wall_s", 0.0), len(state.get("attempts", []))
             status = "reused" if same else "not run"
             why = "" if same else f"--no-run: {_so_far(run, out, state)}"
@@ -282,7 +282,7 @@ def execute(
 
 def _so_far(run: Run, out: Path, state: dict) -> str:
     """Where an unfinished run stands, from its state file and log."""
-    if state.get("hash") not in (None, run.hash):
+    if state.get("hash") is not None and not run.same_plan(state.get("hash")):
         return "its plan changed since it ran (a run without --no-run redoes it)"
     return {
         None: "never started",
@@ -301,7 +301,7 @@ def _start(run: Run, out: Path, threads: int) -> tuple[Run, subprocess.Popen, fl
     log.parent.mkdir(parents=True, exist_ok=True)
     run.folder.parent.mkdir(parents=True, exist_ok=True)
     state = read_state(run) or {"hash": run.hash, "key": run.key, "attempts": [], "wall_s": 0.0}
-    state.update(status="running", command=run.command, log=str(log))
+    state.update(status="running", command=run.command, log=str(log), hash=run.hash)
     write_state(run, state)
     fh = open(log, "ab")  # noqa: SIM115 -- closed when the process ends (execute)
     fh.write(f"\n$ {run.command}\n".encode())

@@ -9,12 +9,20 @@ says only what the interval supports: "B better" when the whole interval lies on
 side, "B worse" on the other, else "no difference shown" -- never "no difference", which
 a handful of seeds cannot show.
 
+Several challengers against one baseline are several tests: at 5 % each, one of seven shows
+a difference by chance about a third of the time. Their p-values on one metric are therefore
+adjusted together (:func:`holm`, Holm's step-down: the chance that *any* verdict of the family
+is a false "better" or "worse" stays at most 5 %), and a verdict stands only where the
+adjusted p does; with one challenger nothing changes.
+
     >>> s = summarize([0.5, 0.6, 0.7])
     >>> round(s.mean, 3), round(s.low, 3), round(s.high, 3)
     (0.6, 0.352, 0.848)
     >>> d = paired([0.50, 0.55, 0.60], [0.60, 0.70, 0.71])
     >>> round(d.mean, 3), d.n
     (0.12, 3)
+    >>> holm([0.01, 0.04, 0.03])
+    [0.03, 0.06, 0.06]
 """
 
 from __future__ import annotations
@@ -74,6 +82,21 @@ def paired(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENC
     if s.n >= 2 and s.sd > 0:
         p = float(stats.ttest_rel(b, a).pvalue)
     return Paired(s.n, s.mean, s.sd, s.low, s.high, p)
+
+
+def holm(ps: Sequence[float]) -> list[float]:
+    """Holm-adjusted p-values, in the order given: the i-th smallest of m times (m - i + 1),
+    made non-decreasing in that order and capped at 1. (scipy offers Benjamini-Hochberg, which
+    bounds the share of false findings, not the chance of any; statsmodels' ``multipletests``
+    would be a large dependency for these lines.)"""
+    m = len(ps)
+    order = sorted(range(m), key=lambda i: ps[i])
+    out = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * ps[i]))
+        out[i] = running
+    return out
 
 
 def verdict(d: Paired, *, higher_is_better: bool = True, name_a: str = "A", name_b: str = "B") -> str:
