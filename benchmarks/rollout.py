@@ -2,14 +2,18 @@
 
 A GRPO-shaped workload -- P prompts x G samples, up to N new tokens, temperature 1.0 --
 on the same model, prompts and sampling distribution (``generate`` with ``top_k=0,
-top_p=1.0``, which otherwise defaults to top-k 50). Three contenders per repetition, in
+top_p=1.0``, which otherwise defaults to top-k 50). Four contenders per repetition, in
 rotating order so load drifts on a shared machine hit all of them alike:
 
 - ``ours``: :class:`NativeEngine` (prefill once per group, slot KV cache, continuous
   batching, per-token logprobs always returned);
 - ``generate``: ``model.generate(num_return_sequences=G)`` with the KV cache on;
 - ``generate+logprobs``: the same with ``output_scores`` and per-token logprob extraction,
-  which is what an RL trainer needs from it.
+  which is what an RL trainer needs from it;
+- ``generate-compiled``: ``generate`` with a static cache and its decode step compiled by
+  ``torch.compile`` (transformers' ``CompileConfig``, told to compile on a CPU too), the
+  compiled ``generate`` a user would try next; compiled once, before the repetitions (the
+  compile time is reported apart).
 
 Generated tokens are counted the same way for all: response tokens up to and including
 the first stop token. Reported: medians over repetitions of tokens/s, and the median of
@@ -82,7 +86,19 @@ def run_ours(engine: NativeEngine, prompts, group: int, max_new: int, seed: int)
     return {"wall_s": wall, "tokens": tokens, "split_s": dict(engine.timings)}
 
 
-def run_generate(model, tokenizer, prompts, group: int, max_new: int, seed: int, logprobs: bool) -> dict:
+def compile_config():
+    """``generate``'s compile settings, with compilation allowed off CUDA (transformers compiles only on
+    accelerators unless told; its ``_compile_all_devices`` flag is how it tests the CPU path)."""
+    from transformers import CompileConfig
+
+    config = CompileConfig(fullgraph=False, mode="default")
+    config._compile_all_devices = True
+    return config
+
+
+def run_generate(
+    model, tokenizer, prompts, group: int, max_new: int, seed: int, logprobs: bool, compiled: bool = False
+) -> dict:
     stop_ids = {tokenizer.eos_token_id}
     width = max(len(p) for p in prompts)
     pad = tokenizer.pad_token_id
@@ -104,6 +120,7 @@ def run_generate(model, tokenizer, prompts, group: int, max_new: int, seed: int,
             eos_token_id=sorted(stop_ids),
             return_dict_in_generate=logprobs,
             output_scores=logprobs,
+            **({"cache_implementation": "static", "compile_config": compile_config()} if compiled else {}),
         )
         if logprobs:
             seqs = out.sequences
@@ -117,7 +134,7 @@ def run_generate(model, tokenizer, prompts, group: int, max_new: int, seed: int,
 
 SUFFIX = {"fp32": "", "bf16": "-bf16"}  # contender names per precision: ours, ours-bf16, ...
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-BASES = ("generate", "generate+logprobs")
+BASES = ("generate", "generate+logprobs", "generate-compiled")
 
 
 def precisions_of(args) -> tuple[str, ...]:
@@ -129,7 +146,7 @@ def precisions_of(args) -> tuple[str, ...]:
 def bench_model(ref: str, args) -> dict:
     """Every contender in every precision asked (both sides in the same dtype: weights, KV cache,
     ``generate``'s model), interleaved; medians and per-repetition ratios ours / ``generate``."""
-    contenders, warm_ups, engines, params = {}, [], {}, 0.0
+    contenders, warm_ups, engines, params, compile_s = {}, [], {}, 0.0, {}
     g, n = args.group, args.max_new_tokens
     for precision in precisions_of(args):
         model, tokenizer = load_model(ref, dtype=DTYPES[precision])
@@ -140,12 +157,19 @@ def bench_model(ref: str, args) -> dict:
         contenders[f"ours{x}"] = partial(run_ours, engine, prompts, g, n)
         contenders[f"generate{x}"] = partial(run_generate, model, tokenizer, prompts, g, n, logprobs=False)
         contenders[f"generate+logprobs{x}"] = partial(run_generate, model, tokenizer, prompts, g, n, logprobs=True)
+        compiled = partial(run_generate, model, tokenizer, prompts, g, n, logprobs=False, compiled=True)
+        contenders[f"generate-compiled{x}"] = compiled
         warm_ups += [  # first calls allocate and pick kernels
             partial(run_ours, engine, prompts[:2], 2, 4, 0),
             partial(run_generate, model, tokenizer, prompts[:2], 2, 4, 0, logprobs=False),
         ]
     for warm_up in warm_ups:
         warm_up()
+    for name in [c for c in contenders if c.startswith("generate-compiled")]:  # compiles at the workload's shapes
+        compile_s[name] = contenders[name](0)["wall_s"]
+        model = contenders[name].args[0]
+        assert getattr(model, "_compiled_call", None) is not None, f"{name}: generate did not compile its forward"
+        print(f"{ref} {name}: compiled and ran once in {compile_s[name]:.1f} s", file=sys.stderr, flush=True)
     names = list(contenders)
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for rep in range(args.reps):
@@ -180,6 +204,8 @@ def bench_model(ref: str, args) -> dict:
     if len(engines) == 2:  # ours in bf16 against ours in fp32, per repetition
         ratios = [b["tokens_per_s"] / f["tokens_per_s"] for b, f in zip(runs["ours-bf16"], runs["ours"])]
         summary["ours-bf16"]["ratio_vs_ours"] = statistics.median(ratios)
+    for name, seconds in compile_s.items():
+        summary[name]["compile_and_first_call_s"] = seconds
     return {
         "model": ref,
         "params_m": params,
@@ -232,6 +258,15 @@ def markdown(results: list[dict], args, command: str, commit: str) -> str:
                 )
         if "ratio_vs_ours" in s.get("ours-bf16", {}):
             lines.append(f"| {res['model']} | ours-bf16 / ours (fp32) | | | | {s['ours-bf16']['ratio_vs_ours']:.2f}x |")
+    compiles = [
+        f"{res['model']} {name} {o['compile_and_first_call_s']:.1f} s"
+        for res in results
+        for name, o in res["summary"].items()
+        if "compile_and_first_call_s" in o
+    ]
+    if compiles:
+        lines += ["", "`generate-compiled`, compiling and its first call (before the repetitions, not in the medians): "
+                  + ", ".join(compiles) + "."]  # fmt: skip
     lines += ["", "Per-repetition ratios ours / generate, same precision (spread under load):", ""]
     for res in results:
         s = res["summary"]
