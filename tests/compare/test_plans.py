@@ -154,3 +154,15 @@ def test_a_listing_names_recipes_with_their_own_overrides_and_scripts(tmp_path):
     listing.write_text("runs:\n  - recipe: a.yaml\n    script: b\n")
     with pytest.raises(ConfigError, match="runs.0: give exactly one of recipe and script"):
         parse_entries([str(listing)], [])
+
+
+def test_the_mul1_benchmark_listing_differs_in_what_dr_grpo_changes_only(tmp_path):
+    listing = EXAMPLES.parent / "benchmarks" / "compare_mul1.yaml"
+    entries = parse_entries([str(listing)], [])
+    assert [e.label for e in entries] == ["grpo", "dr_grpo"]
+    diff = dict(plan_diff(plans_of(tmp_path, *entries, sets=["trainer.engine=local"])))
+    assert set(diff) == {
+        "algorithm.type",
+        "resolved.advantage.norm_by_std",
+        "resolved.policy_loss.loss_agg_mode",
+    }, diff
