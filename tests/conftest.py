@@ -16,6 +16,20 @@ os.environ.setdefault("TRINITY_LIKE_CPU_BF16", "off")
 
 import pytest  # noqa: E402
 
+
+
+@pytest.fixture(autouse=True)
+def _plugins_env_restored():
+    """``load_plugins`` exports the plugins it loaded (``TRINITY_LIKE_PLUGINS``) for child processes: a test
+    that loads one in-process must not hand it to every process the later tests of its worker start."""
+    before = os.environ.get("TRINITY_LIKE_PLUGINS")
+    yield
+    if before is None:
+        os.environ.pop("TRINITY_LIKE_PLUGINS", None)
+    else:
+        os.environ["TRINITY_LIKE_PLUGINS"] = before
+
+
 # Modules that start a Ray head with ``ray start``: one worker runs them, one after another
 # (their heads and dashboards must not meet), while the other worker runs the rest.
 RAY_START = {"test_two_node_ray_cluster.py", "test_existing_ray_cluster.py", "test_existing_cluster.py"}

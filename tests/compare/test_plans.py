@@ -166,3 +166,14 @@ def test_the_mul1_benchmark_listing_differs_in_what_dr_grpo_changes_only(tmp_pat
         "resolved.advantage.norm_by_std",
         "resolved.policy_loss.loss_agg_mode",
     }, diff
+
+
+def test_a_plugin_the_environment_loads_does_not_change_a_runs_identity(tmp_path, monkeypatch):
+    entry = Entry("g", "g", recipe=EXAMPLES / "grpo_add2.yaml")
+    (before,), _ = recipe_runs(entry, [0], tmp_path, ["trainer.engine=local"], [])
+    example = EXAMPLES.parent / "plugins" / "example_plugin" / "src" / "example_plugin"
+    monkeypatch.setenv("TRINITY_LIKE_PLUGINS", str(example))  # what load_plugins exports to child processes
+    (after,), _ = recipe_runs(entry, [0], tmp_path, ["trainer.engine=local"], [])
+    assert after.error is None and after.hash == before.hash
+    (named,), _ = recipe_runs(entry, [0], tmp_path, ["trainer.engine=local"], [str(example)])
+    assert named.hash != before.hash  # a plugin the comparison names is part of what it compares

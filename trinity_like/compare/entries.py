@@ -213,7 +213,9 @@ def recipe_runs(
             last = seeded.stages[-1]
             run.total_steps = last.config.trainer.total_steps
             flat = flat_plan(seeded)
-            run.identity = {"plan": _under_out(flat, out), "plugins": seeded.plugins}
+            # the plugins this comparison names (--plugin), not every one the environment loads: an
+            # unrelated plugin installed or exported (TRINITY_LIKE_PLUGINS) since does not make a run stale
+            run.identity = {"plan": _under_out(flat, out), "plugins": sorted(plugins)}
             run.legacy_hash = plan_hash({"plan": flat, "plugins": seeded.plugins})
             run.model, run.engine = seeded.stages[0].config.model.path, last.config.trainer.engine
             run.extra_models = max(int(s.needs_reference) + 4 * int(s.algorithm.use_critic) for s in seeded.stages)
