@@ -17,7 +17,6 @@ os.environ.setdefault("TRINITY_LIKE_CPU_BF16", "off")
 import pytest  # noqa: E402
 
 
-
 @pytest.fixture(autouse=True)
 def _plugins_env_restored():
     """``load_plugins`` exports the plugins it loaded (``TRINITY_LIKE_PLUGINS``) for child processes: a test
