@@ -18,9 +18,8 @@ share engines, losses and request queues. What the server adds is the SDK's book
   samples, a prompt plus ``max_tokens`` beyond the model's context, a bad checkpoint name.
 - **a bounded queue**: at most ``max_pending`` requests wait or run; beyond that a request
   is refused with :class:`Busy` (HTTP 429), which the SDK retries after a back-off.
-- **bounded memory**: at most ``max_models`` training clients (more is HTTP 400) and the
-  ``max_samplers`` most recently used sampling sessions (an older one is let go: HTTP 404
-  saying so); each holds a copy of the weights, and an RL loop makes a sampler per step.
+- **bounded memory**: at most ``max_models`` training clients (more: HTTP 400) and the ``max_samplers``
+  most recently used sampling sessions (older ones let go: HTTP 404); an RL loop makes one per step.
 
 Example::
 
@@ -214,10 +213,8 @@ class Backend:
         def make() -> Future:  # under the lock, after a retried request got its first answer
             held = sum(1 for f in self._models.values() if not (f.done() and f.exception() is not None))
             if held >= self.params.max_models:
-                raise ValueError(
-                    f"this server holds {held} training models, its limit (--max-models {self.params.max_models}): "
-                    "start it with a larger --max-models, or use one of them"
-                )
+                limit = f"its limit (--max-models {self.params.max_models}): start it with a larger one, or use those"
+                raise ValueError(f"this server holds {held} training models, {limit}")
             created = self._creating.submit(create, model_id)
             self._models[model_id] = created
             return then(created, lambda client: respond(model_id, client))
@@ -381,8 +378,7 @@ class Backend:
         return sampler_id
 
     def _hold(self, sampler_id: str, sampler: Sampler) -> None:
-        """Keep ``sampler``; beyond ``max_samplers`` the least recently used one is let go (a snapshot
-        sampler holds a full copy of the weights: an RL loop makes one per step)."""
+        """Keep ``sampler``; beyond ``max_samplers`` the least recently used one is let go."""
         with self._lock:
             self._samplers[sampler_id] = sampler
             self._samplers.move_to_end(sampler_id)
@@ -394,18 +390,16 @@ class Backend:
                 self._released.popitem(last=False)
 
     def sampler(self, sampler_id: str | None) -> Sampler:
+        key = sampler_id or ""
         with self._lock:
-            sampler = self._samplers.get(sampler_id or "")
+            sampler, released = self._samplers.get(key), key in self._released
             if sampler is not None:
-                self._samplers.move_to_end(sampler_id or "")
-            released = (sampler_id or "") in self._released
-        if released:
-            raise NotFound(
-                f"sampling session {sampler_id!r} was let go: this server keeps the "
-                f"{self.params.max_samplers} most recently used (--max-samplers)"
-            )
+                self._samplers.move_to_end(key)
         if sampler is None:
-            raise NotFound(f"unknown sampling session {sampler_id!r}")
+            let_go = f"was let go: this server keeps the {self.params.max_samplers} most recently used (--max-samplers)"
+            raise NotFound(
+                f"sampling session {sampler_id!r} {let_go}" if released else f"unknown sampling session {sampler_id!r}"
+            )
         return sampler
 
     def sample(self, req: types.SampleRequest) -> types.UntypedAPIFuture:
