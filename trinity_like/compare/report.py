@@ -103,15 +103,12 @@ def correct_for_family(comparisons: dict[str, list[dict[str, Any]]]) -> None:
             continue
         for block, adjusted in zip(blocks, holm([b["p"] for b in blocks])):
             block["p_holm"], block["family"] = adjusted, len(blocks)
-            note = f"Holm {fmt_p(adjusted)} over {len(blocks)} comparisons"
+            head, says = block["line"].rsplit(": ", 1)  # verdict_line's "<what> ... seeds: <verdict>"
             if adjusted >= 1 - CONFIDENCE and block["verdict"] != "no difference shown":
                 block["verdict_alone"] = block["verdict"]
                 block["verdict"] = f"no difference shown after correcting for {len(blocks)} comparisons"
-                head = block["line"].rsplit(": ", 1)[0]
-                block["line"] = f"{head}, {note}: {block['verdict']} (alone: {block['verdict_alone']})"
-            else:
-                head, says = block["line"].rsplit(": ", 1)
-                block["line"] = f"{head}, {note}: {says}"
+                says = f"{block['verdict']} (alone: {block['verdict_alone']})"
+            block["line"] = f"{head}, Holm {fmt_p(adjusted)} over {len(blocks)} comparisons: {says}"
 
 
 def build_report(
@@ -168,14 +165,13 @@ def build_report(
         )
         blocks.append(block)
         same_signal = summary[base]["signal"] and summary[base]["signal"] == summary[label]["signal"]
+        what = f"{summary[label]['signal']}, at the end"
         if same_signal and rewarded_differently(diff, base, label):
-            what = f"{summary[label]['signal']}, at the end"
             says = "not compared: the two are rewarded by different functions (explorer.reward_fn / reward_args)"
             blocks.append(
                 {"metric": what, "seeds": [], "p": None, "verdict": "not compared", "line": f"{what}: {says}"}
             )
         elif same_signal:
-            what = f"{summary[label]['signal']}, at the end"
             higher = summary[label]["higher_is_better"]
             blocks.append(
                 _paired_block(base, label, _values(a, "signal_end"), _values(b, "signal_end"), what, 1.0, "", 3, higher)
