@@ -82,9 +82,11 @@ def test_k1_streaming_on_ray_trains_every_datum_once(service, tmp_path):
         data = [d for steps, batch in training.batches if steps == it for d in batch]
         trained = Counter(next(k for k, p in prompts.items() if d.model_input.to_ints()[: len(p)] == p) for d in data)
         # the learner takes finished chunks in arrival order (the stream's rule), so with two samplers
-        # an iteration may hold a chunk of the next batch: each group is trained whole, 8 datums a step
-        assert sum(trained.values()) == 8 and set(trained.values()) == {2}, (it, trained)
+        # an iteration may hold a chunk of the next batch -- even the same task's group from the next
+        # epoch beside its first one: each group is trained whole, 8 datums a step
+        assert sum(trained.values()) == 8 and all(n % 2 == 0 for n in trained.values()), (it, trained)
         everything += trained
-    # 3 iterations x 4 groups x 2 episodes, every task of the 8 in them (the second epoch's
-    # order is the dataset's, so which 4 come again is not fixed here)
-    assert sum(everything.values()) == 24 and set(everything) == {t.task_id for t in tasks}, everything
+    # 3 iterations x 4 groups x 2 episodes: every task of the 8 once, and 4 of them (the second
+    # epoch's first batch, whose order is the dataset's) a second time
+    assert set(everything) == {t.task_id for t in tasks}, everything
+    assert sorted(everything.values()) == [2] * 4 + [4] * 4, everything
