@@ -3,6 +3,7 @@ then the task is skipped and counted -- and the run goes on."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import textwrap
@@ -106,6 +107,9 @@ REWARD_FN.register_module(
 REWARD_FN.register_module("faulttest_hang", module=lambda *, response: time.sleep(3600), force=True)
 
 
+MEMORY_ERROR = f"MemoryError: allocated more than memory_mb={LIMIT_MB} MB"
+
+
 def rss_mb() -> float:
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
@@ -116,7 +120,8 @@ def test_an_isolated_reward_that_allocates_without_bound_fails_in_its_child_not_
     before = rss_mb()
     out = score_with_retries(fn, {"response": "4"}, retries=1, timeout_s=10)
     assert out.reward is None and out.attempts == 2
-    assert out.error == f"RewardProcessError: faulttest_hog: MemoryError: allocated more than memory_mb={LIMIT_MB} MB"
+    # the child's own MemoryError, or (a rare race at the limit) the parent's watch killing it
+    assert out.error.startswith(f"RewardProcessError: faulttest_hog: {MEMORY_ERROR}"), out.error
     assert rss_mb() - before < 32, "the allocation happened in the explorer's process"
     # the same fn with room enough answers (the bound is the limit, not a refusal)
     assert (
@@ -128,6 +133,25 @@ def test_an_isolated_reward_that_allocates_without_bound_fails_in_its_child_not_
         ).reward
         == HOG_MB // 32
     )
+
+
+def test_an_isolated_reward_cannot_allocate_past_its_limit_by_reusing_the_explorers_free_heap():
+    # glibc keeps freed blocks mapped for reuse: an explorer that freed 330 MB holds them in its
+    # heap, the child inherits them, and RLIMIT_AS never sees the fn fill them (CI met this in a
+    # worker that had run many tests). The parent's watch on the child's RssAnon stops it.
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+    libc.free(libc.malloc(30 << 20))  # a freed mmapped block (<= 32 MB) raises glibc's mmap threshold to its size
+    blocks = [libc.malloc(30 << 20) for _ in range(11)]  # now from the heap
+    pin = libc.malloc(1 << 20)  # above them: the heap's top is not given back
+    try:
+        for block in blocks:
+            libc.free(block)
+        fn = build_reward_fn("isolated", {"fn": "faulttest_hog", "memory_mb": LIMIT_MB})
+        out = score_with_retries(fn, {"response": "4"}, retries=0, timeout_s=10)
+    finally:
+        libc.free(pin)
+    assert out.reward is None and out.error.startswith(f"RewardProcessError: faulttest_hog: {MEMORY_ERROR}"), out
 
 
 def test_an_isolated_reward_that_hangs_is_killed_not_abandoned():

@@ -9,7 +9,11 @@ in a child forked from the explorer, which before calling the fn sets
 - ``RLIMIT_AS`` to what the explorer had mapped at the fork plus ``memory_mb``: the fn may
   allocate that much more, then its allocations fail (``MemoryError``), the child reports
   the error and exits, and the explorer's own memory is untouched (the child's pages are
-  copies-on-write of the explorer's and are freed with it);
+  copies-on-write of the explorer's and are freed with it). What the explorer's heap held
+  free at the fork is mapped already, and the limit does not see the fn reuse it: so the
+  parent also watches the child's resident anonymous memory (``RssAnon``, every 10 ms) and
+  SIGKILLs it once that has grown by more than ``memory_mb`` since the fork (the same
+  error, "(child killed)" added);
 - ``RLIMIT_CPU`` to ``cpu_s`` seconds (then the kernel kills it);
 
 and after ``wall_s`` wall seconds the parent SIGKILLs it. A call that fails any way (a
@@ -109,21 +113,24 @@ class IsolatedReward:
 
     def call(self, inputs: Mapping[str, Any]) -> float:
         read_fd, write_fd = os.pipe()
+        ceiling = rss_anon_bytes("self") + self.params.memory_mb * _MB
         pid = os.fork()
         if pid == 0:  # the child: never returns into the explorer's code
             os.close(read_fd)
             _child(self.fn, inputs, write_fd, self.params)
         os.close(write_fd)
-        raw: bytes | None = None
+        raw: bytes | str = ""
         try:
-            raw = _read_until(read_fd, time.monotonic() + self.params.wall_s)
+            raw = _read_until(read_fd, time.monotonic() + self.params.wall_s, pid, ceiling)
         finally:
             os.close(read_fd)
-            status = _reap(pid, grace_s=0.0 if raw is None else 1.0)
-        if raw is None:
+            status = _reap(pid, grace_s=1.0 if isinstance(raw, bytes) else 0.0)
+        if raw == _WALL:
             raise RewardProcessError(
                 f"{self.params.fn}: no result within wall_s={self.params.wall_s:g} s (child killed)"
             )
+        if raw == _MEMORY:
+            raise RewardProcessError(f"{self.params.fn}: {_memory_error(self.params)} (child killed)")
         if not raw:
             raise RewardProcessError(
                 f"{self.params.fn}: the reward process died ({_describe(status)}) before answering"
@@ -150,7 +157,7 @@ def _child(fn: Any, inputs: Mapping[str, Any], write_fd: int, params: IsolatedPa
             value = fn(inputs)
             out = [True, value] if math.isfinite(value) else [False, f"non-finite reward {value!r}"]
         except MemoryError:
-            out = [False, f"MemoryError: allocated more than memory_mb={params.memory_mb} MB"]
+            out = [False, _memory_error(params)]
         except BaseException as exc:  # noqa: BLE001 -- reported to the parent, which counts it; never swallowed
             out = [False, f"{type(exc).__name__}: {exc}"]
         os.write(write_fd, json.dumps(out).encode())
@@ -160,13 +167,34 @@ def _child(fn: Any, inputs: Mapping[str, Any], write_fd: int, params: IsolatedPa
         os._exit(code)
 
 
-def _read_until(fd: int, deadline: float) -> bytes | None:
-    """Everything written to ``fd`` until its writer closes it; None at ``deadline``."""
+def _memory_error(params: IsolatedParams) -> str:
+    return f"MemoryError: allocated more than memory_mb={params.memory_mb} MB"
+
+
+def rss_anon_bytes(pid: int | str) -> int:
+    """The resident anonymous memory (``RssAnon``) of process ``pid`` ("self": this one); 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:")), 0)
+    except OSError:  # the child exited between two looks
+        return 0
+
+
+_WALL, _MEMORY = "wall", "memory"  # why the parent stopped waiting for a child's answer
+
+
+def _read_until(fd: int, deadline: float, pid: int, ceiling: int) -> bytes | str:
+    """Everything written to ``fd`` until its writer closes it; ``_WALL`` at ``deadline``, and
+    ``_MEMORY`` once the child ``pid`` holds more than ``ceiling`` bytes of anonymous memory."""
     chunks = []
     while True:
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            return None
+        if left <= 0:
+            return _WALL
+        if not select.select([fd], [], [], min(left, 0.01))[0]:
+            if rss_anon_bytes(pid) > ceiling:
+                return _MEMORY
+            continue
         chunk = os.read(fd, 65536)
         if not chunk:
             return b"".join(chunks)
