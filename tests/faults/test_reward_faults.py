@@ -140,7 +140,8 @@ def test_an_isolated_reward_cannot_allocate_past_its_limit_by_reusing_the_explor
     # heap, the child inherits them, and RLIMIT_AS never sees the fn fill them (CI met this in a
     # worker that had run many tests). The parent's watch on the child's RssAnon stops it.
     libc = ctypes.CDLL(None)
-    libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
     libc.free(libc.malloc(30 << 20))  # a freed mmapped block (<= 32 MB) raises glibc's mmap threshold to its size
     blocks = [libc.malloc(30 << 20) for _ in range(11)]  # now from the heap
     pin = libc.malloc(1 << 20)  # above them: the heap's top is not given back
