@@ -15,6 +15,7 @@ from faultlib import RECIPE, TINY, record
 
 from trinity_like.config import load_plan
 from trinity_like.errors import TrinityError
+from trinity_like.explorer.reward_isolation import RewardProcessError
 from trinity_like.explorer.rewards import build_reward_fn, score_with_retries
 from trinity_like.plugins import ENV_VAR as PLUGINS_ENV
 from trinity_like.registry import REWARD_FN
@@ -135,24 +136,43 @@ def test_an_isolated_reward_that_allocates_without_bound_fails_in_its_child_not_
     )
 
 
+LIBC = ctypes.CDLL(None)
+LIBC.malloc.restype, LIBC.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+LIBC.free.argtypes = [ctypes.c_void_p]
+BLOCK = 30 << 20  # glibc raises its mmap threshold to a freed mmapped block's size, up to 32 MB
+
+
+def heap_hog(*, response: str) -> float:
+    """Test: 11 blocks of 30 MB from malloc, each written (what a C extension's buffers do)."""
+    blocks = [LIBC.malloc(BLOCK) for _ in range(11)]
+    for block in blocks:
+        ctypes.memset(block, 2, BLOCK)
+    return float(len(blocks))
+
+
+REWARD_FN.register_module("faulttest_heap_hog", module=heap_hog, force=True)
+
+
 def test_an_isolated_reward_cannot_allocate_past_its_limit_by_reusing_the_explorers_free_heap():
-    # glibc keeps freed blocks mapped for reuse: an explorer that freed 330 MB holds them in its
-    # heap, the child inherits them, and RLIMIT_AS never sees the fn fill them (CI met this in a
-    # worker that had run many tests). The parent's watch on the child's RssAnon stops it.
-    libc = ctypes.CDLL(None)
-    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-    libc.free.argtypes = [ctypes.c_void_p]
-    libc.free(libc.malloc(30 << 20))  # a freed mmapped block (<= 32 MB) raises glibc's mmap threshold to its size
-    blocks = [libc.malloc(30 << 20) for _ in range(11)]  # now from the heap
-    pin = libc.malloc(1 << 20)  # above them: the heap's top is not given back
+    # glibc keeps freed blocks mapped and resident for reuse: an explorer that freed 330 MB holds
+    # them in its heap, the child inherits them, and the fn filling them again grows neither its
+    # address space (RLIMIT_AS) nor its RssAnon (the pages were there: it copies them). CI met this
+    # in a worker that had run many tests. The child gives them up first; the parent's watch on
+    # its RssAnon then stops it.
+    LIBC.free(LIBC.malloc(BLOCK))  # a freed mmapped block raises the threshold: the next come from the heap
+    blocks = [LIBC.malloc(BLOCK) for _ in range(11)]
+    for block in blocks:
+        ctypes.memset(block, 1, BLOCK)
+    pin = LIBC.malloc(1 << 20)  # above them: the heap's top is not given back
     try:
         for block in blocks:
-            libc.free(block)
-        fn = build_reward_fn("isolated", {"fn": "faulttest_hog", "memory_mb": LIMIT_MB})
-        out = score_with_retries(fn, {"response": "4"}, retries=0, timeout_s=10)
+            LIBC.free(block)
+        fn = build_reward_fn("isolated", {"fn": "faulttest_heap_hog", "memory_mb": LIMIT_MB})
+        # called here, not through score_with_retries' thread: a thread allocates from an arena of its own
+        with pytest.raises(RewardProcessError, match=f"^faulttest_heap_hog: {MEMORY_ERROR}"):
+            fn({"response": "4"})
     finally:
-        libc.free(pin)
-    assert out.reward is None and out.error.startswith(f"RewardProcessError: faulttest_hog: {MEMORY_ERROR}"), out
+        LIBC.free(pin)
 
 
 def test_an_isolated_reward_that_hangs_is_killed_not_abandoned():

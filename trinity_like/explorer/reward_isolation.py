@@ -9,11 +9,11 @@ in a child forked from the explorer, which before calling the fn sets
 - ``RLIMIT_AS`` to what the explorer had mapped at the fork plus ``memory_mb``: the fn may
   allocate that much more, then its allocations fail (``MemoryError``), the child reports
   the error and exits, and the explorer's own memory is untouched (the child's pages are
-  copies-on-write of the explorer's and are freed with it). What the explorer's heap held
-  free at the fork is mapped already, and the limit does not see the fn reuse it: so the
-  parent also watches the child's resident anonymous memory (``RssAnon``, every 10 ms) and
-  SIGKILLs it once that has grown by more than ``memory_mb`` since the fork (the same
-  error, "(child killed)" added);
+  copies-on-write of the explorer's and are freed with it). Memory the explorer's heap held
+  free at the fork is mapped already, and often resident: the limit does not see the fn
+  reuse it. So the child first gives those free pages up (glibc's ``malloc_trim``), and
+  the parent watches its resident anonymous memory (``RssAnon``, every 10 ms), SIGKILLing
+  it once that has grown by more than ``memory_mb`` (the same error, "(child killed)" added);
 - ``RLIMIT_CPU`` to ``cpu_s`` seconds (then the kernel kills it);
 
 and after ``wall_s`` wall seconds the parent SIGKILLs it. A call that fails any way (a
@@ -36,12 +36,15 @@ belongs in the explorer's process, unwrapped.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import math
 import os
 import resource
 import select
 import signal
+import struct
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -113,7 +116,6 @@ class IsolatedReward:
 
     def call(self, inputs: Mapping[str, Any]) -> float:
         read_fd, write_fd = os.pipe()
-        ceiling = rss_anon_bytes("self") + self.params.memory_mb * _MB
         pid = os.fork()
         if pid == 0:  # the child: never returns into the explorer's code
             os.close(read_fd)
@@ -121,7 +123,7 @@ class IsolatedReward:
         os.close(write_fd)
         raw: bytes | str = ""
         try:
-            raw = _read_until(read_fd, time.monotonic() + self.params.wall_s, pid, ceiling)
+            raw = _read_until(read_fd, time.monotonic() + self.params.wall_s, pid, self.params.memory_mb * _MB)
         finally:
             os.close(read_fd)
             status = _reap(pid, grace_s=1.0 if isinstance(raw, bytes) else 0.0)
@@ -142,13 +144,16 @@ class IsolatedReward:
 
 
 def _child(fn: Any, inputs: Mapping[str, Any], write_fd: int, params: IsolatedParams) -> None:
-    """Set the limits, call ``fn``, write ``[ok, reward or error]`` as JSON, and ``_exit``.
+    """Give up the heap's free pages, write the resident anonymous memory left (the baseline of
+    the parent's watch), set the limits, call ``fn``, write ``[ok, reward or error]`` as JSON, and ``_exit``.
 
     ``os._exit`` always: the child must not run the explorer's ``atexit`` handlers or flush
     its buffers (the parent owns them). MemoryError is caught like any error: the limit
     makes the fn's allocation fail, and there is room left to report it."""
     code = 0
     try:
+        _release_free_heap()
+        os.write(write_fd, struct.pack(_BASELINE, rss_anon_bytes("self")))
         limit = mapped_bytes() + params.memory_mb * _MB
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         resource.setrlimit(resource.RLIMIT_CPU, (params.cpu_s, params.cpu_s + 1))
@@ -180,25 +185,33 @@ def rss_anon_bytes(pid: int | str) -> int:
         return 0
 
 
+def _release_free_heap() -> None:
+    """glibc: the pages of the heap's free blocks are given back (``malloc_trim(0)``; the parent's stay),
+    so a reward fn reusing them faults in new pages that ``RssAnon`` counts. Elsewhere: nothing to do."""
+    with contextlib.suppress(AttributeError):  # not glibc
+        ctypes.CDLL(None).malloc_trim(0)
+
+
+_BASELINE = "<Q"  # the child's first write: its RssAnon once the free heap is given up
 _WALL, _MEMORY = "wall", "memory"  # why the parent stopped waiting for a child's answer
 
 
-def _read_until(fd: int, deadline: float, pid: int, ceiling: int) -> bytes | str:
-    """Everything written to ``fd`` until its writer closes it; ``_WALL`` at ``deadline``, and
-    ``_MEMORY`` once the child ``pid`` holds more than ``ceiling`` bytes of anonymous memory."""
-    chunks = []
+def _read_until(fd: int, deadline: float, pid: int, headroom: int) -> bytes | str:
+    """What the child ``pid`` wrote to ``fd`` after its baseline, once it closes it; ``_WALL`` at
+    ``deadline``, ``_MEMORY`` once its ``RssAnon`` is more than ``headroom`` bytes above the baseline."""
+    got, size = bytearray(), struct.calcsize(_BASELINE)
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             return _WALL
         if not select.select([fd], [], [], min(left, 0.01))[0]:
-            if rss_anon_bytes(pid) > ceiling:
+            if len(got) >= size and rss_anon_bytes(pid) > struct.unpack_from(_BASELINE, got)[0] + headroom:
                 return _MEMORY
             continue
         chunk = os.read(fd, 65536)
         if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
+            return bytes(got[size:])
+        got += chunk
 
 
 def _reap(pid: int, grace_s: float) -> int:
