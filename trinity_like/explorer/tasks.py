@@ -88,6 +88,21 @@ def _draw(rng: random.Random, params: ArithmeticParams) -> tuple[str, int]:
     return expression, int(value)
 
 
+def _split_count(params: ArithmeticParams, split: str) -> int | None:
+    """How many problems ``split`` holds, counted over the whole space (None: the space is too large to count)."""
+    if _space_size(params) > MAX_UNSIZED_SPACE:
+        return None
+    ranges = [
+        range(lo, hi + 1) for lo, hi in (params.ranges[min(i, len(params.ranges) - 1)] for i in range(params.num_terms))
+    ]
+    count = 0
+    for ops in itertools.product(params.ops, repeat=params.num_terms - 1):
+        for terms in itertools.product(*ranges):
+            expression = str(terms[0]) + "".join(f" {op} {term}" for op, term in zip(ops, terms[1:]))
+            count += split_of(expression, params) == split
+    return count
+
+
 def iter_arithmetic_tasks(
     params: ArithmeticParams, split: str = "train", *, seed: int = 0, system_prompt: str = CALCULATOR_PROMPT
 ) -> Iterator[Task]:
@@ -97,10 +112,12 @@ def iter_arithmetic_tasks(
     rng = random.Random(f"{seed}|{split}")
     seen: set[str] = set()
     space = _space_size(params)
+    total = _split_count(params, split)  # known: stop at the last one, not after the misses that prove it
     misses = 0
     index = 0
-    # Rejection sampling; stop after many consecutive repeats (the split is exhausted).
-    while misses < 50 * space + 1000:
+    # Rejection sampling; stop once every problem of the split is drawn, or after many consecutive
+    # repeats where the split is too large to count (it is exhausted). The order is the draws' either way.
+    while index != total and misses < 50 * space + 1000:
         expression, value = _draw(rng, params)
         if expression in seen or split_of(expression, params) != split:
             misses += 1
