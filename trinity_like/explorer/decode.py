@@ -21,10 +21,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from trinity_like.errors import TrinityError
 from trinity_like.explorer.decode_step import (
@@ -40,6 +39,9 @@ from trinity_like.explorer.engine_contract import EngineParams, Request, Sample,
 from trinity_like.explorer.kv_cache import PrefillCache, SlotCache
 from trinity_like.explorer.prefix_cache import PrefixCache, PrefixEntry
 from trinity_like.explorer.sampling import seed_bits
+
+if TYPE_CHECKING:  # transformers' model layer costs ~1.6 s to import: only when a model runs
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 KEY_BUCKET = 64  # CUDA graphs: key lengths rounded up to a multiple of this (one graph per bucket)
 

@@ -23,13 +23,16 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedModel
 
 from trinity_like.explorer.engine_contract import SamplingParams
 from trinity_like.explorer.kv_cache import SlotCache
 from trinity_like.explorer.sampling import greedy_tokens, sample_tokens, uniforms
+
+if TYPE_CHECKING:  # transformers' model layer costs ~1.6 s to import: only when a model runs
+    from transformers import PreTrainedModel
 
 RUNNING, STOP, LENGTH = 0, 1, 2  # a slot's reason code: decoding, stopped by a stop token, hit the cap
 REASONS = {STOP: "stop", LENGTH: "length"}

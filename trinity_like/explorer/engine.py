@@ -40,9 +40,9 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from trinity_like.errors import TrinityError
 from trinity_like.explorer.decode import DecodeRun, Workspace
@@ -64,6 +64,9 @@ from trinity_like.models.tied import (
     ties_output_again,
     untie_output_embeddings,
 )
+
+if TYPE_CHECKING:  # transformers' model layer costs ~1.6 s to import: only when a model runs
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = [
     "TIMING_KEYS",

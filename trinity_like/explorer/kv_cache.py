@@ -32,9 +32,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import AttentionInterface, PreTrainedModel
+
+if TYPE_CHECKING:  # transformers' model layer costs ~1.6 s to import: only when a model runs
+    from transformers import PreTrainedModel
 
 ATTENTION_NAME = "trinity_slot"
 
@@ -86,9 +89,6 @@ def slot_attention(
     return out_BHXD.view(b, hq, q, d).transpose(1, 2), None
 
 
-AttentionInterface.register(ATTENTION_NAME, slot_attention)
-
-
 @contextlib.contextmanager
 def use_attention(model: PreTrainedModel) -> Iterator[None]:
     """Route ``model``'s attention through :func:`slot_attention` for the block's duration.
@@ -96,6 +96,10 @@ def use_attention(model: PreTrainedModel) -> Iterator[None]:
     The model may be shared (a trainer in the same process): its own setting is restored
     afterwards, so plain ``model(...)`` calls keep their usual attention.
     """
+    from transformers import AttentionInterface
+
+    if ATTENTION_NAME not in AttentionInterface._global_mapping:
+        AttentionInterface.register(ATTENTION_NAME, slot_attention)
     config = model.config
     before = config._attn_implementation
     config._attn_implementation = ATTENTION_NAME
