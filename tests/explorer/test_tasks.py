@@ -64,6 +64,7 @@ def drawn_until_exhausted(params: ArithmeticParams, split: str, seed: int) -> li
         ArithmeticParams(),
         Mul1Params(),
         ArithmeticParams(ops=("+", "-", "*"), ranges=((1, 4),), num_terms=3, eval_fraction=0.5),
+        ArithmeticParams(ops=("+", "+", "-"), ranges=((1, 9), (-3, 3))),  # "+" drawn twice as often
     ],
 )
 def test_a_whole_split_stops_at_its_last_problem_with_the_same_order_as_drawing_until_exhausted(params):

@@ -96,7 +96,7 @@ def _split_count(params: ArithmeticParams, split: str) -> int | None:
         range(lo, hi + 1) for lo, hi in (params.ranges[min(i, len(params.ranges) - 1)] for i in range(params.num_terms))
     ]
     count = 0
-    for ops in itertools.product(params.ops, repeat=params.num_terms - 1):
+    for ops in itertools.product(dict.fromkeys(params.ops), repeat=params.num_terms - 1):  # an op listed twice: once
         for terms in itertools.product(*ranges):
             expression = str(terms[0]) + "".join(f" {op} {term}" for op, term in zip(ops, terms[1:]))
             count += split_of(expression, params) == split
