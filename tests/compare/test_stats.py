@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 from hypothesis import given
@@ -109,3 +110,19 @@ def test_holm_rejects_what_the_step_down_procedure_rejects(ps, alpha):
     adjusted = holm(ps)
     assert {i for i in range(m) if adjusted[i] <= alpha} == rejected
     assert all(p <= a <= 1.0 for p, a in zip(ps, adjusted))
+
+
+def test_interval_and_p_value_agree_with_scipy_stats_on_random_samples():
+    # stats.py takes the t quantile and tail from scipy.special (a faster import): the same figures
+    from scipy import stats as scipy_stats
+
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(2, 12)
+        a = [rng.gauss(0, 1) for _ in range(n)]
+        b = [x + rng.gauss(0.3, 1) for x in a]
+        d = paired(a, b)
+        assert d.p == pytest.approx(scipy_stats.ttest_rel(b, a).pvalue, rel=1e-9)
+        s = summarize(a)
+        half = scipy_stats.t.ppf(0.975, n - 1) * s.sd / math.sqrt(n)
+        assert s.high - s.mean == pytest.approx(half, rel=1e-9)

@@ -56,8 +56,9 @@ class Paired(Summary):
 
 
 def summarize(values: Sequence[float], confidence: float = CONFIDENCE) -> Summary:
-    """Mean and Student-t interval of ``values`` (scipy.stats.t)."""
-    from scipy import stats
+    """Mean and Student-t interval of ``values`` (the t quantile from scipy.special, which imports in
+    0.26 s where scipy.stats takes 0.62 s: the report is part of what ``compare`` adds to the runs)."""
+    from scipy.special import stdtrit
 
     n = len(values)
     if n == 0:
@@ -66,13 +67,15 @@ def summarize(values: Sequence[float], confidence: float = CONFIDENCE) -> Summar
     if n == 1:
         return Summary(1, mean, 0.0, None, None)
     sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
-    half = float(stats.t.ppf(0.5 + confidence / 2, df=n - 1)) * sd / math.sqrt(n)
+    half = float(stdtrit(n - 1, 0.5 + confidence / 2)) * sd / math.sqrt(n)
     return Summary(n, mean, sd, mean - half, mean + half)
 
 
 def paired(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENCE) -> Paired:
-    """``b - a`` paired by position (seed): mean, interval and the paired t-test (scipy.stats.ttest_rel)."""
-    from scipy import stats
+    """``b - a`` paired by position (seed): mean, interval and the paired t-test's two-sided p-value
+    (the t statistic of the differences against Student's t with n - 1 degrees of freedom, as
+    scipy.stats.ttest_rel computes it)."""
+    from scipy.special import stdtr
 
     if len(a) != len(b):
         raise ValueError(f"paired: {len(a)} values against {len(b)}")
@@ -80,7 +83,8 @@ def paired(a: Sequence[float], b: Sequence[float], confidence: float = CONFIDENC
     s = summarize(diffs, confidence)
     p = None
     if s.n >= 2 and s.sd > 0:
-        p = float(stats.ttest_rel(b, a).pvalue)
+        t = s.mean / (s.sd / math.sqrt(s.n))
+        p = float(2 * stdtr(s.n - 1, -abs(t)))
     return Paired(s.n, s.mean, s.sd, s.low, s.high, p)
 
 
