@@ -20,7 +20,7 @@ mostly fixed (importing the registries to resolve plans, about as long as one ru
 and drawing the PNG), so its share falls as runs get longer: the SmolLM2 runs of a real
 comparison take minutes each. Run::
 
-    python benchmarks/compare.py             # 2 recipes x 3 seeds x 10 steps, 3 repetitions (~20 min here)
+    python benchmarks/compare.py             # 2 recipes x 3 seeds x 10 steps, 3 repetitions (~4 min here)
     python benchmarks/compare.py --tiny      # 2 x 1 x 1, once: the smoke test
 
 Results: ``benchmarks/results/compare_overhead.md`` and ``.json`` (``--tiny``: ``compare_overhead_tiny.*``).
