@@ -22,6 +22,10 @@ comparison take minutes each. Run::
 
     python benchmarks/compare.py             # 2 recipes x 3 seeds x 10 steps, 3 repetitions (~4 min here)
     python benchmarks/compare.py --tiny      # 2 x 1 x 1, once: the smoke test
+    python benchmarks/compare.py --model smollm2-135m-instruct --seeds 2 --reps 2   # real runs (~15 min here)
+
+``--model``: the same runs on a real model (the recipes' own exact-match reward, same small
+batches and eval set); results then go to ``compare_overhead_<model>.*``.
 
 Results: ``benchmarks/results/compare_overhead.md`` and ``.json`` (``--tiny``: ``compare_overhead_tiny.*``).
 """
@@ -43,12 +47,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 RECIPES = ("examples/grpo_add2.yaml", "examples/dr_grpo_add2.yaml")
+SMALL = ["trainer.engine=local", "buffer.eval_tasks.size=8", "explorer.batch_size=4", "explorer.group_size=4"]
 TINY = [  # the recipes on the tiny model; "contains a digit" rewards it, so every step trains
     "model.path=tiny-random",
-    "trainer.engine=local",
-    "buffer.eval_tasks.size=8",
-    "explorer.batch_size=4",
-    "explorer.group_size=4",
+    *SMALL,
     "explorer.reward_fn=format",
     "explorer.reward_args={pattern: '.*[0-9].*'}",
     "explorer.eval_reward_fn=exact_match",
@@ -105,7 +107,7 @@ def markdown(result: dict) -> str:
         "",
         f"Command: `{result['command']}` ({result['date']}, {result['machine']}).",
         "",
-        f"Runs: {' and '.join(RECIPES)} on the tiny model, {result['seeds']} seed(s) each, "
+        f"Runs: {' and '.join(RECIPES)} on {result.get('model', 'tiny-random')}, {result['seeds']} seed(s) each, "
         f"{result['steps']} step(s), local engine: {result['runs']} runs per arm, the arms interleaved "
         f"{result['reps']} time(s). By hand: the runs' commands one after another (wall summed); "
         "runner: `trinity-like compare --jobs 1` from start to exit, planning and report included.",
@@ -143,11 +145,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--model", default="tiny-random", help="model.path of every run (a built-in id or a folder)")
     parser.add_argument("--results", default=str(RESULTS), help="folder for compare_overhead*.md/.json")
     args = parser.parse_args()
     if args.tiny:
         args.seeds, args.steps, args.reps = 1, 1, 1
-    sets = [*TINY, f"trainer.total_steps={args.steps}"]
+    base = TINY if args.model == "tiny-random" else [f"model.path={args.model}", *SMALL]
+    sets = [*base, f"trainer.total_steps={args.steps}"]
     hand_s, runner_s, own_s, commands = [], [], [], []
     work = Path(tempfile.mkdtemp(prefix="compare-bench-"))
     try:
@@ -168,6 +172,7 @@ def main() -> None:
         "command": " ".join(["python benchmarks/compare.py", *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, shared",
+        "model": args.model,
         "seeds": args.seeds,
         "steps": args.steps,
         "reps": args.reps,
@@ -182,6 +187,8 @@ def main() -> None:
         "commands": commands,
     }
     stem = "compare_overhead_tiny" if args.tiny else "compare_overhead"
+    if args.model != "tiny-random":
+        stem += f"_{Path(args.model).name}"
     out = Path(args.results)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
