@@ -98,8 +98,7 @@ def use_attention(model: PreTrainedModel) -> Iterator[None]:
     """
     from transformers import AttentionInterface
 
-    if ATTENTION_NAME not in AttentionInterface._global_mapping:
-        AttentionInterface.register(ATTENTION_NAME, slot_attention)
+    AttentionInterface.register(ATTENTION_NAME, slot_attention)  # a dict update: the same entry each time
     config = model.config
     before = config._attn_implementation
     config._attn_implementation = ATTENTION_NAME

@@ -79,13 +79,26 @@ class RewardProcessError(RuntimeError):
     """An isolated reward call failed in its child: a limit hit, an exception, or a killed child."""
 
 
+def _status_bytes(pid: int | str, key: str) -> int | None:
+    """``key`` (a size in kB) of ``/proc/PID/status`` in bytes; None when the process or the line is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith(f"{key}:")), None)
+    except OSError:  # a child that exited between two looks
+        return None
+
+
 def mapped_bytes() -> int:
     """This process's virtual memory size (``VmSize``), what ``RLIMIT_AS`` is compared with."""
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    raise TrinityError("/proc/self/status has no VmSize line: isolated rewards need Linux")
+    size = _status_bytes("self", "VmSize")
+    if size is None:
+        raise TrinityError("/proc/self/status has no VmSize line: isolated rewards need Linux")
+    return size
+
+
+def rss_anon_bytes(pid: int | str) -> int:
+    """The resident anonymous memory (``RssAnon``) of process ``pid`` ("self": this one); 0 once it is gone."""
+    return _status_bytes(pid, "RssAnon") or 0
 
 
 @REWARD_FN.register_module("isolated")
@@ -174,15 +187,6 @@ def _child(fn: Any, inputs: Mapping[str, Any], write_fd: int, params: IsolatedPa
 
 def _memory_error(params: IsolatedParams) -> str:
     return f"MemoryError: allocated more than memory_mb={params.memory_mb} MB"
-
-
-def rss_anon_bytes(pid: int | str) -> int:
-    """The resident anonymous memory (``RssAnon``) of process ``pid`` ("self": this one); 0 once it is gone."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as f:
-            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon:")), 0)
-    except OSError:  # the child exited between two looks
-        return 0
 
 
 def _release_free_heap() -> None:

@@ -26,7 +26,7 @@ import hashlib
 import importlib
 import itertools
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,12 +77,14 @@ def _space_size(params: ArithmeticParams) -> int:
     return size
 
 
+def _expression(terms: Sequence[int], ops: Sequence[str]) -> str:
+    return str(terms[0]) + "".join(f" {op} {term}" for op, term in zip(ops, terms[1:]))
+
+
 def _draw(rng: random.Random, params: ArithmeticParams) -> tuple[str, int]:
     terms = [rng.randint(*params.ranges[min(i, len(params.ranges) - 1)]) for i in range(params.num_terms)]
     ops = [rng.choice(params.ops) for _ in range(params.num_terms - 1)]
-    expression = str(terms[0])
-    for op, term in zip(ops, terms[1:]):
-        expression += f" {op} {term}"
+    expression = _expression(terms, ops)
     # Left to right with the usual precedence: Python's own evaluation of the same text.
     value = eval(expression, {"__builtins__": {}}, {})  # noqa: S307 -- digits and + - * only
     return expression, int(value)
@@ -95,12 +97,15 @@ def _split_count(params: ArithmeticParams, split: str) -> int | None:
     ranges = [
         range(lo, hi + 1) for lo, hi in (params.ranges[min(i, len(params.ranges) - 1)] for i in range(params.num_terms))
     ]
-    count = 0
-    for ops in itertools.product(dict.fromkeys(params.ops), repeat=params.num_terms - 1):  # an op listed twice: once
-        for terms in itertools.product(*ranges):
-            expression = str(terms[0]) + "".join(f" {op} {term}" for op, term in zip(ops, terms[1:]))
-            count += split_of(expression, params) == split
-    return count
+    ops_once = dict.fromkeys(params.ops)  # an op listed twice: counted once
+    return sum(
+        split_of(_expression(terms, ops), params) == split
+        for ops in itertools.product(ops_once, repeat=params.num_terms - 1)
+        for terms in itertools.product(*ranges)
+    )
+
+
+_COUNT_AFTER = 1000  # consecutive repeats after which the split is counted (near its end; most calls stop earlier)
 
 
 def iter_arithmetic_tasks(
@@ -112,15 +117,21 @@ def iter_arithmetic_tasks(
     rng = random.Random(f"{seed}|{split}")
     seen: set[str] = set()
     space = _space_size(params)
-    total = _split_count(params, split)  # known: stop at the last one, not after the misses that prove it
+    total: int | None = None  # the split's size, once counted: stop at its last problem
+    counted = False
     misses = 0
     index = 0
-    # Rejection sampling; stop once every problem of the split is drawn, or after many consecutive
-    # repeats where the split is too large to count (it is exhausted). The order is the draws' either way.
-    while index != total and misses < 50 * space + 1000:
+    # Rejection sampling; stop once every problem of the split is drawn (counted when draws start to
+    # repeat), or after many consecutive repeats where the split is too large to count (it is
+    # exhausted). The order is the draws' either way.
+    while misses < 50 * space + 1000:
         expression, value = _draw(rng, params)
         if expression in seen or split_of(expression, params) != split:
             misses += 1
+            if misses == _COUNT_AFTER and not counted:
+                total, counted = _split_count(params, split), True
+            if index == total:
+                return
             continue
         misses = 0
         seen.add(expression)
