@@ -254,18 +254,24 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from trinity_like import stopping
     from trinity_like.config import describe_plan, load_plan
     from trinity_like.runner import probe_recipe
 
-    if not args.dry_run:  # a run directory in use refuses at once, before models and plugins load
-        probe_recipe(args.config, args.overrides)
-    plan = load_plan(args.config, args.overrides, args.plugin)
-    if args.dry_run:
-        print(describe_plan(plan))
-        return 0
-    from trinity_like.runner import run_plan
+    with stopping.taking_signals():  # SIGINT and SIGTERM: one line, what was kept, 128 + signal
+        try:
+            if not args.dry_run:  # a run directory in use refuses at once, before models and plugins load
+                probe_recipe(args.config, args.overrides)
+            plan = load_plan(args.config, args.overrides, args.plugin)
+        except stopping.StopRequested as exc:
+            sys.stderr.write(stopping.stopped_line(exc, None) + "\n")
+            return exc.exit_status
+        if args.dry_run:
+            print(describe_plan(plan))
+            return 0
+        from trinity_like.runner import run_plan
 
-    return run_plan(plan)
+        return run_plan(plan)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -385,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     debug = getattr(args, "debug", False) or "--debug" in (argv if argv is not None else sys.argv)
     try:
-        return COMMANDS[args.command](args)
+        status = COMMANDS[args.command](args)
     except TrinityError as exc:
         if debug:
             raise
@@ -398,6 +404,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # the reader left early (`trinity-like list | head`): nothing went wrong here
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush stays quiet
         return 0
+    if argv is None and args.command == "run":  # the command itself, not a caller in Python
+        from trinity_like import stopping
+
+        if stopping.was_stopped():
+            stopping.exit_now(status)
+    return status
 
 
 if __name__ == "__main__":

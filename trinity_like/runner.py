@@ -110,14 +110,31 @@ def probe_recipe(path: str | Path, overrides: list[str] | None = None) -> None:
 
 
 def run_plan(plan: RunPlan) -> int:
-    """Run every stage; returns the process exit status."""
-    probe_run_dirs(plan)
-    _quiet_libraries()
-    previous: Path | None = None
-    for stage in plan.stages:
-        stage = _chain(stage, previous, stage.own_model)
-        metrics = run_stage(stage)
-        summary = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith(("eval/", "reward/")))
-        print(f"{stage.config.name}: done{': ' + summary if summary else ''}", flush=True)
-        previous = _final_model(stage)
+    from trinity_like import stopping
+
+    with stopping.taking_signals():
+        return _run_stages(plan)
+
+
+def _run_stages(plan: RunPlan) -> int:
+    """Run every stage; returns the process exit status (128 + the signal when asked to stop:
+    :mod:`trinity_like.stopping`)."""
+    from trinity_like import stopping
+
+    current: str | None = None
+    try:
+        probe_run_dirs(plan)
+        _quiet_libraries()
+        previous: Path | None = None
+        for stage in plan.stages:
+            stage = _chain(stage, previous, stage.own_model)
+            current = stage.config.run_dir()
+            metrics = run_stage(stage)
+            summary = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith(("eval/", "reward/")))
+            print(f"{stage.config.name}: done{': ' + summary if summary else ''}", flush=True)
+            previous = _final_model(stage)
+    except stopping.StopRequested as exc:
+        stopping.end_children()
+        sys.stderr.write(stopping.stopped_line(exc, current) + "\n")
+        return exc.exit_status
     return 0

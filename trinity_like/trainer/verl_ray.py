@@ -14,6 +14,7 @@ from typing import Any
 
 import ray
 
+from trinity_like import stopping
 from trinity_like.errors import TrinityError
 from trinity_like.plugins import ray_runtime_env
 from trinity_like.trainer.verl_config import PLACEMENTS, VerlParams
@@ -52,6 +53,7 @@ def start_ray(params: VerlParams) -> bool:
                 )
             else:
                 ray.init(address=params.ray_address, runtime_env=env, log_to_driver=False)
+            stopping.reinstall()  # ray.init took SIGTERM for a bare sys.exit: a run keeps its own
             return True
         except ConnectionError as exc:
             raise TrinityError(f"cannot reach the Ray cluster at {params.ray_address!r}: {exc}") from exc
