@@ -256,7 +256,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from trinity_like import stopping
     from trinity_like.config import describe_plan, load_plan
-    from trinity_like.runner import probe_recipe
+    from trinity_like.runner import probe_recipe, stopped_line
 
     with stopping.taking_signals():  # SIGINT and SIGTERM: one line, what was kept, 128 + signal
         try:
@@ -264,7 +264,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 probe_recipe(args.config, args.overrides)
             plan = load_plan(args.config, args.overrides, args.plugin)
         except stopping.StopRequested as exc:
-            sys.stderr.write(stopping.stopped_line(exc, None) + "\n")
+            sys.stderr.write(stopped_line(exc, None) + "\n")
             return exc.exit_status
         if args.dry_run:
             print(describe_plan(plan))

@@ -8,9 +8,13 @@ last checkpoint (a LoRA stage's adapter merged into its base first).
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import sqlite3
 import sys
 from pathlib import Path
 
+from trinity_like import stopping
 from trinity_like.config import ResolvedStage, RunPlan
 
 
@@ -110,8 +114,6 @@ def probe_recipe(path: str | Path, overrides: list[str] | None = None) -> None:
 
 
 def run_plan(plan: RunPlan) -> int:
-    from trinity_like import stopping
-
     with stopping.taking_signals():
         return _run_stages(plan)
 
@@ -119,7 +121,6 @@ def run_plan(plan: RunPlan) -> int:
 def _run_stages(plan: RunPlan) -> int:
     """Run every stage; returns the process exit status (128 + the signal when asked to stop:
     :mod:`trinity_like.stopping`)."""
-    from trinity_like import stopping
 
     current: str | None = None
     try:
@@ -130,11 +131,54 @@ def _run_stages(plan: RunPlan) -> int:
             stage = _chain(stage, previous, stage.own_model)
             current = stage.config.run_dir()
             metrics = run_stage(stage)
-            summary = ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith(("eval/", "reward/")))
+            summary = ", ".join(
+                f"{k}={v:.4g}" for k, v in sorted(metrics.items()) if k.startswith(("eval/", "reward/"))
+            )
             print(f"{stage.config.name}: done{': ' + summary if summary else ''}", flush=True)
             previous = _final_model(stage)
     except stopping.StopRequested as exc:
         stopping.end_children()
-        sys.stderr.write(stopping.stopped_line(exc, current) + "\n")
+        sys.stderr.write(stopped_line(exc, current) + "\n")
         return exc.exit_status
     return 0
+
+
+def _buffer_rows(run_dir: Path) -> str | None:
+    """What the SQLite buffer holds, read-only (None when the run has none)."""
+    path = run_dir / "buffer.sqlite"
+    if not path.is_file():
+        return None
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0) as db:
+            total = db.execute("SELECT COUNT(*) FROM state").fetchone()[0]
+            left = db.execute("SELECT COUNT(*) FROM state WHERE status IN (0, 1)").fetchone()[0]  # available, claimed
+    except sqlite3.Error:
+        return None
+    return f"{total} rows in the buffer ({left} not trained yet)"
+
+
+def kept(run_dir: str | os.PathLike) -> str:
+    """One clause: the checkpoint a rerun resumes from and what the buffer holds."""
+    from trinity_like.errors import TrinityError
+    from trinity_like.pipeline.checkpoint import CheckpointManager
+
+    folder = Path(run_dir)
+    try:
+        latest = CheckpointManager(folder).latest()
+    except TrinityError as exc:
+        latest, why = None, f" ({exc})"
+    else:
+        why = ""
+    if latest is None:
+        what = f"no checkpoint yet{why}: the same command starts this stage over"
+    else:
+        what = f"checkpoint {latest.name} ({latest}): the same command resumes from it"
+    rows = _buffer_rows(folder)
+    return f"kept {rows + '; ' if rows else ''}{what}"
+
+
+def stopped_line(exc: stopping.StopRequested, run_dir: str | os.PathLike | None) -> str:
+    name = signal.Signals(exc.signum).name
+    if run_dir is None:
+        return f"trinity-like: stopped by {name} before a stage started; nothing to resume"
+    return f"trinity-like: stopped by {name}; {kept(run_dir)}"

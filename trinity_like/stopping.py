@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from contextlib import contextmanager, suppress
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -116,57 +114,12 @@ def end_children(grace_s: float = 3.0) -> list[int]:
     except psutil.Error:
         return []
     for child in children:
-        try:
+        with suppress(psutil.Error):
             child.send_signal(signal.SIGTERM if grace_s > 0 else signal.SIGKILL)
-        except psutil.Error:
-            pass
     if grace_s > 0:
         _, alive = psutil.wait_procs(children, timeout=grace_s)
         for child in alive:
-            try:
+            with suppress(psutil.Error):
                 child.kill()
-            except psutil.Error:
-                pass
         psutil.wait_procs(alive, timeout=grace_s)
     return [c.pid for c in children]
-
-
-def _buffer_rows(run_dir: Path) -> str | None:
-    """What the SQLite buffer holds, read-only (None when the run has none)."""
-    path = run_dir / "buffer.sqlite"
-    if not path.is_file():
-        return None
-    try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0) as db:
-            total = db.execute("SELECT COUNT(*) FROM state").fetchone()[0]
-            left = db.execute("SELECT COUNT(*) FROM state WHERE status IN (0, 1)").fetchone()[0]  # available, claimed
-    except sqlite3.Error:
-        return None
-    return f"{total} rows in the buffer ({left} not trained yet)"
-
-
-def kept(run_dir: str | os.PathLike) -> str:
-    """One clause: the checkpoint a rerun resumes from and what the buffer holds."""
-    from trinity_like.errors import TrinityError
-    from trinity_like.pipeline.checkpoint import CheckpointManager
-
-    folder = Path(run_dir)
-    try:
-        latest = CheckpointManager(folder).latest()
-    except TrinityError as exc:
-        latest, why = None, f" ({exc})"
-    else:
-        why = ""
-    if latest is None:
-        what = f"no checkpoint yet{why}: the same command starts this stage over"
-    else:
-        what = f"checkpoint {latest.name} ({latest}): the same command resumes from it"
-    rows = _buffer_rows(folder)
-    return f"kept {rows + '; ' if rows else ''}{what}"
-
-
-def stopped_line(exc: StopRequested, run_dir: str | os.PathLike | None) -> str:
-    name = signal.Signals(exc.signum).name
-    if run_dir is None:
-        return f"trinity-like: stopped by {name} before a stage started; nothing to resume"
-    return f"trinity-like: stopped by {name}; {kept(run_dir)}"

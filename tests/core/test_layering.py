@@ -22,7 +22,15 @@ FORBIDDEN = ("algorithms", "cookbook", "plugins", "example_plugin")
 # The layers of trinity_like, lowest first: a package or top-level module (``trinity_like``
 # itself is the package's __init__) may import its own layer and the ones before it.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("trinity_like", "errors", "fault_points", "malloc", "shm", "builtins"),  # no trinity_like imports but errors
+    (
+        "trinity_like",
+        "errors",
+        "fault_points",
+        "malloc",
+        "shm",
+        "stopping",
+        "builtins",
+    ),  # no trinity_like imports but errors
     ("plugins", "registry"),  # the registries and plugin loading
     ("components", "experience", "ops"),  # component contracts, rows, tensor helpers
     ("monitor", "buffer", "models"),  # metrics and their sinks; data sets and storages; models and tokenizers
