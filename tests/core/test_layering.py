@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "malloc",
         "shm",
         "stopping",
+        "threads",
         "builtins",
     ),  # no trinity_like imports but errors
     ("plugins", "registry"),  # the registries and plugin loading

@@ -349,10 +349,10 @@ class Config(Section):
         (:mod:`trinity_like.cpu_share`): half to the explorer and the rest to the workers
         while both compute, every core to whichever computes alone. ``cluster.explorer_threads``
         / ``trainer_threads`` fix the widths instead."""
-        import os
+        from trinity_like.threads import cores_given
 
-        cpus = os.cpu_count() or 1
-        cores = min(self.cluster.num_cpus or cpus, cpus)  # Ray's logical CPUs may be more than the machine's
+        cpus = cores_given()  # the affinity mask and a cgroup quota, not the machine's count
+        cores = min(self.cluster.num_cpus or cpus, cpus)  # Ray's logical CPUs may be more than the cores given
         sync, c = self.synchronizer, self.cluster
         beside = (
             self.mode == "both"

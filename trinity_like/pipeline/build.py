@@ -33,6 +33,7 @@ from trinity_like.cpu_share import CoreShare
 from trinity_like.errors import TrinityError
 from trinity_like.explorer.worker import ExplorerWorker, RemoteExplorer
 from trinity_like.models.device import describe as describe_precision
+from trinity_like.threads import describe as describe_threads
 from trinity_like.models.device import run_device, set_run_device
 from trinity_like.pipeline.data_sources import load_stage_data
 from trinity_like.pipeline.reward_watch import RewardWatch
@@ -173,6 +174,8 @@ def build_stage(spec: ResolvedStage, role: str) -> Stage:
     needs = frozenset(spec.needs | objective.inputs_needed()) if objective else frozenset()
     run = RunDir.open(cfg, role)
     run.logger.write(describe_precision(cfg.model.dtype, cfg.explorer.dtype, run_device()))
+    widths = cfg.cpu_threads()
+    run.logger.write(describe_threads(widths.explorer_alone, widths.trainer_alone, cfg.cluster.workers))
     stage = Stage(spec=spec, role=role, model_path=model_path, tokenizer=tokenizer, data=data, run=run)
     try:
         if role != "offline":
