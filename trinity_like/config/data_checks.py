@@ -169,9 +169,9 @@ def describe_data(cfg: Config, algo: AlgorithmType) -> list[str]:
         if inherited:
             lines.append(f"    system_prompt: from buffer.{TRAIN_SOURCE[key]}")
         other = getattr(cfg.buffer, TRAIN_SOURCE.get(key, key))
-        if other is not ds and other is not None and None not in (ds.system_prompt, other.system_prompt):
-            if ds.system_prompt != other.system_prompt:
-                lines.append(f"    warning: system_prompt differs from buffer.{TRAIN_SOURCE[key]}'s")
+        both = other is not ds and other is not None and None not in (ds.system_prompt, other.system_prompt)
+        if both and ds.system_prompt != other.system_prompt:
+            lines.append(f"    warning: system_prompt differs from buffer.{TRAIN_SOURCE[key]}'s")
         try:
             lines += _first_row_lines(cfg, key, kind, reward)
         except TrinityError as exc:  # validate has checked the rows; a source's own complaint shows here
@@ -185,7 +185,11 @@ def _first_row_lines(cfg: Config, key: str, kind: str, reward: str) -> list[str]
         task = _first_task(cfg, key)
         if task is None:
             return ["    first row: (the source gave no task)"]
-        return ["    first prompt:", *_messages_text(task.messages()), f"    answer: {reference_text(reward, task.answer)}"]
+        return [
+            "    first prompt:",
+            *_messages_text(task.messages()),
+            f"    answer: {reference_text(reward, task.answer)}",
+        ]
     options = dataset_options(ds, epochs=1, system_prompt=system_prompt_of(cfg.buffer, key))
     where, record = next(first_records(ds.path, 1))
     if kind == "tasks":

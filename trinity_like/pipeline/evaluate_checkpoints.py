@@ -7,12 +7,12 @@ import tempfile
 from pathlib import Path
 
 from trinity_like.config import ResolvedStage
+from trinity_like.config.data_checks import system_prompt_of
 from trinity_like.errors import TrinityError
 from trinity_like.explorer.worker import ExplorerWorker
 from trinity_like.monitor.evals import EVALS_FILE
 from trinity_like.monitor.logger import MetricsLogger
 from trinity_like.pipeline.checkpoint import CheckpointManager
-from trinity_like.config.data_checks import system_prompt_of
 from trinity_like.pipeline.data_sources import StageData, task_set
 from trinity_like.pipeline.run_dir import RunDir
 from trinity_like.pipeline.stage import Stage
@@ -32,7 +32,9 @@ def run_bench(spec: ResolvedStage) -> dict[str, float]:
     if not found:
         raise TrinityError(f"mode bench: no checkpoints in {run_dir / 'checkpoints'}")
     system = system_prompt_of(cfg.buffer, "eval_tasks")
-    data = StageData(eval_tasks=list(task_set(cfg.buffer.eval_tasks, "buffer.eval_tasks", train=False, system_prompt=system)))
+    data = StageData(
+        eval_tasks=list(task_set(cfg.buffer.eval_tasks, "buffer.eval_tasks", train=False, system_prompt=system))
+    )
     logger = MetricsLogger(
         str(run_dir / "bench"),
         cfg.monitor.backends,
