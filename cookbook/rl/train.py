@@ -228,8 +228,8 @@ def _setting_notices(config: RLTrainConfig, train_tasks: Sequence[Task], eval_ta
     held_out = {t.system_prompt for t in eval_tasks if isinstance(t.prompt, str)}
     if trained and held_out and trained != held_out:
         out.append(
-            f"warning: the held-out tasks' system prompts {sorted(map(repr, held_out))} differ from the training "
-            f"tasks' {sorted(map(repr, trained))}: pass the same system_prompt to both load_tasks calls"
+            f"warning: the held-out tasks' system prompt {', '.join(sorted(map(repr, held_out)))} differs from the "
+            f"training tasks' {', '.join(sorted(map(repr, trained)))}: pass the same system_prompt to both load_tasks calls"
         )
     return out
 
