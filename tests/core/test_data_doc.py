@@ -72,6 +72,12 @@ def test_every_command_runs(command, workdir):
         assert all(e["messages"][0]["role"] == "system" for e in evals)
 
 
+def test_the_data_line_shown_is_a_line_of_the_shipped_file():
+    (line,) = blocks("json")
+    shipped = (ROOT / "examples/data/gsm8k_style_train.jsonl").read_text().splitlines()
+    assert json.loads(line) in [json.loads(x) for x in shipped]
+
+
 def test_the_plan_excerpt_is_what_dry_run_prints(workdir):
     (excerpt,) = [b for b in blocks("text") if "first prompt" in b]
     r = cli(["run", "--config", "examples/gsm8k_style.yaml", "--dry-run"], workdir)
