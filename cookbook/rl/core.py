@@ -79,7 +79,9 @@ class RLTrainConfig:
     skip_zero_advantage_groups: bool = True  # leave groups whose advantages are all 0 out of the batch (counted)
     max_total_tokens: int = 2048  # tokens of one episode, history and actions (an action's length is the env's)
     max_turns: int = 64  # actions per episode, a safety net over the env's own end
-    eval_every: int | None = 5  # greedy held-out evaluation every this many iterations, at the start (eval_at_start) and the end; None: at the start and the end only; 0: never (as a recipe's monitor.eval_interval)
+    eval_every: int | None = (
+        5  # greedy held-out evaluation every this many iterations, at the start (eval_at_start) and the end; None: at the start and the end only; 0: never (as a recipe's monitor.eval_interval)
+    )
     eval_at_start: bool = True  # evaluate before the first iteration (as a recipe's monitor.eval_at_start)
     save_every: int = 10  # save_state every this many iterations and at the end; 0: never (nothing to resume)
     seed: int = 0  # of the rollouts' sampling: iteration i draws from sample_seed(seed, i, 0)

@@ -84,7 +84,11 @@ def test_a_bad_row_past_the_first_ones_is_refused_by_the_run_with_the_same_hint(
     write_jsonl(tmp_path / "tasks.jsonl", rows)
     path = recipe(tmp_path, "buffer:\n  tasks:\n    path: tasks.jsonl\n    prompt_key: question\n")
     spec = load_plan(path, ["trainer.engine=local"]).stages[0]  # the first 20 rows are fine
-    with pytest.raises(DataError, match=r'^tasks\.jsonl:31: field "answer" is empty \(buffer\.tasks\.answer_key'):
+    with pytest.raises(
+        DataError,
+        match=r'^tasks\.jsonl:31: field "answer" is empty \(buffer\.tasks\.answer_key names it; this row\'s fields: '
+        r'"question", "answer"\)$',
+    ):
         load_stage_data(spec, "both", tokenizer=None)
 
 

@@ -261,7 +261,9 @@ def sft_messages(record: Mapping[str, Any], where: str, o: DatasetOptions) -> li
         return msgs
     if record.get(o.prompt_key) is None:
         raise FieldError(
-            f'{where}: missing field "{o.messages_key}" (or "{o.prompt_key}" and "{o.response_key}")', o.prompt_key
+            f'{where}: missing field "{o.messages_key}" (or "{o.prompt_key}" and "{o.response_key}")',
+            o.prompt_key,
+            list(record),
         )
     prompt = prompt_messages(prompt_field(record, o.prompt_key, where), o.system_prompt)
     response = text_field(record, o.response_key, where)

@@ -193,11 +193,12 @@ def load_records(path: str, check: RowCheck) -> tuple[datasets.Dataset, list[str
 
 # -- field checks -------------------------------------------------------------------
 class FieldError(DataError):
-    """A row's field ``key`` is missing or unusable: what ``validate`` turns into the key to set."""
+    """A row's field ``key`` is missing or unusable: what ``validate`` turns into the key to set;
+    ``fields``: the fields the row has."""
 
-    def __init__(self, message: str, key: str) -> None:
+    def __init__(self, message: str, key: str, fields: Sequence[str] = ()) -> None:
         super().__init__(message)
-        self.key = key
+        self.key, self.fields = key, list(fields)
 
 
 def _json_kind(value: Any) -> str:
@@ -216,10 +217,10 @@ def field(record: Mapping[str, Any], key: str, where: str, allowed: Sequence[str
     """``record[key]``, which must be present, non-null and of one of the ``allowed`` kinds."""
     value = record.get(key)
     if value is None:
-        raise FieldError(f'{where}: missing field "{key}"', key)
+        raise FieldError(f'{where}: missing field "{key}"', key, list(record))
     kind = _json_kind(value)
     if kind not in allowed:
-        raise FieldError(f'{where}: field "{key}" must be {" or ".join(allowed)}, got {kind}', key)
+        raise FieldError(f'{where}: field "{key}" must be {" or ".join(allowed)}, got {kind}', key, list(record))
     if kind == "a number" and not math.isfinite(value):  # parquet floats; JSONL rejects the literals earlier
         raise DataError(f'{where}: field "{key}" is {value}, not a finite number')
     return value
@@ -229,7 +230,7 @@ def text_field(record: Mapping[str, Any], key: str, where: str, allowed: Sequenc
     """:func:`field`, and a string must hold more than whitespace (an empty prompt trains on nothing)."""
     value = field(record, key, where, allowed)
     if isinstance(value, str) and not value.strip():
-        raise FieldError(f'{where}: field "{key}" is empty', key)
+        raise FieldError(f'{where}: field "{key}" is empty', key, list(record))
     return value
 
 

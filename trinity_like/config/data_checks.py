@@ -72,13 +72,13 @@ def _row_check(kind: str, o: DatasetOptions) -> RowCheck:
     return lambda record, where: sft_messages(record, where, o)
 
 
-def with_hint(exc: DataError, key: str, options: DatasetOptions, record: Mapping[str, Any] | None) -> str:
+def with_hint(exc: DataError, key: str, options: DatasetOptions) -> str:
     """``exc``'s line, plus the ``buffer.<key>.<x>_key`` that names the field it is about and the
     fields the row has (a row's fields are the quickest way to see a key that does not match)."""
     text = str(exc)
     if not isinstance(exc, FieldError):
         return text
-    have = ", ".join(f'"{k}"' for k in record) if record else "none"
+    have = ", ".join(f'"{k}"' for k in exc.fields) or "none"
     option = next((k for k in _KEYS if getattr(options, k) == exc.key), None)
     if option is None:
         return f"{text} (this row's fields: {have})"
@@ -102,12 +102,11 @@ def check_data_rows(cfg: Config, algo: AlgorithmType, loc: Locator) -> None:
             continue
         options = dataset_options(ds, epochs=1, system_prompt=system_prompt_of(cfg.buffer, key))
         check = _row_check(kind_of(key, ds, algo), options)
-        record: Mapping[str, Any] | None = None
         try:
             for where, record in first_records(ds.path, FIRST_ROWS):
                 check(record, where)
         except DataError as exc:
-            raise loc.error(("buffer", key), with_hint(exc, key, options, record)) from None
+            raise loc.error(("buffer", key), with_hint(exc, key, options)) from None
 
 
 def check_eval_cadence(cfg: Config, loc: Locator) -> None:

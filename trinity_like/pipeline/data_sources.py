@@ -29,7 +29,7 @@ def hinted(options: DatasetOptions, where: str, load: Callable[[], T]) -> T:
     try:
         return load()
     except FieldError as exc:
-        raise DataError(with_hint(exc, where.removeprefix("buffer."), options, None)) from None
+        raise DataError(with_hint(exc, where.removeprefix("buffer."), options)) from None
 
 
 def generated_tasks(ds: DatasetConfig, where: str, system_prompt: str | None = None) -> list[Task]:
