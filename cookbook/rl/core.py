@@ -79,7 +79,10 @@ class RLTrainConfig:
     skip_zero_advantage_groups: bool = True  # leave groups whose advantages are all 0 out of the batch (counted)
     max_total_tokens: int = 2048  # tokens of one episode, history and actions (an action's length is the env's)
     max_turns: int = 64  # actions per episode, a safety net over the env's own end
-    eval_every: int = 5  # greedy held-out evaluation every this many iterations, at the start and the end; 0: never
+    eval_every: int | None = (
+        5  # greedy held-out evaluation every this many iterations, at the start (eval_at_start) and the end; None: at the start and the end only; 0: never (as a recipe's monitor.eval_interval)
+    )
+    eval_at_start: bool = True  # evaluate before the first iteration (as a recipe's monitor.eval_at_start)
     save_every: int = 10  # save_state every this many iterations and at the end; 0: never (nothing to resume)
     seed: int = 0  # of the rollouts' sampling: iteration i draws from sample_seed(seed, i, 0)
     progress: bool = True  # a tqdm progress bar
@@ -92,8 +95,13 @@ class RLTrainConfig:
                 raise ConfigError(f"RLTrainConfig.{f.name}: expected {f.type}, got {value!r}")
         for name in ("iterations", "batch_size", "group_size", "num_substeps", "max_total_tokens", "max_turns"):
             self._check(name, getattr(self, name) >= 1, "must be >= 1")
-        for name in ("eval_every", "save_every"):
-            self._check(name, getattr(self, name) >= 0, "must be >= 0 (0: never)")
+        every = self.eval_every
+        self._check(
+            "eval_every",
+            every is None or (isinstance(every, int) and not isinstance(every, bool) and every >= 0),
+            "must be None (at the start and the end only) or >= 0 (0: never)",
+        )
+        self._check("save_every", self.save_every >= 0, "must be >= 0 (0: never)")
         self._check("num_minibatches", self.num_minibatches >= 0, "must be >= 0 (0: no streaming)")
         self._check("max_steps_off_policy", self.max_steps_off_policy >= 0, "must be >= 0 (0: on-policy)")
         self._check(

@@ -165,8 +165,10 @@ def train(
         if start:
             logger.write(f"resumed from the checkpoint of iteration {start} in {log_path / CHECKPOINTS}")
         sampler = training.save_weights_and_get_sampling_client()
-        do_eval = bool(eval_tasks) and config.eval_every > 0
-        if do_eval and start == 0:
+        do_eval = bool(eval_tasks) and config.eval_every != 0
+        for line in _setting_notices(config, train_tasks, eval_tasks):
+            logger.write(line)
+        if do_eval and start == 0 and config.eval_at_start:
             log(0, evaluate(sampler, factory, eval_tasks, config, notices))
         if config.streaming:  # streaming minibatches / off-by-K: the samplers run beside the learner
             from cookbook.rl.stream import ChunkStream, stream_iteration
@@ -203,7 +205,7 @@ def train(
             if config.save_every and (it % config.save_every == 0 or last):
                 with timer("checkpoint"):
                     save_checkpoint(training, log_path, it)
-            if do_eval and (it % config.eval_every == 0 or last):
+            if do_eval and (last or (config.eval_every and it % config.eval_every == 0)):
                 with timer("eval"):
                     metrics.update(evaluate(sampler, factory, eval_tasks, config, notices))
             metrics.update(_speed(timer, t0, groups, metrics))
@@ -214,6 +216,22 @@ def train(
             stream.close()
         logger.close()
     return result
+
+
+def _setting_notices(config: RLTrainConfig, train_tasks: Sequence[Task], eval_tasks: Sequence[Task]) -> list[str]:
+    """Lines for settings that would otherwise surprise: held-out tasks never evaluated, and held-out
+    prompts under another system prompt than the training ones (a recipe's held-out source inherits it)."""
+    out = []
+    if eval_tasks and config.eval_every == 0:
+        out.append("eval_every=0: the held-out tasks are never evaluated (None: at the start and the end only)")
+    trained = {t.system_prompt for t in train_tasks if isinstance(t.prompt, str)}
+    held_out = {t.system_prompt for t in eval_tasks if isinstance(t.prompt, str)}
+    if trained and held_out and trained != held_out:
+        out.append(
+            f"warning: the held-out tasks' system prompt {', '.join(sorted(map(repr, held_out)))} differs from the "
+            f"training tasks' {', '.join(sorted(map(repr, trained)))}: pass the same system_prompt to both load_tasks calls"
+        )
+    return out
 
 
 def _speed(

@@ -4,6 +4,7 @@ datum once, greedy evaluation against a direct decode, checkpoints that resume e
 
 from __future__ import annotations
 
+import dataclasses
 import doctest
 import json
 import math
@@ -308,6 +309,24 @@ def test_evaluation_is_greedy_accuracy_as_a_direct_decode_finds_it(service, tmp_
     assert metrics["eval/tasks"] == 8 and metrics["eval/accuracy_stderr"] > 0
 
 
+@pytest.mark.parametrize(
+    "every, at_start, steps",
+    [(None, True, [0, 3]), (2, True, [0, 2, 3]), (2, False, [2, 3]), (0, True, [])],
+)
+def test_evaluation_cadence_means_what_a_recipes_does(service, tmp_path, tok, capsys, every, at_start, steps):
+    """eval_every as monitor.eval_interval: N (and the start and the end), None (start and end only), 0 (never,
+    said in one line); a held-out system prompt that differs from the training one is a warning line."""
+    factory = build_env_factory("arithmetic", NO_SPACE, tokenizer=tok)
+    training = service.create_lora_training_client("tiny-random", rank=0, seed=0)
+    held_out = [dataclasses.replace(t, system_prompt="Be brief.") for t in tasks("eval", 2)]
+    run = config(tmp_path, iterations=3, batch_size=2, group_size=2, eval_every=every, eval_at_start=at_start)
+    result = train(run, training, factory, tasks("train", 6), held_out)
+    assert [e["step"] for e in result.evals] == steps
+    out = capsys.readouterr().out
+    assert ("eval_every=0: the held-out tasks are never evaluated" in out) == (every == 0)
+    assert "warning: the held-out tasks' system prompt 'Be brief.' differs from the training tasks' 'You are" in out
+
+
 def logprobs_of(training, datum):
     return training.forward([datum], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
 
@@ -364,7 +383,11 @@ def test_checkpoints_resume_the_iteration_counter_and_the_same_training(service,
         ({"kl_penalty_coef": -0.1}, r"^RLTrainConfig.kl_penalty_coef: must be >= 0"),
         ({"batch_size": "8"}, r"^RLTrainConfig.batch_size: expected int, got '8'$"),
         ({"advantage_per_turn": 1}, r"^RLTrainConfig.advantage_per_turn: expected bool, got 1$"),
-        ({"eval_every": -1}, r"^RLTrainConfig.eval_every: must be >= 0 \(0: never\), got -1$"),
+        (
+            {"eval_every": -1},
+            r"^RLTrainConfig.eval_every: must be None \(at the start and the end only\) or >= 0 \(0: never\), got -1$",
+        ),
+        ({"eval_every": 2.5}, r"^RLTrainConfig.eval_every: must be None .* or >= 0 \(0: never\), got 2.5$"),
         ({"log_path": ""}, r"^RLTrainConfig.log_path: must name a folder"),
     ],
 )

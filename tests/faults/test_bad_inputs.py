@@ -81,6 +81,14 @@ CHAT = {"messages": [{"role": "user", "content": "What is 2 + 2?"}, {"role": "as
 PAIR = {"prompt": "What is 2 + 2?", "chosen": "4", "rejected": "5"}
 
 
+# A bad row among the first ones is refused by `validate` / `run` before anything loads, at the
+# recipe line of its data source (trinity_like/config/data_checks.py); a missing or empty field
+# also names the key that maps it and the row's fields (checked word for word in
+# tests/core/test_data_checks.py).
+ROW = r"r\.yaml:\d+: buffer\.\w+: "
+HINT = r"(?: \(buffer\.\w+\.\w+ names it; this row's fields: .*\)|; set buffer\.\w+\.\w+ to the field that holds it \(this row's fields: .*\)| \(this row's fields: .*\))?"
+
+
 def jsonl(*rows: object) -> bytes:
     return "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows).encode()
 
@@ -336,124 +344,147 @@ CASES = [
         args=("--plugin", "no_such_flag_plugin"),
     ),
     # -- task files -----------------------------------------------------------------------
-    Case("tasks_empty_prompt", r'data\.jsonl:2: field "prompt" is empty', data=jsonl(TASK, {**TASK, "prompt": ""})),
-    Case("tasks_blank_prompt", r'data\.jsonl:1: field "prompt" is empty', data=jsonl({**TASK, "prompt": " \n\t"})),
-    Case("tasks_empty_answer", r'data\.jsonl:2: field "answer" is empty', data=jsonl(TASK, {**TASK, "answer": ""})),
+    Case(
+        "tasks_empty_prompt",
+        ROW + r'data\.jsonl:2: field "prompt" is empty' + HINT,
+        data=jsonl(TASK, {**TASK, "prompt": ""}),
+    ),
+    Case(
+        "tasks_blank_prompt",
+        ROW + r'data\.jsonl:1: field "prompt" is empty' + HINT,
+        data=jsonl({**TASK, "prompt": " \n\t"}),
+    ),
+    Case(
+        "tasks_empty_answer",
+        ROW + r'data\.jsonl:2: field "answer" is empty' + HINT,
+        data=jsonl(TASK, {**TASK, "answer": ""}),
+    ),
     Case(
         "tasks_blank_chat_prompt",
-        r'data\.jsonl:1: field "prompt" is empty \(every message is blank\)',
+        ROW + r'data\.jsonl:1: field "prompt" is empty \(every message is blank\)' + HINT,
         data=jsonl({**TASK, "prompt": [{"role": "user", "content": "  "}]}),
     ),
-    Case("tasks_missing_answer", r'data\.jsonl:2: missing field "answer"', data=jsonl(TASK, {"prompt": "x"})),
-    Case("tasks_null_prompt", r'data\.jsonl:1: missing field "prompt"', data=jsonl({**TASK, "prompt": None})),
+    Case(
+        "tasks_missing_answer", ROW + r'data\.jsonl:2: missing field "answer"' + HINT, data=jsonl(TASK, {"prompt": "x"})
+    ),
+    Case(
+        "tasks_null_prompt", ROW + r'data\.jsonl:1: missing field "prompt"' + HINT, data=jsonl({**TASK, "prompt": None})
+    ),
     Case(
         "tasks_latin1",
-        r"data\.jsonl:2: not UTF-8 text \(invalid continuation byte\)",
+        ROW + r"data\.jsonl:2: not UTF-8 text \(invalid continuation byte\)" + HINT,
         data=jsonl(TASK) + '{"prompt": "caf\xe9 2 + 2", "answer": "4"}\n'.encode("latin-1"),
     ),
     Case(
         "tasks_binary",
-        r"data\.jsonl:1: not UTF-8 text \(invalid start byte\)",
+        ROW + r"data\.jsonl:1: not UTF-8 text \(invalid start byte\)" + HINT,
         data=b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe",
     ),
     Case(
         "tasks_truncated_last_line",
-        r"data\.jsonl:3: invalid JSON \(Unterminated string starting at at column \d+\)",
+        ROW + r"data\.jsonl:3: invalid JSON \(Unterminated string starting at at column \d+\)" + HINT,
         data=jsonl(TASK, TASK) + b'{"prompt": "What is',
     ),
     Case(
         "tasks_nan_answer",
-        r"data\.jsonl:2: invalid JSON \(NaN is not a JSON number\)",
+        ROW + r"data\.jsonl:2: invalid JSON \(NaN is not a JSON number\)" + HINT,
         data=jsonl(TASK, '{"prompt": "p", "answer": NaN}'),
     ),
     Case(
         "tasks_infinity_in_extra_field",
-        r"data\.jsonl:1: invalid JSON \(-Infinity is not a JSON number\)",
+        ROW + r"data\.jsonl:1: invalid JSON \(-Infinity is not a JSON number\)" + HINT,
         data=jsonl('{"prompt": "p", "answer": "1", "weight": -Infinity}'),
     ),
     Case(
         "tasks_nested_prompt",
-        r'data\.jsonl:1: field "prompt" must be a string or a list, got a dict',
+        ROW + r'data\.jsonl:1: field "prompt" must be a string or a list, got a dict' + HINT,
         data=jsonl({**TASK, "prompt": {"text": "What is 2 + 2?"}}),
     ),
     Case(
         "tasks_duplicate_key",
-        r'data\.jsonl:2: duplicate key "answer" in one JSON object',
+        ROW + r'data\.jsonl:2: duplicate key "answer" in one JSON object' + HINT,
         data=jsonl(TASK, '{"prompt": "p", "answer": "1", "answer": "2"}'),
     ),
     Case(
         "tasks_duplicate_nested_key",
-        r'data\.jsonl:1: duplicate key "role" in one JSON object',
+        ROW + r'data\.jsonl:1: duplicate key "role" in one JSON object' + HINT,
         data=jsonl('{"prompt": [{"role": "user", "role": "system", "content": "x"}], "answer": "1"}'),
     ),
-    Case("tasks_row_not_an_object", r"data\.jsonl:2: expected a JSON object, got list", data=jsonl(TASK, [1, 2])),
+    Case(
+        "tasks_row_not_an_object",
+        ROW + r"data\.jsonl:2: expected a JSON object, got list" + HINT,
+        data=jsonl(TASK, [1, 2]),
+    ),
     Case(
         "tasks_boolean_answer",
-        r'data\.jsonl:1: field "answer" must be a string or a number, got a boolean',
+        ROW + r'data\.jsonl:1: field "answer" must be a string or a number, got a boolean' + HINT,
         data=jsonl({**TASK, "answer": True}),
     ),
     Case(
         "tasks_kind_changes",
-        r'data\.jsonl:3: field "answer" is a number here but a string at data\.jsonl:1',
+        ROW + r'data\.jsonl:3: field "answer" is a number here but a string at data\.jsonl:1' + HINT,
         data=jsonl(TASK, TASK, {**TASK, "answer": 4}),
     ),
     Case("tasks_only_blank_lines", r"data\.jsonl: the data set is empty", data=b"\n  \r\n\n"),
     # -- SFT files (chat form and prompt/response) ------------------------------------
     Case(
         "sft_no_assistant",
-        r'data\.jsonl:1: field "messages" has no assistant message to train on',
+        ROW + r'data\.jsonl:1: field "messages" has no assistant message to train on' + HINT,
         recipe=SFT,
         data=jsonl({"messages": [{"role": "user", "content": "hi"}]}),
     ),
     Case(
         "sft_empty_assistant",
-        r'data\.jsonl:2: field "messages": every assistant message is empty',
+        ROW + r'data\.jsonl:2: field "messages": every assistant message is empty' + HINT,
         recipe=SFT,
         data=jsonl(CHAT, {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]}),
     ),
     Case(
         "sft_message_without_content",
-        r'data\.jsonl:1: field "messages" message 1 must have a string "role" and "content"',
+        ROW + r'data\.jsonl:1: field "messages" message 1 must have a string "role" and "content"' + HINT,
         recipe=SFT,
         data=jsonl({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant"}]}),
     ),
     Case(
         "sft_messages_not_a_list",
-        r'data\.jsonl:1: field "messages" must be a list, got a string',
+        ROW + r'data\.jsonl:1: field "messages" must be a list, got a string' + HINT,
         recipe=SFT,
         data=jsonl({"messages": "hi"}),
     ),
     Case(
         "sft_empty_response",
-        r'data\.jsonl:1: field "response" is empty',
+        ROW + r'data\.jsonl:1: field "response" is empty' + HINT,
         recipe=SFT,
         data=jsonl({"prompt": "hi", "response": ""}),
     ),
     Case(
         "sft_crlf_truncated",
-        r"data\.jsonl:2: invalid JSON \(Expecting ',' delimiter at column \d+\)",
+        ROW + r"data\.jsonl:2: invalid JSON \(Expecting ',' delimiter at column \d+\)" + HINT,
         recipe=SFT,
         data=json.dumps(CHAT).encode() + b"\r\n" + json.dumps(CHAT).encode()[:-3],
     ),
     # -- preference pairs -----------------------------------------------------------------
     Case(
         "pairs_missing_rejected",
-        r'data\.jsonl:2: missing field "rejected"',
+        ROW + r'data\.jsonl:2: missing field "rejected"' + HINT,
         recipe=DPO,
         data=jsonl(PAIR, {"prompt": "p", "chosen": "c"}),
     ),
     Case(
-        "pairs_empty_chosen", r'data\.jsonl:1: field "chosen" is empty', recipe=DPO, data=jsonl({**PAIR, "chosen": ""})
+        "pairs_empty_chosen",
+        ROW + r'data\.jsonl:1: field "chosen" is empty' + HINT,
+        recipe=DPO,
+        data=jsonl({**PAIR, "chosen": ""}),
     ),
     Case(
         "pairs_number_response",
-        r'data\.jsonl:1: field "rejected" must be a string, got a number',
+        ROW + r'data\.jsonl:1: field "rejected" must be a string, got a number' + HINT,
         recipe=DPO,
         data=jsonl({**PAIR, "rejected": 5}),
     ),
     Case(
         "pairs_nan",
-        r"data\.jsonl:1: invalid JSON \(NaN is not a JSON number\)",
+        ROW + r"data\.jsonl:1: invalid JSON \(NaN is not a JSON number\)" + HINT,
         recipe=DPO,
         data=jsonl('{"prompt": "p", "chosen": "c", "rejected": "r", "margin": NaN}'),
     ),

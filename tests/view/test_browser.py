@@ -181,8 +181,14 @@ def test_held_out_problems_followed_across_evaluations(page, server, tiny_run):
     page.click("text=Held-out")
     page.wait_for_selector("table.evals")
     header = [th.inner_text() for th in page.query_selector_all("table.evals th")]
-    assert header == ["problem", "answer", "step 0", "step 2", "step 3"]
+    assert header == ["problem", "reference", "step 0", "step 2", "step 3"]
     assert len(page.query_selector_all("table.evals tr[data-task]")) == 8
+    # the whole prompt the model got, system prompt included, as evals.jsonl keeps it
+    item = json.loads((tiny_run / "evals.jsonl").read_text().splitlines()[0])
+    system, user = item["messages"]
+    row = page.query_selector(f"table.evals tr[data-task='{item['task_id']}']")
+    assert row.query_selector("td.problem").inner_text() == f"{system['role']}: {system['content']}\n{user['content']}"
+    assert row.query_selector("td.reference").inner_text() == item["answer"] == item["reference"]
     page.fill("#ev-text", "What is")
     assert len(page.query_selector_all("table.evals tr[data-task]")) == 8
 
@@ -419,6 +425,8 @@ def hostile_run(tmp_path_factory) -> Path:
         {"step": 0, "kind": "answer", "task_id": f"t{i}", "prompt": t, "answer": t, "response": t, "reward": 1.0}
         for i, t in enumerate(HOSTILE)
     ]
+    for a in answers:  # what the reward compared: shown beside the reference as written
+        a["reference"] = a["answer"] + "#"
     (run_dir / "evals.jsonl").write_text("".join(json.dumps(a) + "\n" for a in answers))
     pairs = [
         {
@@ -449,6 +457,8 @@ def check_hostile_page(pg, run_dir: Path) -> None:
     pg.wait_for_selector("table.evals")
     cells = [td.inner_text() for td in pg.query_selector_all("table.evals tr[data-task] td:first-child")]
     assert cells == HOSTILE
+    compared = [b.inner_text() for b in pg.query_selector_all("table.evals td.reference .compared b")]
+    assert compared == [t + "#" for t in HOSTILE]
     pg.click("text=Rollouts")
     pg.click(".step[data-version='1']")
     pg.wait_for_function("document.querySelector('#summary').textContent.startsWith('step 1:')")

@@ -26,6 +26,8 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from trinity_like.buffer.records import (
+    FieldError,
+    RowCheck,
     SameKind,
     load_records,
     messages_field,
@@ -136,6 +138,19 @@ class RowSet(Generic[T]):
 
 
 # -- the data sets ------------------------------------------------------------------
+def task_check(o: DatasetOptions) -> RowCheck:
+    """What a task row must hold: a prompt (text or chat) and an answer (text or number), each of
+    one kind on every row."""
+    checker = SameKind({o.prompt_key: ["a string", "a list"], o.answer_key: ["a string", "a number"]})
+
+    def check(record: Mapping[str, Any], where: str) -> None:
+        prompt_field(record, o.prompt_key, where)
+        text_field(record, o.answer_key, where, ["a string", "a number"])
+        checker.same_kind(record, where)
+
+    return check
+
+
 class TaskSet(RowSet[Task]):
     """Tasks for the explorer: a prompt (text or chat) and a reference answer per row.
 
@@ -144,20 +159,33 @@ class TaskSet(RowSet[Task]):
     """
 
     def __init__(self, options: DatasetOptions) -> None:
-        o = options
-        checker = SameKind({o.prompt_key: ["a string", "a list"], o.answer_key: ["a string", "a number"]})
-
-        def check(record: Mapping[str, Any], where: str) -> None:
-            prompt_field(record, o.prompt_key, where)
-            text_field(record, o.answer_key, where, ["a string", "a number"])
-            checker.same_kind(record, where)
-
-        ds, origins = load_records(options.path, check)
-        rows = [_task(r, where, o) for r, where in zip(ds, origins)]
+        ds, origins = load_records(options.path, task_check(options))
+        rows = [task_from_row(r, where, options) for r, where in zip(ds, origins)]
         super().__init__(rows, options, epochs=options.epochs)
 
 
-def _task(record: Mapping[str, Any], where: str, o: DatasetOptions) -> Task:
+def load_tasks(
+    path: str,
+    *,
+    prompt_key: str = "prompt",
+    answer_key: str = "answer",
+    system_prompt: str | None = None,
+    size: int | None = None,
+) -> list[Task]:
+    """The tasks of a JSONL / parquet file, a folder of them or a ``save_to_disk`` folder, in file
+    order: what a recipe's ``buffer.tasks`` with the same keys reads, checked the same way (a bad
+    row is a DataError naming its file and line). ``size``: the first ``size`` rows only::
+
+        train = load_tasks("examples/data/gsm8k_style_train.jsonl", prompt_key="question")
+        train[0].messages()   # [{"role": "user", "content": "..."}], the answer in train[0].answer
+    """
+    options = DatasetOptions(
+        path=path, prompt_key=prompt_key, answer_key=answer_key, system_prompt=system_prompt, shuffle=False
+    )
+    return TaskSet(options).rows[:size]
+
+
+def task_from_row(record: Mapping[str, Any], where: str, o: DatasetOptions) -> Task:
     info = {k: v for k, v in record.items() if k not in (o.prompt_key, o.answer_key)}
     return Task(
         prompt=prompt_field(record, o.prompt_key, where),
@@ -187,13 +215,8 @@ class SftSet(RowSet[Experience]):
         max_tokens: int | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        o = self.options = options  # _messages reads it while the rows are checked
-        checker = SameKind({o.prompt_key: ["a string", "a list"], o.response_key: ["a string"]})
-
-        def check(record: Mapping[str, Any], where: str) -> None:
-            self._messages(record, where)
-            checker.same_kind(record, where)
-
+        self.options = options
+        check = sft_check(options)
         ds, origins = load_records(options.path, check)
         rows = [
             self._tokenize(self._messages(r, where), where, tokenizer, max_tokens, template_kwargs)
@@ -206,20 +229,7 @@ class SftSet(RowSet[Experience]):
         return options.epochs
 
     def _messages(self, record: Mapping[str, Any], where: str) -> list[dict[str, str]]:
-        """The row as a conversation ending in assistant turns (chat form or prompt/response)."""
-        o = self.options
-        if record.get(o.messages_key) is not None:
-            msgs = messages_field(record, o.messages_key, where)
-            if not any(m["role"] == "assistant" for m in msgs):
-                raise DataError(f'{where}: field "{o.messages_key}" has no assistant message to train on')
-            if not any(m["content"].strip() for m in msgs if m["role"] == "assistant"):
-                raise DataError(f'{where}: field "{o.messages_key}": every assistant message is empty')
-            return msgs
-        if record.get(o.prompt_key) is None:
-            raise DataError(f'{where}: missing field "{o.messages_key}" (or "{o.prompt_key}" and "{o.response_key}")')
-        prompt = prompt_messages(prompt_field(record, o.prompt_key, where), o.system_prompt)
-        response = text_field(record, o.response_key, where)
-        return prompt + [{"role": "assistant", "content": response}]
+        return sft_messages(record, where, self.options)
 
     def _tokenize(
         self,
@@ -238,6 +248,37 @@ class SftSet(RowSet[Experience]):
         return Experience(
             tokens=tokens, prompt_length=prompt_length, action_mask=mask, task_id=where, is_expert=self.is_expert
         )
+
+
+def sft_messages(record: Mapping[str, Any], where: str, o: DatasetOptions) -> list[dict[str, str]]:
+    """An SFT row as a conversation ending in assistant turns (chat form or prompt/response)."""
+    if record.get(o.messages_key) is not None:
+        msgs = messages_field(record, o.messages_key, where)
+        if not any(m["role"] == "assistant" for m in msgs):
+            raise DataError(f'{where}: field "{o.messages_key}" has no assistant message to train on')
+        if not any(m["content"].strip() for m in msgs if m["role"] == "assistant"):
+            raise DataError(f'{where}: field "{o.messages_key}": every assistant message is empty')
+        return msgs
+    if record.get(o.prompt_key) is None:
+        raise FieldError(
+            f'{where}: missing field "{o.messages_key}" (or "{o.prompt_key}" and "{o.response_key}")',
+            o.prompt_key,
+            list(record),
+        )
+    prompt = prompt_messages(prompt_field(record, o.prompt_key, where), o.system_prompt)
+    response = text_field(record, o.response_key, where)
+    return prompt + [{"role": "assistant", "content": response}]
+
+
+def sft_check(o: DatasetOptions) -> RowCheck:
+    """What an SFT row must hold: a conversation, or a prompt and a response (each of one kind)."""
+    checker = SameKind({o.prompt_key: ["a string", "a list"], o.response_key: ["a string"]})
+
+    def check(record: Mapping[str, Any], where: str) -> None:
+        sft_messages(record, where, o)
+        checker.same_kind(record, where)
+
+    return check
 
 
 class ExpertSet(SftSet):
@@ -266,15 +307,7 @@ class PairSet(RowSet[PairExperience]):
         template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         o = options
-        keys = (o.chosen_key, o.rejected_key)
-        checker = SameKind({o.prompt_key: ["a string", "a list"], **{k: ["a string"] for k in keys}})
-
-        def check(record: Mapping[str, Any], where: str) -> None:
-            prompt_field(record, o.prompt_key, where)
-            for key in keys:
-                text_field(record, key, where)
-            checker.same_kind(record, where)
-
+        check = pair_check(options)
         ds, origins = load_records(options.path, check)
         end_id = end_of_turn_id(tokenizer, template_kwargs)
         rows = []
@@ -291,3 +324,17 @@ class PairSet(RowSet[PairExperience]):
                 raise DataError(f"{where}: {longest} tokens, more than max_tokens={max_tokens}")
             rows.append(pair)
         super().__init__(rows, options, epochs=options.epochs)
+
+
+def pair_check(o: DatasetOptions) -> RowCheck:
+    """What a pair row must hold: a prompt (text or chat), a chosen and a rejected response text."""
+    keys = (o.chosen_key, o.rejected_key)
+    checker = SameKind({o.prompt_key: ["a string", "a list"], **{k: ["a string"] for k in keys}})
+
+    def check(record: Mapping[str, Any], where: str) -> None:
+        prompt_field(record, o.prompt_key, where)
+        for key in keys:
+            text_field(record, key, where)
+        checker.same_kind(record, where)
+
+    return check

@@ -6,6 +6,8 @@ wastes the 299 steps before it. Every row is checked when a data set is built
 types, the same type on every row -- and the first bad one is a :class:`DataError` naming
 the file and line (``pairs.jsonl:17: missing field "rejected"``; parquet rows are named
 ``file:row 16``, counted from 0). Blank lines are skipped; a set with no rows is an error.
+A folder a ``datasets.Dataset`` was saved to (``save_to_disk``: ``state.json`` beside its
+``.arrow`` shards) is read with ``load_from_disk``; its rows are named ``folder:row 16``.
 Loading writes nothing to the run directory, so a recipe with bad data fails before a run starts.
 
 What else is rejected, not trained on silently: an empty or blank text where text is the
@@ -35,6 +37,11 @@ if TYPE_CHECKING:  # `datasets` and pyarrow load only when a data file is read: 
 
 RowCheck = Callable[[Mapping[str, Any], str], None]  # (record, "file:line") -> None or DataError
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+DISK = "disk"  # the format of a folder written by ``Dataset.save_to_disk``
+
+
+def _saved_dataset(root: Path) -> bool:
+    return root.is_dir() and (root / "state.json").is_file() and (root / "dataset_info.json").is_file()
 
 
 # -- files and rows ---------------------------------------------------------------
@@ -43,6 +50,13 @@ def data_files(path: str | Path) -> tuple[str, list[Path]]:
     root = Path(path).expanduser()
     if not str(path) or not root.exists():
         raise DataError(f"{path or '(no path)'}: no such data file or folder")
+    if _saved_dataset(root):
+        return DISK, [root]
+    if root.is_dir() and (root / "dataset_dict.json").is_file():
+        splits = sorted(p.name for p in root.iterdir() if _saved_dataset(p))
+        raise DataError(
+            f"{path}: a DatasetDict saved with save_to_disk; point at one split's folder ({', '.join(splits)})"
+        )
     files = sorted(p for p in root.rglob("*") if p.suffix in _FORMATS) if root.is_dir() else [root]
     formats = {_FORMATS.get(p.suffix) for p in files}
     if not files or None in formats:
@@ -104,6 +118,41 @@ def _parquet_origins(files: Sequence[Path], root: Path) -> list[str]:
     return [f"{_name(f, root)}:row {i}" for f in files for i in range(pq.ParquetFile(f).metadata.num_rows)]
 
 
+def _load_from_disk(root: Path) -> datasets.Dataset:
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(root))
+    except (OSError, ValueError, KeyError) as exc:  # a damaged state.json or shard
+        raise DataError(f"{root}: cannot be read as a saved dataset ({exc})") from None
+    if not isinstance(ds, datasets.Dataset):
+        raise DataError(f"{root}: holds a {type(ds).__name__}; point at one split's folder")
+    return ds
+
+
+def first_records(path: str, n: int) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(where, record)`` of the first ``n`` rows of each data file of ``path``, without loading the
+    rest (what ``validate`` checks: a run reads every row when its stage starts)."""
+    fmt, files = data_files(path)
+    root = Path(path).expanduser()
+    for file in files:
+        if fmt == "json":
+            for k, item in enumerate(_jsonl_records(file, _name(file, root))):
+                if k == n:
+                    break
+                yield item
+        elif fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            table = next(pq.ParquetFile(file).iter_batches(batch_size=n), None)
+            for i, record in enumerate(table.to_pylist() if table is not None else []):
+                yield f"{_name(file, root)}:row {i}", record
+        else:
+            ds = _load_from_disk(file)
+            for i in range(min(n, len(ds))):
+                yield f"{root.name}:row {i}", ds[i]
+
+
 def load_records(path: str, check: RowCheck) -> tuple[datasets.Dataset, list[str]]:
     """Validate every row with ``check(record, where)``, then load the files with ``datasets``.
 
@@ -114,6 +163,14 @@ def load_records(path: str, check: RowCheck) -> tuple[datasets.Dataset, list[str
 
     fmt, files = data_files(path)
     root = Path(path).expanduser()
+    if fmt == DISK:
+        ds = _load_from_disk(root)
+        origins = [f"{root.name}:row {i}" for i in range(len(ds))]
+        if not origins:
+            raise DataError(f"{path}: the data set is empty")
+        for record, where in zip(ds, origins):
+            check(record, where)
+        return ds, origins
     if fmt == "json":
         origins = []
         for file in files:
@@ -135,6 +192,15 @@ def load_records(path: str, check: RowCheck) -> tuple[datasets.Dataset, list[str
 
 
 # -- field checks -------------------------------------------------------------------
+class FieldError(DataError):
+    """A row's field ``key`` is missing or unusable: what ``validate`` turns into the key to set;
+    ``fields``: the fields the row has."""
+
+    def __init__(self, message: str, key: str, fields: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.key, self.fields = key, list(fields)
+
+
 def _json_kind(value: Any) -> str:
     if isinstance(value, bool):
         return "a boolean"
@@ -151,10 +217,10 @@ def field(record: Mapping[str, Any], key: str, where: str, allowed: Sequence[str
     """``record[key]``, which must be present, non-null and of one of the ``allowed`` kinds."""
     value = record.get(key)
     if value is None:
-        raise DataError(f'{where}: missing field "{key}"')
+        raise FieldError(f'{where}: missing field "{key}"', key, list(record))
     kind = _json_kind(value)
     if kind not in allowed:
-        raise DataError(f'{where}: field "{key}" must be {" or ".join(allowed)}, got {kind}')
+        raise FieldError(f'{where}: field "{key}" must be {" or ".join(allowed)}, got {kind}', key, list(record))
     if kind == "a number" and not math.isfinite(value):  # parquet floats; JSONL rejects the literals earlier
         raise DataError(f'{where}: field "{key}" is {value}, not a finite number')
     return value
@@ -164,7 +230,7 @@ def text_field(record: Mapping[str, Any], key: str, where: str, allowed: Sequenc
     """:func:`field`, and a string must hold more than whitespace (an empty prompt trains on nothing)."""
     value = field(record, key, where, allowed)
     if isinstance(value, str) and not value.strip():
-        raise DataError(f'{where}: field "{key}" is empty')
+        raise FieldError(f'{where}: field "{key}" is empty', key, list(record))
     return value
 
 

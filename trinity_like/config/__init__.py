@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from trinity_like.components import OFF, ComponentSpec
+from trinity_like.config.data_checks import describe_data
 from trinity_like.config.resolve import ResolvedComponent, ResolvedStage, RunPlan, load_plan
 from trinity_like.config.schema import Config
 from trinity_like.models.device import describe as describe_precision
@@ -41,6 +42,26 @@ def _slot_lines(st: ResolvedStage) -> list[str]:
     return lines
 
 
+def _engine_text(c: Config) -> str:
+    """The train engine the run will really use, and where its workers run."""
+    if c.trainer.engine == "local":
+        return "local (in-process torch in this process; no Ray, no verl workers)"
+    where = f"{c.cluster.num_gpus} GPU(s)" if c.cluster.num_gpus else "CPU over gloo"
+    ray = c.cluster.ray_address or "a Ray started here"
+    return f"verl ({c.cluster.workers} FSDP worker(s) on {where}, through {ray})"
+
+
+def _eval_text(c: Config) -> str:
+    """When the held-out sets are evaluated (``monitor.eval_interval``: None, 0 or N)."""
+    b, m = c.buffer, c.monitor
+    if b.eval_tasks is None and b.eval_data is None:
+        return "none (no buffer.eval_tasks / eval_data)"
+    if m.eval_interval == 0:
+        return "never (monitor.eval_interval: 0; leave it unset to evaluate at the start and the end)"
+    parts = ["at the start"] * m.eval_at_start + [f"every {m.eval_interval} steps"] * bool(m.eval_interval)
+    return ", ".join(parts) + " and at the end" if parts else "at the end"
+
+
 def describe_plan(plan: RunPlan) -> str:
     """A human-readable summary of what a run would do."""
     lines = [f"recipe: {plan.source}", f"plugins loaded: {', '.join(plan.plugins) or '(none)'}"]
@@ -61,12 +82,7 @@ def describe_plan(plan: RunPlan) -> str:
             f"    batch inputs: {', '.join(sorted(st.needs))}; reference model: {'yes' if st.needs_reference else 'no'}"
         )
         b = c.buffer
-        for key in ("tasks", "eval_tasks", "train_data", "eval_data", "expert_data"):
-            ds = getattr(b, key)
-            if ds is not None:
-                args = f" {ds.generator_args}" if ds.generator_args else ""
-                src = ds.path or f"generator {ds.generator}{args} split={ds.split}"
-                lines.append(f"  {key}: {src}" + (f" size={ds.size}" if ds.size else ""))
+        lines += describe_data(c, a)
         lines.append(
             f"  experience storage: {b.experience.storage}; {st.train_batch_size} "
             f"{'pairs' if a.schema == 'pair' else 'rows'} per train step"
@@ -91,9 +107,7 @@ def describe_plan(plan: RunPlan) -> str:
                 f"  synchronizer: {c.sync_method()} every {c.synchronizer.interval} step(s), offset {c.synchronizer.offset}"
             )
         t, o = c.trainer, c.trainer.optimizer
-        lines.append(
-            f"  trainer: {t.engine} ({c.cluster.workers} workers)" if t.engine == "verl" else f"  trainer: {t.engine}"
-        )
+        lines.append(f"  trainer: {_engine_text(c)}")
         lines.append(
             f"    {t.total_steps} steps, micro batch {t.micro_batch_size}, AdamW lr={o.lr} wd={o.weight_decay} "
             f"clip={o.grad_clip} warmup={o.warmup_steps} {o.scheduler}"
@@ -101,7 +115,5 @@ def describe_plan(plan: RunPlan) -> str:
         lines.append(
             f"  checkpoints: every {c.checkpoint.interval} steps, keep {c.checkpoint.keep_last}, resume={c.checkpoint.resume}"
         )
-        lines.append(f"  monitor: {', '.join(c.monitor.backends)}; eval every {c.monitor.eval_interval or 'start/end'}")
-        ray = c.cluster.ray_address or "local"
-        lines.append(f"  cluster: ray={ray}, verl workers on {'GPU' if c.cluster.num_gpus else 'CPU'}")
+        lines.append(f"  monitor: {', '.join(c.monitor.backends)}; held-out evaluation {_eval_text(c)}")
     return "\n".join(lines)

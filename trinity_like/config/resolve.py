@@ -31,6 +31,7 @@ import pydantic
 
 from trinity_like.components import AlgorithmType, ComponentSpec
 from trinity_like.config.checks import check_data_paths, check_model, check_sections
+from trinity_like.config.data_checks import check_data
 from trinity_like.config.loader import KeyPath, Locator, RawRecipe, apply_overrides, load_recipe
 from trinity_like.config.presets import apply_preset, swapped_slots
 from trinity_like.config.schema import AlgorithmConfig, Config, check_name, field_default
@@ -169,6 +170,7 @@ def resolve_stage(data: dict, loc: Locator, base: Path) -> ResolvedStage:
     comps = resolve_components(cfg, algo, loc)
     needs = check_inputs(algo, comps, loc, algo_name)
     reward_params = check_sections(cfg, algo, loc)
+    check_data(cfg, algo, loc)
     if algo.use_rollout:
         check_expert_data(cfg, comps, loc)
     check_model(cfg, loc)

@@ -222,7 +222,9 @@ class CheckpointConfig(Section):
 
 class MonitorConfig(Section):
     backends: list[str] = ["jsonl", "tensorboard"]  # MONITOR names
-    eval_interval: NonNegInt = 0  # evaluate every N steps; 0: only at start and end
+    eval_interval: NonNegInt | None = (
+        None  # evaluate the held-out sets every N steps, at the start (eval_at_start) and the end; None: at the start and the end only; 0: never (as the client loop's eval_every)
+    )
     eval_at_start: bool = True  # evaluate before the first step
     progress: bool = True  # progress bar with the latest figures on the terminal
     reward_hacking_window: PosInt = (

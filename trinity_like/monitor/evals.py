@@ -4,10 +4,17 @@
 per line, so a person can follow one held-out problem across the run (what did the model
 answer at step 0, 10, 20?). ``step`` is the trainer step whose weights answered. Two kinds::
 
-    {"step": 10, "kind": "answer", "task_id": "arith-eval-0-3", "prompt": "What is 17 + 5?",
-     "answer": "22", "response": "17 + 5 = 22", "reward": 1.0, "finish_reason": "stop", "length": 9}
+    {"step": 10, "kind": "answer", "task_id": "gsm-3", "prompt": "What is 17 + 5?",
+     "messages": [{"role": "system", "content": "..."}, {"role": "user", "content": "What is 17 + 5?"}],
+     "answer": "17 + 5 = 22\n#### 22", "reference": "22", "parsed": "22",
+     "response": "17 + 5 = 22", "reward": 1.0, "finish_reason": "stop", "length": 9}
     {"step": 10, "kind": "pair", "task_id": "pair-7", "prompt": "...", "chosen": "...", "rejected": "...",
      "metrics": {"reward_chosen": 0.12, "reward_rejected": -0.03, "reward_margin": 0.15, ...}}
+
+An answer's ``messages`` are the whole prompt (system prompt included; ``prompt`` is its last
+message's text); ``reference`` and ``parsed`` are what the reward compared, when the reward fn
+declares how it reads them (``reference_of`` / ``response_of``; ``exact_match`` does), absent
+otherwise and in files written before them.
 
 A pair's ``metrics`` are what the run's pair loss reports for that pair alone (DPO's
 implicit rewards and margin, a reward model's margin), and each per-row output of the

@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 from trinity_like.config import ResolvedStage
+from trinity_like.config.data_checks import system_prompt_of
 from trinity_like.errors import TrinityError
 from trinity_like.explorer.worker import ExplorerWorker
 from trinity_like.monitor.evals import EVALS_FILE
@@ -30,7 +31,10 @@ def run_bench(spec: ResolvedStage) -> dict[str, float]:
     found = checkpoints.list()
     if not found:
         raise TrinityError(f"mode bench: no checkpoints in {run_dir / 'checkpoints'}")
-    data = StageData(eval_tasks=list(task_set(cfg.buffer.eval_tasks, "buffer.eval_tasks", train=False)))
+    system = system_prompt_of(cfg.buffer, "eval_tasks")
+    data = StageData(
+        eval_tasks=list(task_set(cfg.buffer.eval_tasks, "buffer.eval_tasks", train=False, system_prompt=system))
+    )
     logger = MetricsLogger(
         str(run_dir / "bench"),
         cfg.monitor.backends,

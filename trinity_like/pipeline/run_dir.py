@@ -45,6 +45,30 @@ def inside_run_root(cfg: Config) -> Path:
     return path
 
 
+FRESH_ROLES = ("both", "offline")  # one process owns the folder (split modes share it: never moved under the other)
+
+
+def set_aside(path: Path, cfg: Config) -> str | None:
+    """A run that will start from step 0 in a folder an earlier run wrote (it never saved a checkpoint,
+    or ``checkpoint.resume: false``) starts in a clean folder: the earlier files move, kept whole, to
+    the first free ``<name>.old-<k>`` beside it (their steps would otherwise be drawn twice by
+    ``plot`` and ``view``). Returns the line that says so, or None when there was nothing to move."""
+    if cfg.checkpoint.resume and CheckpointManager(path, cfg.checkpoint.keep_last).list():
+        return None  # resumed: the loop continues the earlier run's record
+    earlier = [p for p in path.iterdir() if not p.name.startswith(".lock-")]
+    if not earlier:
+        return None
+    k = 1
+    while path.with_name(f"{path.name}.old-{k}").exists():
+        k += 1
+    aside = path.with_name(f"{path.name}.old-{k}")
+    aside.mkdir()
+    for p in earlier:
+        p.rename(aside / p.name)
+    why = "checkpoint.resume is false" if cfg.checkpoint.resume is False else "it saved no checkpoint to resume from"
+    return f"{path}: starting a clean run; the earlier run's files moved to {aside} ({why})"
+
+
 @dataclass
 class RunDir:
     """The run directory of one stage and what is written there."""
@@ -61,6 +85,7 @@ class RunDir:
         """Claim ``cfg.run_dir()`` for ``role``, write ``config.json`` and open the logger."""
         path = inside_run_root(cfg)
         lock = RunLock.acquire(path, role)  # before anything is written: a second run on the directory stops here
+        note = set_aside(path, cfg) if role in FRESH_ROLES else None
         (path / "config.json").write_text(cfg.model_dump_json(indent=1))
         explorer_only = role == "explore"  # an explorer process logs beside the trainer, not over it
         logger = MetricsLogger(
@@ -71,6 +96,8 @@ class RunDir:
             progress=cfg.monitor.progress,
             desc=f"{cfg.name} explorer" if explorer_only else cfg.name,
         )
+        if note:
+            logger.write(note)
         return cls(
             path=path,
             logger=logger,

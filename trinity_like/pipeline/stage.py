@@ -51,6 +51,7 @@ from trinity_like.pipeline.disk_full import disk_full_as_error
 from trinity_like.pipeline.reward_watch import RewardWatch
 from trinity_like.pipeline.run_dir import RunDir
 from trinity_like.pipeline.weight_channel import WeightChannel
+from trinity_like.registry import REWARD_FN
 from trinity_like.trainer.base import TrainEngine
 from trinity_like.trainer.objective import Objective
 
@@ -238,7 +239,9 @@ class Stage:
         with self._rollout_phase():
             result = self.explorer.run(tasks, sampling_params(self.config, step=0, evaluation=True), True)
         if self.run.eval_log is not None:
-            append_evals(self.run.eval_log, step, answer_items(tasks, result.experiences, self.tokenizer))
+            e = self.config.explorer
+            reward = REWARD_FN.get(e.eval_reward_fn or e.reward_fn)
+            append_evals(self.run.eval_log, step, answer_items(tasks, result.experiences, self.tokenizer, reward))
         rewards = [float(r.reward or 0.0) for r in result.experiences] + [0.0] * (n - len(result.experiences))
         acc = sum(rewards) / n
         stderr = (sum((x - acc) ** 2 for x in rewards) / n / n) ** 0.5  # sqrt(p(1-p)/n) for 0/1 rewards
@@ -372,9 +375,12 @@ def _state(x: Any) -> Any:
 
 
 def answer_items(
-    tasks: list[Task], answered: list[Experience], tokenizer: PreTrainedTokenizerBase
+    tasks: list[Task], answered: list[Experience], tokenizer: PreTrainedTokenizerBase, reward: Any = None
 ) -> list[dict[str, Any]]:
-    """The ``evals.jsonl`` items (:mod:`trinity_like.monitor.evals`) of one held-out evaluation.
+    """The ``evals.jsonl`` items (:mod:`trinity_like.monitor.evals`) of one held-out evaluation:
+    the whole prompt (``messages``, system prompt included) and, when the reward fn ``reward``
+    declares how it reads them (``reference_of`` / ``response_of``, as ``exact_match`` does), the
+    reference and the response's answer it compared.
 
     Rows find their task by id, so the ids must be distinct (the data sets make them so): a
     repeated one would give every row of it one task's prompt and answer."""
@@ -383,19 +389,27 @@ def answer_items(
         twice = next(i for i, n in Counter(t.task_id for t in tasks).items() if n > 1)
         raise TrinityError(f"held-out tasks share the task id {twice!r}: each needs its own to be logged")
     texts = tokenizer.batch_decode([e.response_tokens for e in answered], skip_special_tokens=True)
-    return [
-        {
+    reference_of, response_of = getattr(reward, "reference_of", None), getattr(reward, "response_of", None)
+    items = []
+    for e, text in zip(answered, texts):
+        task = by_id[e.task_id]
+        item = {
             "kind": "answer",
             "task_id": e.task_id,
-            "prompt": by_id[e.task_id].messages()[-1]["content"],
-            "answer": by_id[e.task_id].answer,
+            "prompt": task.messages()[-1]["content"],
+            "messages": task.messages(),
+            "answer": task.answer,
             "response": text,
             "reward": e.reward,
             "finish_reason": e.finish_reason,
             "length": e.response_length,
         }
-        for e, text in zip(answered, texts)
-    ]
+        if reference_of is not None:
+            item["reference"] = reference_of(task.answer)
+        if response_of is not None:
+            item["parsed"] = response_of(text)
+        items.append(item)
+    return items
 
 
 def resident_bytes(pids: list[int]) -> int:

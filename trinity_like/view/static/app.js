@@ -363,6 +363,18 @@ async function loadEvals() {
   renderEvals();
 }
 
+// the whole prompt the model got (an earlier evals.jsonl has only the last message's text)
+function promptEls(it) {
+  const earlier = (it.messages || []).slice(0, -1);
+  return [...earlier.map((m) => h("div", {class: "msg-" + m.role}, h("span", {class: "role"}, m.role + ": "), m.content)), h("div", {}, it.prompt)];
+}
+
+// the reference as written, and what the reward compared when it says (exact_match: "#### 12" -> 12)
+function referenceEls(it) {
+  if (it.reference === undefined || it.reference === it.answer) return [it.answer];
+  return [h("div", {class: "compared"}, "compared: ", h("b", {}, it.reference)), h("div", {class: "hint"}, it.answer)];
+}
+
 function renderEvals() {
   const items = state.evals || [], body = $("#eval-body");
   if (!items.length) {
@@ -383,10 +395,11 @@ function renderEvals() {
     }
     parts.push(h("p", {class: "hint"}, `${byTask.size} held-out problems; what the weights of each step answered (green: reward 1)`),
       h("table", {class: "evals"},
-        h("tr", {}, h("th", {}, "problem"), h("th", {}, "answer"), ...steps.map((s) => h("th", {}, `step ${s}`))),
+        h("tr", {}, h("th", {}, "problem"), h("th", {}, "reference"), ...steps.map((s) => h("th", {}, `step ${s}`))),
         ...[...byTask.values()].map(({first, at}) => h("tr", {"data-task": first.task_id},
-          h("td", {}, first.prompt), h("td", {}, first.answer),
-          ...steps.map((s) => at[s] ? h("td", {class: "ans " + (at[s].reward > 0 ? "good" : "bad"), title: `reward ${at[s].reward}, ${at[s].finish_reason}`},
+          h("td", {class: "problem"}, ...promptEls(first)), h("td", {class: "reference"}, ...referenceEls(first)),
+          ...steps.map((s) => at[s] ? h("td", {class: "ans " + (at[s].reward > 0 ? "good" : "bad"),
+            title: `reward ${at[s].reward}, ${at[s].finish_reason}` + (at[s].parsed !== undefined ? `, final answer read: ${at[s].parsed}` : "")},
             at[s].response) : h("td", {}, ""))))));
   }
   if (pairs.length) {
