@@ -119,7 +119,7 @@ def test_a_run_root_that_is_a_file_or_under_one_is_refused_with_its_key(tmp_path
     _refused_everywhere(folder, [], r"r\.yaml:1: name: runs/guarded is a file: the run directory cannot be made there")
     record(
         record_property,
-        "run_root a file; run_root under a file (afile/sub); the run directory <run_root>/<name> a file",
+        "run_root a file; run_root under a file (afile/sub); the run directory (run_root/name) a file",
         "one line naming the key (and the recipe line or override), exit 2, in run, validate and --dry-run; "
         "nothing written (before: a 15-line NotADirectoryError traceback; validate said ok)",
         "-",
@@ -160,7 +160,7 @@ def test_a_run_root_this_user_cannot_write_is_refused(tmp_path: Path, record_pro
         )
     finally:
         locked.chmod(0o755)
-    how = "a read-only bind mount (root ignores permission bits)" if wrap else "chmod 555"
+    how = "as root: a read-only bind mount, since root ignores permission bits" if wrap else "chmod 555"
     record(
         record_property,
         f"run_root a folder this user cannot write in ({how})",
