@@ -38,6 +38,15 @@ def rollout_id(run: str, step: int, task_id: str, index: int) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
+def rollout_group_id(run: str, step: int, task_id: str, ordinal: int) -> str:
+    """The id of the ``ordinal``-th group of task ``task_id`` explored for ``step`` of run ``run``.
+
+    Deterministic for the reason :func:`rollout_id` is: the rows a resumed run writes again
+    to complete a group that a killed writer left partly written join that group."""
+    key = json.dumps([run, step, task_id, "group", ordinal])
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
 @dataclass
 class Experience:
     """One response to one prompt, with everything a trainer may need of it."""
@@ -51,6 +60,7 @@ class Experience:
     advantages: list[float] | None = None  # per response token, when computed at explore time
     returns: list[float] | None = None  # per response token (GAE), when computed early
     group_id: str = ""  # samples of one prompt share it; group advantages normalise over it
+    group_size: int = 0  # rows of its group, when a train batch must hold whole groups; 0: claimed alone
     task_id: str = ""  # the task (dataset row) that produced it
     model_version: int = 0  # version of the weights that sampled it (staleness = now - this)
     finish_reason: str = ""  # "stop" | "length" | "" (not sampled)

@@ -9,7 +9,10 @@ the checkpoint, an oracle independent of the buffer's own bookkeeping:
 * every row the writer saw ``put`` return for is in the database (none lost);
 * the checkpoint's model holds each row at most once (none trained twice);
 * a row is consumed (with the checkpoint's step) exactly when the checkpoint holds it, and
-  available otherwise -- so the resumed run trains on each remaining row exactly once.
+  available otherwise -- so the resumed run trains on each remaining row exactly once;
+* every claim, and so every step, holds whole groups: rows are written in groups of
+  ``group_size`` (1 to 8 by seed) in puts that cut groups anywhere, so a killed writer
+  leaves part of a group behind until its successor writes the rest.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import multiprocessing
 import os
 import random
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -26,7 +30,8 @@ import pytest
 from trinity_like.buffer.sqlite_storage import SqliteParams, SqliteStorage
 from trinity_like.experience import Experience
 
-N_ROWS = 200
+N_ROWS = 200  # a multiple of every group size below
+GROUP_SIZES = (1, 2, 4, 5, 8)
 CTX = multiprocessing.get_context("fork")
 
 
@@ -38,8 +43,13 @@ def _open(db: Path) -> SqliteStorage:
     return SqliteStorage(params=SqliteParams(path=str(db), poll_interval_s=0.002))
 
 
-def _writer(db: Path, log: Path, seed: int) -> None:
-    """Put rows e0..e{N-1} in random batches; log each batch after ``put`` returned."""
+def _group(i: int, seed: int) -> tuple[str, int]:
+    size = GROUP_SIZES[seed % len(GROUP_SIZES)]
+    return f"g{i // size}", size
+
+
+def _writer(db: Path, log: Path, seed: int, group_seed: int) -> None:
+    """Put rows e0..e{N-1} in random batches (cutting groups anywhere); log each batch after ``put`` returned."""
     storage = _open(db)
     done = set(log.read_text().split()) if log.exists() else set()
     rng = random.Random(seed)
@@ -48,7 +58,17 @@ def _writer(db: Path, log: Path, seed: int) -> None:
         while todo:
             batch = todo[: rng.randint(1, 6)]
             todo = todo[len(batch) :]
-            rows = [Experience(tokens=[i, i + 1], prompt_length=1, model_version=i // 10, eid=_eid(i)) for i in batch]
+            rows = [
+                Experience(
+                    tokens=[i, i + 1],
+                    prompt_length=1,
+                    model_version=i // 40,  # one version for a group of any size
+                    eid=_eid(i),
+                    group_id=_group(i, group_seed)[0],
+                    group_size=_group(i, group_seed)[1],
+                )
+                for i in batch
+            ]
             storage.put(rows)
             f.write(" ".join(r.eid for r in rows) + "\n")
             f.flush()
@@ -59,16 +79,22 @@ def _load_ckpt(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {"step": 0, "trained": []}
 
 
-def _reader(db: Path, ckpt_path: Path, seed: int) -> None:
-    """A trainer: claim, train (in memory), checkpoint every 1-3 steps, then commit."""
+def _reader(db: Path, ckpt_path: Path, seed: int, group_seed: int) -> None:
+    """A trainer: claim, train (in memory), checkpoint every 1-3 steps, then commit. A claim
+    that is not whole groups leaves a file ``<checkpoint>.split`` saying so."""
     storage = _open(db)
     ckpt = _load_ckpt(ckpt_path)
     storage.recover(ckpt["step"])
     rng = random.Random(seed)
     step, model, pending = ckpt["step"], list(ckpt["trained"]), []
     every = rng.randint(1, 3)
+    size = _group(0, group_seed)[1]
     while True:
-        rows = storage.claim(rng.randint(1, 8), order=rng.choice(["fifo", "newest_version"]), timeout=0.02)
+        n = size * rng.randint(1, 3) + rng.randint(0, size - 1)
+        rows = storage.claim(n, order=rng.choice(["fifo", "newest_version"]), timeout=0.02)
+        counts = Counter(r.group_id for r in rows)
+        if len(rows) > n or any(c != size for c in counts.values()):
+            ckpt_path.with_suffix(".split").write_text(f"claim of {n}: {sorted(counts.items())}")
         if not rows and storage.writer_done() and storage.count("available") == 0:
             break
         if not rows:
@@ -92,7 +118,7 @@ def _save_and_commit(storage: SqliteStorage, ckpt_path: Path, step: int, model: 
     return model
 
 
-def _check(db: Path, ckpt_path: Path, log: Path) -> dict[str, tuple[str, int | None]]:
+def _check(db: Path, ckpt_path: Path, log: Path, group_seed: int) -> dict[str, tuple[str, int | None]]:
     """Recover as a restarted trainer would and check the invariant; returns row states."""
     ckpt = _load_ckpt(ckpt_path)
     confirmed = set(log.read_text().split()) if log.exists() else set()  # before the snapshot:
@@ -104,6 +130,12 @@ def _check(db: Path, ckpt_path: Path, log: Path) -> dict[str, tuple[str, int | N
     trained = [eid for eid, _ in ckpt["trained"]]
     assert len(trained) == len(set(trained)), "a row was trained on twice"
     in_model = dict(ckpt["trained"])
+    assert not ckpt_path.with_suffix(".split").exists(), ckpt_path.with_suffix(".split").read_text()
+    by_step: dict[int, Counter] = {}
+    for eid, step in ckpt["trained"]:
+        by_step.setdefault(step, Counter())[_group(int(eid[1:]), group_seed)[0]] += 1
+    size = _group(0, group_seed)[1]
+    assert all(c == size for groups in by_step.values() for c in groups.values()), "a step trained part of a group"
     for eid, (status, step) in states.items():
         if eid in in_model:
             assert (status, step) == ("consumed", in_model[eid]), (eid, status, step, in_model[eid])
@@ -123,21 +155,23 @@ def _start(target, *args) -> multiprocessing.Process:
 def test_sigkill_writer_and_reader_loses_nothing_and_trains_nothing_twice(tmp_path: Path, seed: int) -> None:
     db, ckpt, log = tmp_path / "buffer.sqlite", tmp_path / "ckpt.json", tmp_path / "written.log"
     rng = random.Random(seed)
-    procs = {"writer": _start(_writer, db, log, seed), "reader": _start(_reader, db, ckpt, seed)}
+    procs = {"writer": _start(_writer, db, log, seed, seed), "reader": _start(_reader, db, ckpt, seed, seed)}
     for kill in range(4):
         time.sleep(rng.uniform(0.0, 0.06))
         who = rng.choice(["writer", "reader"])
         procs[who].kill()  # SIGKILL (a no-op if it has finished already)
         procs[who].join()
         if who == "reader":
-            _check(db, ckpt, log)
+            _check(db, ckpt, log, seed)
         target, args = (
-            (_writer, (db, log, seed + kill + 1)) if who == "writer" else (_reader, (db, ckpt, seed + kill + 1))
+            (_writer, (db, log, seed + kill + 1, seed))
+            if who == "writer"
+            else (_reader, (db, ckpt, seed + kill + 1, seed))
         )
         procs[who] = _start(target, *args)
     for proc in procs.values():
         proc.join(timeout=30)
         assert proc.exitcode == 0
-    states = _check(db, ckpt, log)
+    states = _check(db, ckpt, log, seed)
     assert sorted(states) == [_eid(i) for i in range(N_ROWS)]
     assert {s for s, _ in states.values()} == {"consumed"}

@@ -131,6 +131,28 @@ def consumed_batches(run_dir: Path) -> dict[int, list[tuple[str, int, float]]]:
         db.close()
 
 
+def split_groups(run_dir: Path) -> dict[int, list[str]]:
+    """Per training step, the groups of which it consumed a part (or whose rows do not carry
+    the recipe's ``GROUP`` as their group's size): empty when every step trained whole groups."""
+    db = sqlite3.connect(f"file:{run_dir / 'buffer.sqlite'}?mode=ro", uri=True)
+    try:
+        counts: dict[int, dict[tuple[str, int], int]] = {}
+        for status, step, header in db.execute(
+            "SELECT s.status, s.step, r.header FROM state s JOIN rows r USING (seq)"
+        ):
+            if STATUSES[status] == "consumed":
+                row = json.loads(header)
+                key = (row["group_id"], row.get("group_size", 0))
+                counts.setdefault(step, {})[key] = counts.setdefault(step, {}).get(key, 0) + 1
+        return {
+            step: [f"{gid}: {n} of {size}" for (gid, size), n in groups.items() if n != size or size != GROUP]
+            for step, groups in sorted(counts.items())
+            if any(n != size or size != GROUP for (_, size), n in groups.items())
+        }
+    finally:
+        db.close()
+
+
 def step_metrics(run_dir: Path, key: str) -> dict[int, float]:
     """``key`` of every trained step in metrics.jsonl (a resumed step's last line wins)."""
     out: dict[int, float] = {}

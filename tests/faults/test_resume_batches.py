@@ -13,7 +13,7 @@ versions, rewards) against an uninterrupted run does.
 
 from __future__ import annotations
 
-from faultlib import FAULT_ENV, STEPS, command, consumed_batches, record, run
+from faultlib import FAULT_ENV, STEPS, command, consumed_batches, record, run, split_groups
 
 
 def test_each_step_trains_the_batch_an_uninterrupted_run_trains(tmp_path, straight, record_property):
@@ -35,3 +35,4 @@ def test_each_step_trains_the_batch_an_uninterrupted_run_trains(tmp_path, straig
         f"0 lost / 0 twice by row id; {len(twice)} batch(es) twice by content",
     )
     assert ours == theirs
+    assert split_groups(tmp_path / "grpo_arith") == {}  # the resumed run's steps trained whole groups

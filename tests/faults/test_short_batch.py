@@ -13,7 +13,7 @@ import json
 import textwrap
 
 import pytest
-from faultlib import BATCH, GROUP, command, record, rows_by_step, run
+from faultlib import BATCH, GROUP, command, record, rows_by_step, run, split_groups
 
 PLUGIN = textwrap.dedent('''
     from trinity_like.registry import REWARD_FN
@@ -74,6 +74,7 @@ def test_a_step_short_of_rows_trains_on_the_rows_it_explored(tmp_path, plugin, r
     assert first["skipped/short_batch_rows"] == GROUP and "loss" in first
     assert "skipped/short_batch_rows" not in second and "loss" in second
     assert rows_by_step(run_dir) == {1: (BATCH - 1) * GROUP, 2: BATCH * GROUP}
+    assert split_groups(run_dir) == {}  # a skipped task takes its whole group with it
     record(
         record_property,
         "reward fails for one task: a step short of rows (mode both)",

@@ -23,6 +23,7 @@ from typing import Any
 
 import jsonlines
 
+from trinity_like.buffer.groups import unit_of
 from trinity_like.buffer.rows import Row, check_claim_args, check_status, decode, fields_of, kind_of, model_version
 from trinity_like.monitor.jsonl import cut_torn_tail
 from trinity_like.registry import BUFFER_STORAGE
@@ -96,18 +97,18 @@ class JsonlStorage:
                 if line.endswith(b"\n") and line.strip():
                     yield json.loads(line)
 
-    def _next_line(self) -> tuple[dict[str, Any], int] | None:
-        """The record at the read position and the offset after it; None at the end."""
+    def _line_at(self, offset: int) -> tuple[dict[str, Any], int, int] | None:
+        """The record of the first complete line at or after ``offset``, with that line's start
+        and the offset after it; None at the end (or at a line still being written)."""
         with open(self.path, "rb") as f:
-            f.seek(self._offset)
-            line = f.readline()
-        if not line.endswith(b"\n"):  # end of file, or a line still being written
-            return None
-        end = self._offset + len(line)
-        if not line.strip():
-            self._offset = end
-            return self._next_line()
-        return json.loads(line), end
+            f.seek(offset)
+            while True:
+                start = f.tell()
+                line = f.readline()
+                if not line.endswith(b"\n"):  # end of file, or a line still being written
+                    return None
+                if line.strip():
+                    return json.loads(line), start, f.tell()
 
     def claim(
         self,
@@ -117,26 +118,47 @@ class JsonlStorage:
         min_model_version: int | None = None,
         timeout: float | None = None,
     ) -> list[Row]:
-        """The next ``n`` rows of the file (waiting for lines as :meth:`SqliteStorage.claim` does)."""
+        """The next ``n`` rows of the file, whole groups only (waiting for lines as
+        :meth:`SqliteStorage.claim` does).
+
+        A group's rows are written one after the other, so the read position moves group by
+        group: it stops before a group that does not fit, and waits at one whose last lines
+        are not written yet. A group followed by another's line before it is whole was cut
+        by a writer that died and never wrote the rest: it is passed over and counted as
+        dropped. A group with a row below the staleness floor is dropped whole."""
         check_claim_args(n, order, ("fifo",))
         floors = [f for f in (min_model_version, self._state["floor"]) if f is not None]
         floor = max(floors) if floors else None
         deadline = None if timeout is None else time.monotonic() + timeout
         out: list[Row] = []
+        unit: list[Row] = []  # the rows of the group being read, from self._offset on
+        key, stale, at = "", False, self._offset
         with self._lock:
             while len(out) < n:
-                got = self._next_line()
+                got = self._line_at(at)
                 if got is None:
                     if self._writer_done or (deadline is not None and time.monotonic() >= deadline):
                         break
                     time.sleep(self.params.poll_interval_s)
                     continue
-                record, self._offset = got
+                record, start, at = got
                 row = decode(_kind(record), json.dumps(record))
-                if floor is not None and model_version(row) < floor:
-                    self._dropped_since_commit += 1
+                row_key, size = unit_of(row)
+                if unit and row_key != key:  # the group before never got its last rows
+                    self._dropped_since_commit += len(unit)
+                    unit, stale, self._offset = [], False, start
+                key = row_key
+                unit.append(row)
+                stale = stale or (floor is not None and model_version(row) < floor)
+                if len(unit) < size:
                     continue
-                out.append(row)
+                if stale:
+                    self._dropped_since_commit += size
+                elif len(out) + size > n:  # does not fit: the next claim starts with it
+                    break
+                else:
+                    out += unit
+                unit, stale, self._offset = [], False, at
         self._claimed += len(out)
         return out
 

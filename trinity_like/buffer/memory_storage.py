@@ -18,7 +18,6 @@ Example::
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import threading
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from trinity_like.buffer.base import ORDERS
+from trinity_like.buffer.groups import take_whole_groups, unit_of
 from trinity_like.buffer.rows import Row, check_claim_args, check_status, decode, encode, model_version
 from trinity_like.registry import BUFFER_STORAGE
 
@@ -63,21 +63,30 @@ class MemoryQueue:
         self.last_step: int | None = None
 
     def put(self, rows: Sequence[Row]) -> None:
-        """Append rows, waiting for room as needed (rows go in as room frees, in order)."""
+        """Append rows, waiting for room as needed (rows go in as room frees, in order).
+
+        Room is waited for only before a group's first row, for the whole group (a group
+        larger than ``capacity`` goes in once the queue is empty): a claim never sees a part
+        of a group, and a queue of fewer rows than a group still takes it."""
         deadline = None if self.put_timeout_s is None else time.monotonic() + self.put_timeout_s
         with self._cond:
             self._writer_done = False
+            previous = None
             for row in rows:
                 if row.eid in self._eids:
                     continue
-                while len(self._available) >= self.capacity:
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        raise BufferFullError(f"buffer full ({self.capacity} rows) for {self.put_timeout_s} s")
-                    self._cond.wait(left)
+                key, size = unit_of(row)
+                if key != previous:  # a unit begins: room for all of it
+                    self._cond.notify_all()  # a claim may take what went in before this wait
+                    while self._available and len(self._available) + size > self.capacity:
+                        left = None if deadline is None else deadline - time.monotonic()
+                        if left is not None and left <= 0:
+                            raise BufferFullError(f"buffer full ({self.capacity} rows) for {self.put_timeout_s} s")
+                        self._cond.wait(left)
+                previous = key
                 self._available[next(self._seq)] = row
                 self._eids.add(row.eid)
-                self._cond.notify_all()
+            self._cond.notify_all()
 
     def mark_writer_done(self) -> None:
         with self._cond:
@@ -90,9 +99,9 @@ class MemoryQueue:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
-                taken = self._pick(n, order, floor)
+                taken, full = self._pick(n, order, floor)
                 left = None if deadline is None else deadline - time.monotonic()
-                if len(taken) >= n or self._writer_done or (left is not None and left <= 0):
+                if full or self._writer_done or (left is not None and left <= 0):
                     break
                 self._cond.wait(left)
             for seq, row in taken:
@@ -101,16 +110,20 @@ class MemoryQueue:
             self._cond.notify_all()  # room for a blocked writer
             return [row for _, row in taken]
 
-    def _pick(self, n: int, order: str, floor: int) -> list[tuple[int, Row]]:
-        """Up to ``n`` eligible ``(seq, row)``; fifo stops at the n-th, so a claim is O(n) there."""
-        eligible = ((s, r) for s, r in self._available.items() if model_version(r) >= floor)
-        if order == "fifo":
-            return list(itertools.islice(eligible, n))
-        return heapq.nsmallest(n, eligible, key=lambda sr: (-model_version(sr[1]), sr[0]))
+    def _pick(self, n: int, order: str, floor: int) -> tuple[list[tuple[int, Row]], bool]:
+        """Up to ``n`` eligible ``(seq, row)`` of whole groups, and whether the claim is full
+        (:func:`~trinity_like.buffer.groups.take_whole_groups`); fifo walks only as far as it must."""
+        eligible: Any = ((s, r) for s, r in self._available.items() if model_version(r) >= floor)
+        if order != "fifo":
+            eligible = sorted(eligible, key=lambda sr: (-model_version(sr[1]), sr[0]))
+        return take_whole_groups((((s, r), *unit_of(r)) for s, r in eligible), n)
 
     def drop_older_than(self, version: int) -> int:
         with self._cond:
-            old = [s for s, r in self._available.items() if model_version(r) < version]
+            # a group goes whole: rows of one group share their version, but should one lag, the
+            # rest would wait for it for ever
+            stale = {unit_of(r)[0] for r in self._available.values() if model_version(r) < version}
+            old = [s for s, r in self._available.items() if unit_of(r)[0] in stale]
             for seq in old:
                 del self._available[seq]
             self._counts["dropped"] += len(old)

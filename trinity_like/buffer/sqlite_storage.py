@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from trinity_like.buffer.base import ORDERS
+from trinity_like.buffer.groups import take_whole_groups, unit_key
 from trinity_like.buffer.rows import (
     STATUSES,
     Row,
@@ -103,9 +104,12 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 _ORDER_SQL = {  # order -> (index, ORDER BY)
-    "fifo": ("state_fifo", "seq"),
-    "newest_version": ("state_newest", "model_version DESC, seq"),
+    "fifo": ("state_fifo", "s.seq"),
+    "newest_version": ("state_newest", "s.model_version DESC, s.seq"),
 }
+# A row's unit (trinity_like.buffer.groups): its group's id and size, read from the header
+# (an older database's rows have no group_size: each is a unit of its own).
+_UNIT_SQL = "r.eid, json_extract(r.header, '$.group_id'), json_extract(r.header, '$.group_size')"
 
 
 @dataclass(frozen=True)
@@ -233,28 +237,36 @@ class SqliteStorage:
         pause = self.params.poll_interval_s
         while True:
             out_of_time = deadline is not None and time.monotonic() >= deadline
-            if out_of_time or self._n_available(floor, n) >= n or self.writer_done():
+            if out_of_time or self._full(n, order, floor) or self.writer_done():
                 return self._take(n, order, floor)
             time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
             pause = min(pause * 2, 0.1)
 
-    def _n_available(self, floor: int, limit: int) -> int:
-        sql = "SELECT COUNT(*) FROM (SELECT 1 FROM state INDEXED BY state_newest WHERE status = ? AND model_version >= ? LIMIT ?)"
-        return self._read(sql, (AVAILABLE, floor, limit))[0][0]
+    @staticmethod
+    def _pick(db: sqlite3.Connection, n: int, order: str, floor: int) -> tuple[list[int], bool]:
+        """The seqs a claim of ``n`` takes now (whole groups only), and whether it is full
+        (:func:`~trinity_like.buffer.groups.take_whole_groups`). The walk follows the order's
+        index and stops as soon as the claim is decided: about ``n`` rows read, however many wait."""
+        index, order_by = _ORDER_SQL[order]
+        cur = db.execute(
+            f"SELECT s.seq, {_UNIT_SQL} FROM state s INDEXED BY {index} JOIN rows r ON r.seq = s.seq "
+            f"WHERE s.status = ? AND s.model_version >= ? ORDER BY {order_by}",
+            (AVAILABLE, floor),
+        )
+        try:
+            return take_whole_groups(((seq, *unit_key(eid, gid, size)) for seq, eid, gid, size in cur), n)
+        finally:
+            cur.close()
+
+    def _full(self, n: int, order: str, floor: int) -> bool:
+        with self._lock:
+            return self._retry(lambda: self._pick(self._db, n, order, floor))[1]
 
     def _take(self, n: int, order: str, floor: int) -> list[Row]:
         if n == 0:
             return []
-        index, order_by = _ORDER_SQL[order]
         with self._tx() as db:
-            seqs = [
-                seq
-                for (seq,) in db.execute(
-                    f"SELECT seq FROM state INDEXED BY {index} "
-                    f"WHERE status = ? AND model_version >= ? ORDER BY {order_by} LIMIT ?",
-                    (AVAILABLE, floor, n),
-                )
-            ]
+            seqs, _ = self._pick(db, n, order, floor)
             marks = ",".join("?" * len(seqs))
             db.execute(f"UPDATE state SET status = ? WHERE seq IN ({marks})", (CLAIMED, *seqs))
         # Payloads never change, so they are read after the write lock is released.
@@ -288,13 +300,34 @@ class SqliteStorage:
         return {eid: (step, unpack_floats(layout, blob)) for eid, step, layout, blob in got}
 
     def drop_older_than(self, model_version: int) -> int:
-        """Mark available rows sampled before ``model_version`` as dropped; returns how many."""
+        """Mark available rows sampled before ``model_version`` as dropped, with the rest of
+        their groups (rows of one group share their version; should one lag, the others would
+        wait for it for ever); returns how many."""
         with self._tx() as db:
-            cur = db.execute(
-                "UPDATE state SET status = ? WHERE status = ? AND model_version < ?",
-                (DROPPED, AVAILABLE, model_version),
-            )
-            return cur.rowcount
+            old = db.execute(
+                f"SELECT s.seq, {_UNIT_SQL} FROM state s INDEXED BY state_newest JOIN rows r ON r.seq = s.seq "
+                "WHERE s.status = ? AND s.model_version < ?",
+                (AVAILABLE, model_version),
+            ).fetchall()
+            seqs = {seq for seq, *_ in old}
+            groups = sorted({gid for _, eid, gid, size in old if unit_key(eid, gid, size)[0].startswith("g:")})
+            for at in range(0, len(groups), 500):
+                chunk = groups[at : at + 500]
+                seqs |= {
+                    seq
+                    for (seq,) in db.execute(
+                        "SELECT s.seq FROM state s JOIN rows r ON r.seq = s.seq WHERE s.status = ? "
+                        f"AND json_extract(r.header, '$.group_id') IN ({','.join('?' * len(chunk))})",
+                        (AVAILABLE, *chunk),
+                    )
+                }
+            ordered = sorted(seqs)
+            for at in range(0, len(ordered), 500):
+                chunk = ordered[at : at + 500]
+                db.execute(
+                    f"UPDATE state SET status = ? WHERE seq IN ({','.join('?' * len(chunk))})", (DROPPED, *chunk)
+                )
+            return len(ordered)
 
     def commit(self, step: int) -> None:
         """Mark every claimed row consumed by ``step``, and record the step.

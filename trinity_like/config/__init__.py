@@ -86,6 +86,7 @@ def describe_plan(plan: RunPlan) -> str:
         lines.append(
             f"  experience storage: {b.experience.storage}; {st.train_batch_size} "
             f"{'pairs' if a.schema == 'pair' else 'rows'} per train step"
+            + (f", claimed in whole groups of {c.explorer.group_size}" if st.whole_groups else "")
         )
         if a.use_rollout:
             e = c.explorer

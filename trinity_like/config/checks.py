@@ -11,6 +11,7 @@ recipe's file, line and key.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +120,26 @@ def check_data_paths(cfg: Config, loc: Locator, base: Path) -> None:
             data_files(ds.path)
         except DataError as exc:
             raise loc.error(("buffer", key, "path"), str(exc)) from None
+
+
+def check_run_root(cfg: Config, loc: Locator) -> None:
+    """The run directory can be made and written in: ``run_root`` (or a folder above it) must not
+    be a file and the nearest folder that exists must be writable -- checked here, so ``validate``
+    and ``--dry-run`` say it too, as one line with the recipe's line and key, before a run starts.
+
+    Writable as the operating system answers for this process (``os.access``): a read-only
+    mount is refused for root too; permission bits are not, for root, as they do not stop it."""
+    run_dir = Path(cfg.run_dir()).expanduser()
+    root = Path(cfg.run_root).expanduser()
+    for path in (run_dir, *run_dir.parents):
+        if not os.path.lexists(path):
+            continue
+        key = ("run_root",) if path in (root, *root.parents) else ("name",)
+        if not path.is_dir():
+            what = "is a file" if path.is_file() else "is not a folder"
+            where = "" if path == run_dir else f" (the run directory is {run_dir})"
+            raise loc.error(key, f"{path} {what}: the run directory cannot be made there{where}")
+        if not os.access(path, os.W_OK | os.X_OK):
+            where = "" if path == run_dir else f" (the run directory {run_dir} would be made in it)"
+            raise loc.error(key, f"{path}: folder not writable by this user{where}")
+        return

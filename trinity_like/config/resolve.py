@@ -30,7 +30,7 @@ from typing import Any
 import pydantic
 
 from trinity_like.components import AlgorithmType, ComponentSpec
-from trinity_like.config.checks import check_data_paths, check_model, check_sections
+from trinity_like.config.checks import check_data_paths, check_model, check_run_root, check_sections
 from trinity_like.config.data_checks import check_data
 from trinity_like.config.loader import KeyPath, Locator, RawRecipe, apply_overrides, load_recipe
 from trinity_like.config.presets import apply_preset, swapped_slots
@@ -58,6 +58,12 @@ class ResolvedStage:
         """Drop groups of equal rewards before the update: the recipe's choice, else the algorithm's."""
         chosen = self.config.algorithm.dynamic_sampling
         return self.algorithm.dynamic_sampling if chosen is None else chosen
+
+    @property
+    def whole_groups(self) -> bool:
+        """A train batch must hold whole groups: a component computes over groups (it takes
+        ``group_index``: GRPO's, RLOO's advantages), or dynamic sampling drops groups."""
+        return self.algorithm.use_rollout and ("group_index" in self.needs or self.dynamic_sampling)
 
     @property
     def train_batch_size(self) -> int:
@@ -174,7 +180,32 @@ def resolve_stage(data: dict, loc: Locator, base: Path) -> ResolvedStage:
     if algo.use_rollout:
         check_expert_data(cfg, comps, loc)
     check_model(cfg, loc)
-    return ResolvedStage(cfg, algo, comps, needs, reward_params)
+    check_run_root(cfg, loc)
+    stage = ResolvedStage(cfg, algo, comps, needs, reward_params)
+    _check_whole_groups(stage, loc)
+    return stage
+
+
+def _check_whole_groups(stage: ResolvedStage, loc: Locator) -> None:
+    """Rows per train step are a whole number of groups when the trainer needs whole groups:
+    the buffer hands out groups whole (:mod:`trinity_like.buffer.groups`), so any other size
+    would train on fewer rows than the recipe says, step after step, while the rest wait."""
+    size, group = stage.train_batch_size, stage.config.explorer.group_size
+    if not stage.whole_groups or stage.config.mode == "bench" or size % group == 0:
+        return
+    why = (
+        f"advantage {stage.components['advantage'].name!r} normalises over groups"
+        if "advantage" in stage.components and "group_index" in stage.needs
+        else "dynamic sampling drops whole groups"
+        if stage.dynamic_sampling
+        else "the algorithm computes over groups"
+    )
+    lower = max(size // group, 1) * group
+    raise loc.error(
+        ("buffer", "train_batch_size"),
+        f"{size} rows per train step is not a whole number of groups of explorer.group_size={group} ({why}; "
+        f"a batch holds whole groups): use a multiple of {group}, e.g. {lower} or {lower + group}",
+    )
 
 
 def _stage_datas(raw: RawRecipe) -> list[tuple[dict, int | None, dict | None]]:

@@ -87,12 +87,14 @@ class RunLock:
     def probe(run_dir: Path, role: str) -> None:
         """:class:`RunInUseError` now if a live run holds a lock ``role`` needs; creates nothing.
 
-        A directory or lock file that does not exist yet is free (no run ever held it)."""
+        A directory or lock file that does not exist yet is free (no run ever held it), and so
+        is one that cannot exist (a file where a folder of its path should be: the recipe's
+        checks name the key that put it there)."""
         for part in LOCKS_OF_ROLE[role]:
             path = lock_file(run_dir, part)
             try:
                 fd = os.open(path, os.O_RDONLY)  # flock needs no write access
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):
                 continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -43,7 +43,7 @@ from trinity_like.cpu_share import TRAINER, CoreShare
 from trinity_like.envs.rollout import eval_env_metrics
 from trinity_like.envs.workflow import check_step
 from trinity_like.errors import TrinityError
-from trinity_like.experience import Experience, Task, rollout_id
+from trinity_like.experience import Experience, Task, rollout_group_id, rollout_id
 from trinity_like.explorer.worker import Explorer, RemoteExplorer, sampling_params
 from trinity_like.monitor.evals import append_evals
 from trinity_like.pipeline.data_sources import StageData
@@ -213,13 +213,27 @@ class Stage:
         """Each row's id is that of its (run name, step, task, place in the task's group)
         (:func:`~trinity_like.experience.rollout_id`): a step that a resumed run explores again
         writes the ids of its first attempt, which the buffer keeps once. The run's name, not
-        its folder's path, so a run directory moved before its resume still matches. A full
-        disk is one line (:mod:`.disk_full`)."""
+        its folder's path, so a run directory moved before its resume still matches. Group
+        ids are made the same way (:func:`~trinity_like.experience.rollout_group_id`); when the
+        trainer needs whole groups (:attr:`~trinity_like.config.ResolvedStage.whole_groups`)
+        each row also carries its group's size, set here where the whole group is known, so
+        the buffer hands groups out whole (:mod:`trinity_like.buffer.groups`). A full disk is
+        one line (:mod:`.disk_full`)."""
         seen: dict[str, int] = {}
+        groups: dict[str, str] = {}  # the workflow's group id -> this step's
+        ordinals: dict[str, int] = {}  # task -> groups of it so far in this step
+        sizes = Counter(row.group_id for row in rows)
+        whole = self.spec.whole_groups
         for row in rows:
             index = seen.get(row.task_id, 0)
             seen[row.task_id] = index + 1
             row.eid = rollout_id(self.config.name, step, row.task_id, index)
+            if row.group_id:
+                if row.group_id not in groups:
+                    ordinals[row.task_id] = ordinals.get(row.task_id, -1) + 1
+                    groups[row.group_id] = rollout_group_id(self.config.name, step, row.task_id, ordinals[row.task_id])
+                row.group_size = sizes[row.group_id] if whole else 0
+                row.group_id = groups[row.group_id]
         target = getattr(self.storage, "path", self.run_dir)
         with disk_full_as_error(f"step {step}'s rollouts into the buffer ({target})", self._intact("the buffer")):
             fault_points.write("buffer_write", target)
