@@ -107,7 +107,7 @@ def python_says(code: str, lines: list[str]) -> list[bool]:
         try:
             exec(compile(line, "<oracle>", "exec"), ns)
             verdicts.append(True)
-        except (AssertionError, LookupError, TypeError):
+        except (AssertionError, LookupError, NameError, TypeError):
             verdicts.append(False)
     return verdicts
 

@@ -110,7 +110,7 @@ def dec(x):
               "complex": lambda p: complex(float(p[0]), float(p[1])), "range": lambda p: range(*p),
               "dict": lambda p: {dec(k): dec(i) for k, i in p}, "module": __import__,
               "builtin": lambda n: getattr(builtins, n),
-              "lambda": lambda p: eval(p["lambda"], {k: dec(i) for k, i in p["bind"].items()})}
+              "lambda": lambda p: eval(p["lambda"], {**ns, **{k: dec(i) for k, i in p["bind"].items()}})}
     return simple[tag](x if tag == "lambda" else v)
 def reply(obj):
     replies.write(json.dumps(obj) + "\n")
