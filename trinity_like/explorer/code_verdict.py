@@ -17,7 +17,8 @@ code's is ever trusted.
 
 Lines this evaluator does not cover (``def``, ``class``, ``try``, ``with``, ``del``, an import
 outside :data:`HOST_MODULES`, an attribute starting with ``_``) fail: a line is never run
-whole where the code could decide its verdict. The host's own work per call is bounded
+whole where the code could decide its verdict. Names a test line assigns live here: the
+code sees them only when a line passes them to it. The host's own work per call is bounded
 (:data:`STEPS` evaluation steps, :data:`SIZE` items or bits a value may grow to) so a value
 of the code's cannot make a test line exhaust the explorer. Example::
 
@@ -78,8 +79,8 @@ class Judge:
         try:
             for stmt in body:
                 self.run(stmt, self.globals)
-        except (Failed, ArithmeticError, LookupError, TypeError, ValueError, AttributeError, RecursionError):
-            return False
+        except (Failed, ArithmeticError, LookupError, TypeError, ValueError, AttributeError, RuntimeError, MemoryError):
+            return False  # what the line would raise in Python (an error of the host's own evaluator too)
         return True
 
     # -- the jail ---------------------------------------------------------------------------------
