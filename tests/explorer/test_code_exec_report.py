@@ -151,12 +151,23 @@ def test_values_of_the_code_cannot_make_the_host_build_something_huge(unconfined
         "assert len(s().replace('x', s())) > 0",
         "assert len(s().join([s()] * 100)) > 0",
         "assert ('%' + str(f()) + 'd') % 1",
-        "for i in range(1000):\n    for j in range(1000): pass",  # past the step bound: the call's budget is spent
-        "assert True",
+        "assert len(list(map(list, [range(f() // 10**4)] * (f() // 10**4)))) > 0",  # 10^5 aliases of 10^5 items
+        "assert len(list(map(lambda i: list(range(f() // 10**4)), range(f() // 10**4)))) > 0",  # each copy counted
+        "assert len([list(range(f() // 10**4)) for i in range(f() // 10**4)]) > 0",
+        "for i in range(1000):\n    for j in range(1000): pass",  # past the step bound
+        "assert [1] == [1]",  # the call's budget is spent: a line that builds anything fails
     ]
     t0 = time.monotonic()
     assert unconfined.run(code, lines).verdicts == (True,) + (False,) * (len(lines) - 1)
     assert time.monotonic() - t0 < 10
+
+
+def test_the_hosts_own_work_stops_at_the_calls_wall_time():
+    short = code_exec.CodeExecReward(params=code_exec.CodeExecParams(sandbox=False, network_isolation=False, wall_s=2))
+    code = "def f():\n    return list(range(100000))\n"
+    t0 = time.monotonic()
+    result = short.run(code, ["big = f()", "for i in range(100000, 200000): assert i not in big"])  # 10^10 comparisons
+    assert result.status == "wall time" and result.passed == 0 and time.monotonic() - t0 < 4, result
 
 
 def judge_with(replies: list[bytes]) -> Judge:

@@ -55,7 +55,8 @@ import threading
 from dataclasses import dataclass
 
 from trinity_like.errors import TrinityError
-from trinity_like.explorer.code_verdict import Judge, Rejected
+from trinity_like.explorer.code_values import OutOfTime, Rejected
+from trinity_like.explorer.code_verdict import Judge
 from trinity_like.explorer.sandbox import Ended, Session, jail_argv, sandbox_problem
 
 _LOG = logging.getLogger(__name__)
@@ -216,6 +217,8 @@ class CodeExecReward:
             session = Session(cmd, wall_s=p.wall_s, line_cap=REPLY_BYTES, cwd=cwd)
             try:
                 verdicts = self._judge(session, code, tests)
+            except OutOfTime:
+                return RunResult(0, n, "wall time")
             except Ended as exc:
                 if str(exc) == "too large":
                     self._count(Rejected("too large", f"a reply over {REPLY_BYTES} bytes"))
@@ -242,7 +245,7 @@ class CodeExecReward:
             raise Rejected("not loaded", f"{loaded[:40]!r} where {{'loaded': ...}} belongs")
         if loaded == b'{"loaded": false}':  # the code raised: no line can pass
             return [False] * len(tests)
-        judge = Judge(ask)
+        judge = Judge(ask, deadline=session.deadline)
         return [judge.line(line) for line in tests]
 
     def _count(self, exc: Rejected) -> None:

@@ -27,7 +27,8 @@ import string
 from collections.abc import Callable
 from typing import Any
 
-SIZE = 1_000_000  # most items of a sequence (and bits of an int) the host builds from a test line
+SIZE = 1_000_000  # most items (aliases counted again; ints by 64-bit word) of one value the host builds
+WORK = 20 * SIZE  # most items of all the values the host builds for one call's test lines
 HOST_MODULES = {"math": math, "string": string, "collections": collections, "fractions": fractions}
 _SAFE = (
     "abs all any bin bool bytes chr complex dict divmod enumerate filter float frozenset hex int "
@@ -78,6 +79,10 @@ UNARY = {ast.USub: "-", ast.UAdd: "+", ast.Invert: "~"}
 
 class Failed(Exception):
     """The line fails: an assertion is false, it raised, or the host will not judge it (the reason)."""
+
+
+class OutOfTime(Exception):
+    """The call's wall time passed while the host was judging: the call scores 0, as a jail past it does."""
 
 
 class Rejected(Exception):
@@ -187,13 +192,26 @@ def has_remote(v: Any, depth: int = 0) -> bool:
     return False
 
 
-def bounded(v: Any) -> Any:
-    """``v`` if it is small enough for the host to keep working on, else :class:`Failed`."""
-    if (type(v) is int and v.bit_length() > SIZE) or (
-        hasattr(v, "__len__") and not isinstance(v, Remote) and len(v) > SIZE
-    ):
-        raise Failed("a value past the host's size bound")
-    return v
+def weigh(v: Any, limit: int = SIZE) -> int:
+    """The items (and 64-bit words of ints) in ``v``, each alias counted again; stops once past ``limit``.
+
+    Counting aliases is what bounds the host's memory: ``[big] * n`` costs n pointers, but
+    ``list(map(list, [big] * n))`` would copy ``big`` n times.
+    """
+    total, stack = 0, [v]
+    while stack and total <= limit:
+        x = stack.pop()
+        t = type(x)
+        if t in (list, tuple, set, frozenset, dict):
+            total += len(x) + 1
+            if total <= limit:
+                stack.extend(x.values() if t is dict else x)
+                stack.extend(x.keys() if t is dict else ())
+        elif t in (str, bytes, range):
+            total += len(x) + 1
+        else:
+            total += x.bit_length() // 64 + 1 if t is int else 1
+    return total
 
 
 def checked_binop(op: type, a: Any, b: Any) -> Any:
@@ -207,9 +225,9 @@ def checked_binop(op: type, a: Any, b: Any) -> Any:
         check_spec(a)
     if op is ast.Mult:
         for seq, n in ((a, b), (b, a)):
-            if type(n) in (int, bool) and hasattr(seq, "__len__") and len(seq) * n > SIZE:
+            if type(n) in (int, bool) and type(seq) in (str, bytes, list, tuple) and weigh(seq) * n > SIZE:
                 raise Failed("a repetition past the host's size bound")
-    return bounded(_BINOPS[op](a, b))
+    return _BINOPS[op](a, b)
 
 
 def small(x: Any) -> Any:

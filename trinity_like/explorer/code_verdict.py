@@ -19,8 +19,10 @@ Lines this evaluator does not cover (``def``, ``class``, ``try``, ``with``, ``de
 outside :data:`HOST_MODULES`, an attribute starting with ``_``) fail: a line is never run
 whole where the code could decide its verdict. Names a test line assigns live here: the
 code sees them only when a line passes them to it. The host's own work per call is bounded
-(:data:`STEPS` evaluation steps, :data:`SIZE` items or bits a value may grow to) so a value
-of the code's cannot make a test line exhaust the explorer. Example::
+by the call's wall time and in memory: no value the host builds may hold more than :data:`SIZE`
+items (aliases counted again), nor all of them together more than :data:`WORK`, and the
+operators that could build a larger one from small inputs are refused before they run, so a
+value of the code's cannot make a test line exhaust the explorer. Example::
 
     judge = Judge(lambda query: b'{"value": 5}')  # ask(query) -> the jail's reply line, here always 5
     assert judge.line("assert add(2, 3) == 5") and not judge.line("assert False")
@@ -33,6 +35,7 @@ import ast
 import json
 import math
 import operator
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,12 +46,14 @@ from trinity_like.explorer.code_values import (
     METHODS,
     PLAIN,
     SAFE_BUILTINS,
+    SIZE,
     UNARY,
+    WORK,
     Failed,
     HostLambda,
+    OutOfTime,
     Rejected,
     Remote,
-    bounded,
     check_spec,
     checked_binop,
     decode,
@@ -57,6 +62,7 @@ from trinity_like.explorer.code_values import (
     has_remote,
     sendable,
     small,
+    weigh,
 )
 
 STEPS = 200_000  # evaluation steps (nodes, loop turns) the host spends on one call's test lines
@@ -65,13 +71,13 @@ STEPS = 200_000  # evaluation steps (nodes, loop turns) the host spends on one c
 class Judge:
     """Runs test lines here; asks the jail, through ``ask``, only for what the code's objects do."""
 
-    def __init__(self, ask: Callable[[dict[str, Any]], bytes]) -> None:
-        self.ask = ask
+    def __init__(self, ask: Callable[[dict[str, Any]], bytes], deadline: float = math.inf) -> None:
+        self.ask, self.deadline = ask, deadline  # deadline: time.monotonic() past which OutOfTime is raised
         self.globals: dict[str, Any] = {}  # what the test lines assigned (plain data or handles)
-        self.steps = 0
+        self.steps = self.work = 0
 
     def line(self, src: str) -> bool:
-        """Whether the test line ``src`` passes; :class:`Gone` / :class:`Rejected` end the call."""
+        """Whether the test line ``src`` passes; :class:`Rejected`, :class:`OutOfTime` and the session's end pass through."""
         try:
             body = ast.parse(src).body
         except (SyntaxError, ValueError, MemoryError, RecursionError):
@@ -114,7 +120,7 @@ class Judge:
                 raise Rejected("bad value", "list() answered with something else")
             return v
         if isinstance(v, (str, bytes, list, tuple, dict, set, frozenset, range)):
-            return list(bounded(v))
+            return list(self.bounded(v))
         if type(v) in (map, filter, zip, enumerate, reversed):
             out = []
             for i in v:
@@ -123,8 +129,18 @@ class Judge:
             return out
         raise Failed(f"the host does not iterate a {type(v).__name__}")
 
+    def bounded(self, v: Any) -> Any:
+        """``v``, a value the host built, if it and all built so far stay within :data:`SIZE` and :data:`WORK`."""
+        w = weigh(v)
+        self.work += w
+        if w > SIZE or self.work > WORK:
+            raise Failed("a value past the host's size bound")
+        return v
+
     def tick(self) -> None:
         self.steps += 1
+        if time.monotonic() > self.deadline:
+            raise OutOfTime("the call's wall time passed on the host")
         if self.steps > STEPS:
             raise Failed("past the host's step bound")
 
@@ -221,7 +237,7 @@ class Judge:
                 out.extend(self.items(self.ev(e.value, scope))) if isinstance(e, ast.Starred) else out.append(
                     self.ev(e, scope)
                 )
-            return bounded({ast.Tuple: tuple, ast.List: list, ast.Set: set}[type(n)](out))
+            return self.bounded({ast.Tuple: tuple, ast.List: list, ast.Set: set}[type(n)](out))
         if isinstance(n, ast.Dict):
             d: dict[Any, Any] = {}
             for k, v in zip(n.keys, n.values, strict=True):
@@ -262,7 +278,7 @@ class Judge:
             v, k = self.ev(n.value, scope), self.ev(n.slice, scope)
             if type(v) is Remote:  # the code's __getitem__
                 return self.remote("__a0[__a1]", v, k)
-            return bounded(v[k])  # a key of the code's in the test's container: Remote refuses to hash
+            return self.bounded(v[k])  # a key of the code's in the test's container: Remote refuses to hash
         if isinstance(n, ast.Slice):
             return slice(*(None if p is None else self.ev(p, scope) for p in (n.lower, n.upper, n.step)))
         if isinstance(n, ast.Lambda):
@@ -277,7 +293,7 @@ class Judge:
             conv = {-1: "", 115: "str", 114: "repr", 97: "ascii"}[n.conversion]
             if type(v) is Remote:
                 return self.remote(f"format({conv}(__a0), __a1)" if conv else "format(__a0, __a1)", v, spec)
-            return bounded(
+            return self.bounded(
                 format({"": lambda x: x, "str": str, "repr": repr, "ascii": ascii}[conv](v), check_spec(spec))
             )
         if isinstance(n, ast.NamedExpr):
@@ -288,7 +304,7 @@ class Judge:
     def operate(self, op: type, a: Any, b: Any) -> Any:
         if Remote in (type(a), type(b)):  # the code's __add__ / __radd__ decide
             return self.remote(f"__a0 {ast.unparse(ast.BinOp(ast.Name('x'), op(), ast.Name('y')))[2:-2]} __a1", a, b)
-        return checked_binop(op, a, b)
+        return self.bounded(checked_binop(op, a, b))
 
     def attribute(self, v: Any, name: str) -> Any:
         if name.startswith("_"):
@@ -301,8 +317,8 @@ class Judge:
         if type(v) in PLAIN and name in METHODS:
             method = getattr(v, name)
             if name in ("join", "replace"):  # the result's size is known before it is built
-                return lambda *a: bounded(method(*grown_args(v, name, a)))
-            return lambda *a, **k: bounded(method(*(small(x) for x in a), **k))
+                return lambda *a: self.bounded(method(*grown_args(v, name, a)))
+            return lambda *a, **k: self.bounded(method(*(small(x) for x in a), **k))
         raise Failed(f"attribute {name} of a {type(v).__name__} is not judged by the host")
 
     def call(self, n: ast.Call, scope: dict[str, Any]) -> Any:
@@ -330,7 +346,7 @@ class Judge:
             raise Failed("a builtin of the host given an object of the code's beside other values")
         if not callable(fn):
             raise Failed(f"a {type(fn).__name__} is not callable")
-        return bounded(fn(*(small(a) for a in args) if fn in (bytes, range) else args, **kwargs))
+        return self.bounded(fn(*(small(a) for a in args) if fn in (bytes, range) else args, **kwargs))
 
     def comprehension(self, n: ast.expr, scope: dict[str, Any]) -> Any:
         inner = dict(scope)
@@ -352,4 +368,4 @@ class Judge:
 
         loop(0)
         kind = {ast.ListComp: list, ast.SetComp: set, ast.GeneratorExp: list, ast.DictComp: dict}[type(n)]
-        return bounded(kind(results))
+        return self.bounded(kind(results))
