@@ -59,6 +59,8 @@ LINES = [
     "x = f(); assert x == 5",
     "a, b = f()",
     "for v in f(): assert v > 0",
+    "for v in f():\n    if v == 1:\n        break\n    assert False",
+    "for v in f():\n    if v:\n        continue\n    assert v\nelse:\n    assert f() != 5",
     "if f(): assert f() == 5",
     "import math",
     "from math import isclose; assert isclose(f(), 5.0)",

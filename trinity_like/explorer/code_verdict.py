@@ -68,6 +68,14 @@ from trinity_like.explorer.code_values import (
 STEPS = 200_000  # evaluation steps (nodes, loop turns) the host spends on one call's test lines
 
 
+class _Break(Exception):
+    pass
+
+
+class _Continue(Exception):
+    pass
+
+
 class Judge:
     """Runs test lines here; asks the jail, through ``ask``, only for what the code's objects do."""
 
@@ -165,23 +173,26 @@ class Judge:
             for item in self.items(self.ev(s.iter, scope)):
                 self.tick()
                 self.assign(s.target, item, scope)
-                if self.block(s.body, scope) == "break":
+                try:
+                    self.block(s.body, scope)
+                except _Continue:
+                    continue
+                except _Break:
                     break
             else:
                 self.block(s.orelse, scope)
         elif isinstance(s, ast.If):
             self.block(s.body if self.truth(self.ev(s.test, scope)) else s.orelse, scope)
+        elif isinstance(s, (ast.Break, ast.Continue)):  # only inside a loop: Python's parser sees to it
+            raise _Break if isinstance(s, ast.Break) else _Continue
         elif isinstance(s, (ast.Import, ast.ImportFrom)):
             self.imports(s, scope)
         elif not isinstance(s, ast.Pass):
             raise Failed(f"a {type(s).__name__} statement is not judged by the host")
 
-    def block(self, body: list[ast.stmt], scope: dict[str, Any]) -> str | None:
+    def block(self, body: list[ast.stmt], scope: dict[str, Any]) -> None:
         for s in body:
-            if isinstance(s, (ast.Break, ast.Continue)):
-                return "break" if isinstance(s, ast.Break) else "continue"
             self.run(s, scope)
-        return None
 
     def imports(self, s: ast.Import | ast.ImportFrom, scope: dict[str, Any]) -> None:
         for alias in s.names:
