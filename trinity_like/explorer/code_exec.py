@@ -29,9 +29,10 @@ value (no frame of the test's exists in its process). A reply that breaks the pr
 (not one JSON line, not ``{"value": ...}`` or ``{"raised": true}``) scores 0 for the call;
 the reason is counted in :attr:`CodeExecReward.rejected` and logged the first time it occurs.
 
-A child that dies (a limit hit, a crash, ``os._exit`` or ``sys.exit`` anywhere, SIGKILL from
-outside) before the last line is judged scores 0 for that call; the next call starts a new jail. Where the jail cannot be built (no bwrap, user
-namespaces disabled, an interpreter the jail cannot read) the reward refuses to start and
+A child that dies (a limit hit, a crash, ``os._exit`` anywhere, SIGKILL from outside)
+before the last line is judged scores 0 for that call (``sys.exit`` is an exception: it fails
+the line that raised it, or every line at import); the next call starts a new jail. Where
+the jail cannot be built (no bwrap, user namespaces disabled, an interpreter the jail cannot read) the reward refuses to start and
 says what is missing; ``sandbox: false`` (with ``network_isolation: false``) opts out and
 runs the child unconfined. docs/reliability.md has the trust model. Example::
 
