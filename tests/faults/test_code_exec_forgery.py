@@ -137,6 +137,24 @@ def test_a_forging_wrong_solution_earns_nothing(name, reward):
     assert reward.run(RIGHT, TESTS[1:]).passed == len(TESTS) - 1  # the next call: fresh, unaffected
 
 
+UNCONFINED = [  # the attempts whose processes cannot outlive the call without a jail's PID namespace
+    "the issue's repro: __main__.report",
+    "claims written to each fd in /proc/self/fd, then os._exit(0)",
+    "builtins, AssertionError and json patched",
+    "objects equal to everything, truthy, hashing as 5",
+    "report files written where a harness might look",
+]
+
+
+@pytest.mark.parametrize("name", UNCONFINED)
+def test_forging_fails_without_the_jail_too(name, tmp_path, monkeypatch):
+    """The verdict's protection is the protocol, not the jail: ``sandbox: false`` (files in a shared folder) too."""
+    monkeypatch.chdir(tmp_path)
+    r = CodeExecReward(params=CodeExecParams(wall_s=20, sandbox=False, network_isolation=False))
+    assert r.run(WRONG + ATTEMPTS[name], TESTS).passed == 0
+    assert r.run(RIGHT, TESTS[1:]).passed == len(TESTS) - 1
+
+
 def test_code_that_prints_patches_or_writes_files_keeps_what_it_earned(reward):
     """Only the verdict is out of the code's reach: output, patched builtins and files cost a right solution nothing."""
     benign = [
