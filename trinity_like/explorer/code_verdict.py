@@ -18,7 +18,9 @@ code's is ever trusted.
 Lines this evaluator does not cover (``def``, ``class``, ``try``, ``with``, ``del``, an import
 outside :data:`HOST_MODULES`, an attribute starting with ``_``) fail: a line is never run
 whole where the code could decide its verdict. Names a test line assigns live here: the
-code sees them only when a line passes them to it. The host's own work per call is bounded
+code sees them only when a line passes them to it (``want = 25`` then ``assert f() == want``
+keeps 25 out of the jail too; a function of the code's that reads a global the test set
+does not see it). The host's own work per call is bounded
 by the call's wall time and in memory: no value the host builds may hold more than :data:`SIZE`
 items (aliases counted again), nor all of them together more than :data:`WORK`, and the
 operators that could build a larger one from small inputs are refused before they run, so a
