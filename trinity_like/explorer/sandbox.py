@@ -27,7 +27,8 @@ interpreter with
 
 :func:`sandbox_problem` checks once per command line that it runs here (bwrap installed,
 user namespaces allowed, the interpreter readable by the sandbox's uid) and says what is
-missing. Example::
+missing. :func:`run_capped` runs a program to its end with a wall time and capped output;
+:class:`Session` speaks to one line by line (a query, a reply), within one wall time. Example::
 
     argv = jail_argv(os.path.realpath(sys.executable), network=True, tmp_mb=16)
     assert sandbox_problem(tuple(argv)) is None
