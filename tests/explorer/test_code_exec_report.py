@@ -164,6 +164,14 @@ def test_values_of_the_code_cannot_make_the_host_build_something_huge(unconfined
     assert time.monotonic() - t0 < 10
 
 
+def test_a_value_too_large_to_send_fails_its_line_only(unconfined):
+    code = "def f(n):\n    return 'x' * n\n"
+    lines = ["assert len(f(2_000_000)) == 2_000_000", "assert f(3) == 'xxx'"]
+    assert python_says(code, lines) == [True, True]
+    assert unconfined.run(code, lines) == code_exec.RunResult(1, 2, "ok", (False, True))
+    assert not unconfined.rejected
+
+
 def test_the_hosts_own_work_stops_at_the_calls_wall_time():
     short = code_exec.CodeExecReward(params=code_exec.CodeExecParams(sandbox=False, network_isolation=False, wall_s=2))
     code = "def f():\n    return list(range(100000))\n"

@@ -61,10 +61,10 @@ from trinity_like.explorer.code_verdict import Judge
 from trinity_like.explorer.sandbox import Ended, Session, jail_argv, sandbox_problem
 
 _LOG = logging.getLogger(__name__)
-REPLY_BYTES = 1 << 20  # longest reply line the jail may send (one value); longer ends the call (scores 0)
+REPLY_BYTES = 1 << 20  # longest reply line (one value): the child answers "raised" past it; a longer line scores 0
 
 # The child's program: set its limits (argv: CPU s, address space and file size in bytes,
-# processes), read the code (one JSON line), run it, say whether it loaded, then answer
+# processes; then the longest reply), read the code (one JSON line), run it, say whether it loaded, then answer
 # queries {"eval"|"exec": src, "bind": {name: value}} one line each: {"value": v} or
 # {"raised": true}. Values are plain data (exact builtin types, tagged where JSON has no
 # such type) or a handle into a table of the objects kept here. It is passed with -c:
@@ -73,7 +73,7 @@ REPLY_BYTES = 1 << 20  # longest reply line the jail may send (one value); longe
 # explorer, which has threads). Nothing here is trusted by the host: it only serves values.
 CHILD = r"""
 import builtins, json, os, resource, sys
-cpu, memory, fsize, nproc = map(int, sys.argv[1:5])
+cpu, memory, fsize, nproc, reply_bytes = map(int, sys.argv[1:6])
 resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
 resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
@@ -115,7 +115,8 @@ def dec(x):
               "lambda": lambda p: eval(p["lambda"], {**ns, **{k: dec(i) for k, i in p["bind"].items()}})}
     return simple[tag](x if tag == "lambda" else v)
 def reply(obj):
-    replies.write(json.dumps(obj) + "\n")
+    text = json.dumps(obj)
+    replies.write((text if len(text) < reply_bytes else '{"raised": true}') + "\n")  # too large: the line fails
     replies.flush()
 try:
     exec(compile(json.loads(queries.readline()), "<solution>", "exec"), ns)
@@ -211,7 +212,7 @@ class CodeExecReward:
         """Run ``code`` in a fresh jail and judge ``tests`` here; what passed and how it ended."""
         mb, p, n = 1024 * 1024, self.params, len(tests)
         nproc = p.max_procs if p.sandbox else -1  # unconfined, RLIMIT_NPROC would count all this user's processes
-        limits = [str(p.cpu_s), str(p.memory_mb * mb), str(p.file_mb * mb), str(nproc)]
+        limits = [str(p.cpu_s), str(p.memory_mb * mb), str(p.file_mb * mb), str(nproc), str(REPLY_BYTES)]
         cmd = [*self.argv, "-I", "-S", "-c", CHILD, *limits]
         folder = contextlib.nullcontext("/") if p.sandbox else tempfile.TemporaryDirectory(prefix="code-exec-")
         with folder as cwd:  # the jail chdirs to its /tmp; the unconfined child gets an empty folder
