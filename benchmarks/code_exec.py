@@ -1,14 +1,15 @@
-"""What the ``code_exec`` jail costs per call: the reward before and after issue #36, interleaved.
+"""What a ``code_exec`` call costs: the reward at ``--ref`` and this checkout's, interleaved.
 
-Three ways to score one programming task (``add(a, b)``, three unit-test lines, a passing
-solution), each a real reward call, in one process:
+Two tasks, each scored by real reward calls with a passing solution, in one process:
+``add(a, b)`` with three value tests, and the same function with the nine lines of
+tests/faults/test_code_exec_forgery.py (value, bare-assert, statement and loop tests, one
+``assert False``). Each is scored two ways:
 
-- ``before``: the reward as it was (``git show <ref>:trinity_like/explorer/code_exec.py``,
-  loaded as a module): ``unshare -n -p -f``, rlimits, the verdict counted inside the child;
-- ``after``: this checkout's reward: the bwrap jail (as root: an outer bwrap and setpriv
-  too), host-side verdicts;
-- ``per line``: the alternative design of a fresh jail per test line (this checkout's
-  reward called once per line), which the report argues against; its cost, measured.
+- ``before``: the reward at ``--ref`` (``git show <ref>:trinity_like/explorer/code_exec.py``,
+  loaded as a module; at issue 43's start: the bwrap jail, the child's report judged by the
+  host where a line has a literal);
+- ``after``: this checkout's reward: the same jail, the host running every test line and
+  asking the jail for the code's values (one round trip per value).
 
 Each round runs every variant ``--calls`` times, in a rotated order, and the medians over
 ``--rounds`` rounds are reported (tasks scored per second). Run::
@@ -40,6 +41,17 @@ from trinity_like.explorer import code_exec  # noqa: E402
 
 CODE = "def add(a, b):\n    return a + b\n"
 TESTS = ["assert add(2, 3) == 5", "assert add(-1, 1) == 0", "assert add(10, 5) == 15"]
+NINE = [
+    "assert False",
+    "assert add(2, 3) == 5",
+    "assert [0, 0, 0, 0, 1][add(2, 2)]",
+    "assert not [1, 1, 1, 0, 1][add(1, 2)]",
+    "x = {5: 'ok'}[add(2, 3)]",
+    "assert x == 'ok'",
+    "for i in range(1, 4): assert add(i, i) == 2 * i",
+    "s = str({42: add(20, 22)}[add(20, 22)])",
+    "assert s == '42'",
+]
 
 
 def module_at(ref: str) -> types.ModuleType:
@@ -77,16 +89,15 @@ def main(argv: list[str] | None = None) -> int:
     before = old.CodeExecReward(params=old.CodeExecParams())
     after = code_exec.CodeExecReward(params=code_exec.CodeExecParams())
 
-    def per_line() -> int:
-        return sum(after.run(CODE, [line]).passed for line in TESTS)
-
     variants = {
-        "before": lambda: before.run(CODE, TESTS).passed,
-        "after": lambda: after.run(CODE, TESTS).passed,
-        "per line": per_line,
+        "before, 3 lines": lambda: before.run(CODE, TESTS).passed,
+        "after, 3 lines": lambda: after.run(CODE, TESTS).passed,
+        "before, 9 lines": lambda: before.run(CODE, NINE).passed,
+        "after, 9 lines": lambda: after.run(CODE, NINE).passed,
     }
+    expected = {"3 lines": len(TESTS), "9 lines": len(NINE) - 1}
     for name, call in variants.items():  # warm-up, and each variant scores the task right
-        assert call() == len(TESTS), name
+        assert call() == expected[name.split(", ")[1]], name
     rates: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
     for r in range(args.rounds):
@@ -109,24 +120,28 @@ def main(argv: list[str] | None = None) -> int:
         "calls": args.calls,
         "tasks_per_s": rates,
         "median_tasks_per_s": median,
-        "after_over_before": median["after"] / median["before"],
-        "per_line_over_after": median["per line"] / median["after"],
+        "median_ms_per_call": {name: 1000 / rate for name, rate in median.items()},
+        "after_over_before": {n: median[f"after, {n}"] / median[f"before, {n}"] for n in expected},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
-        "# code_exec: tasks scored per second, before and after the bwrap jail",
+        "# code_exec: tasks scored per second, before and after the host runs the test lines",
         "",
         f"Command: `python benchmarks/code_exec.py --rounds {args.rounds} --calls {args.calls}` "
         f"(before = `{args.ref}`, commit {result['commit']}); {result['cpu']}, {result['cores']} cores, "
         f"Python {result['python']}, {'as root' if result['as_root'] else 'not root'}.",
         "",
-        "| variant | median tasks/s | per round |",
-        "|---|---|---|",
-        *(f"| {n} | {median[n]:.1f} | {', '.join(f'{x:.1f}' for x in rates[n])} |" for n in names),
+        "| variant | median tasks/s | ms per call | per round (tasks/s) |",
+        "|---|---|---|---|",
+        *(
+            f"| {n} | {median[n]:.1f} | {1000 / median[n]:.1f} | {', '.join(f'{x:.1f}' for x in rates[n])} |"
+            for n in names
+        ),
         "",
-        f"after / before: {result['after_over_before']:.2f}x; a jail per test line / after: "
-        f"{result['per_line_over_after']:.2f}x ({len(TESTS)} test lines).",
+        "after / before (rate): "
+        + "; ".join(f"{n}: {r:.2f}x" for n, r in result["after_over_before"].items())
+        + ". The 9-line task's `assert False` fails in both: 8 of 9 lines pass.",
     ]
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

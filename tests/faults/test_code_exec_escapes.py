@@ -7,6 +7,7 @@ failed. Outside the jail the test checks what the attempt would have touched (th
 and mtime, the listening socket's queue, the host uid of the jailed process). Where the same
 attempt succeeds without the jail (``sandbox: false``), that control run shows the probe can
 tell. As root, the probes run again with the explorer as an unprivileged user (uid 65534).
+Attempts to forge the verdict itself: test_code_exec_forgery.py.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def test_writes_stay_in_the_jails_own_fresh_tmp(tmp_path, record_property):
         code += attempt("to_shared", f"open({shared + '/x'!r}, 'w').write('x')")
         result = r.run(code, [*tests, *blocked("to_shared")])
         assert os.listdir(shared) == []
-    assert result == code_exec.RunResult(len(tests) + 1, len(tests) + 1, "ok")
+    assert (result.passed, result.total, result.status) == (len(tests) + 1, len(tests) + 1, "ok")
     assert (source.read_bytes(), source.stat().st_mtime_ns) == before
     assert list(run_dir.iterdir()) == [] and not Path(marker).exists()  # its /tmp was its own
     assert r.run(f"import os\nseen = os.path.exists({marker!r})", ["assert seen is False"]).passed == 1  # and fresh
@@ -260,54 +261,6 @@ def test_no_sockets_out_filesystem_abstract_or_tcp(tmp_path, record_property):
         record_property,
         "model-written code connects to host unix sockets (a listening socket file, an abstract one) and TCP",
         "blocked: host socket files absent (own mount namespace), abstract and TCP unreachable (own network namespace)",
-        "not needed (the explorer goes on)",
-        "-",
-    )
-
-
-FORGED = [
-    "abc123 1000 1\n",  # the old report's shape: nonce, passed, total
-    '{"results": [1000, 1000, 1000]}\n',
-    '{"results": [-1, 1.5, true]}\n',
-    '{"results": ["ok", "ok"]}\n',
-    '{"results": ["ok", "ok", "ok", "ok"]}\n',
-    '{"results": ["5", "0", "True"]}\n{"results": ["5", "0", "True"]}\n',
-    '{"passed": 3, "total": 3}\n',
-    '{"results": ["5", "0", "True"]}',
-    "\u00e9\n",
-]
-FORGED_TESTS = ["assert add(2, 3) == 5", "assert add(-1, 1) == 0", "assert add(1, 1)"]
-
-
-@pytest.mark.parametrize("report", FORGED)
-def test_a_forged_report_scores_zero_and_is_counted(report, caplog):
-    forge = f"import __main__, os\n__main__.report.write({report!r})\n"
-    forge += "__main__.report.flush()\nos._exit(0)\n"
-    r = jailed()
-    for _ in range(2):
-        result = r.run(forge, FORGED_TESTS)
-        assert result.passed == 0 and result.status.startswith("rejected report"), result
-    assert sum(r.rejected.values()) == 2 and len(r.rejected) == 1
-    assert len([m for m in caplog.messages if "rejected a report" in m]) == 1  # logged once
-
-
-def test_forging_cannot_pass_a_line_with_a_literal_expected_value(record_property):
-    """The harness's own report, overwritten by the code: only lines whose literal never enters the jail hold."""
-    r = jailed()
-    always_equal = "class A:\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return A()\n"
-    assert r.run(always_equal, FORGED_TESTS[:2]).passed == 0  # it passes a plain `assert add(2, 3) == 5` in Python
-    # a well-formed report claiming every line: the value lines get values the code had to guess
-    lie = '{"results": ["ok", "1", "True"]}\n'
-    result = r.run(
-        f"import __main__, os\n__main__.report.write({lie!r})\n__main__.report.flush()\nos._exit(0)\n", FORGED_TESTS
-    )
-    assert result == code_exec.RunResult(1, 3, "ok")  # only `assert add(1, 1)` (a truth line) was forgeable
-    assert not r.rejected
-    record(
-        record_property,
-        "model-written code forges its report (9 malformed shapes, an always-equal object, a well-formed lie)",
-        "malformed: rejected, scores 0, counted, logged once; a line with a literal expected value is decided "
-        "by the host and cannot be forged; lines without one can (bounded: rewards in [0, 1])",
         "not needed (the explorer goes on)",
         "-",
     )

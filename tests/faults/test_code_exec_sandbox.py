@@ -4,8 +4,8 @@ Each case is code a model could write; the oracle is what the parent can observe
 outside: the reward, how long the call took, whether the parent's own state, files and
 network peers were touched, and whether anything the child started outlived the call.
 Then a real tiny run trains on programming tasks with ``code_exec`` as its reward. The
-escape attempts are in test_code_exec_escapes.py, forged reports in
-tests/explorer/test_code_exec_report.py.
+escape attempts are in test_code_exec_escapes.py, forged verdicts in
+test_code_exec_forgery.py.
 """
 
 from __future__ import annotations

@@ -15,29 +15,24 @@ child sets, before the code runs, ``RLIMIT_CPU`` (``cpu_s``), ``RLIMIT_AS`` (``m
 ``RLIMIT_FSIZE`` (``file_mb``), ``RLIMIT_NPROC`` (``max_procs`` processes and threads: a
 fork bomb stops there) and 64 open files; after ``wall_s`` the whole jail is SIGKILLed.
 
-**The report is untrusted.** The code shares a process with the harness that runs the
-tests, so it can write any report it likes. The host therefore decides each verdict:
+**The verdict is the host's.** The jailed process holds the model's code and nothing of
+the verdict: the host runs each test line itself (:mod:`trinity_like.explorer.code_verdict`)
+and asks the jail, one JSON line per question on the process's stdin and stdout, only for
+what the code's own objects do -- the value of ``add(2, 3)``, ``len`` of an object it made --
+answered as plain data (or a handle for an object that stays in the jail). Comparisons,
+``assert``, ``not``, the builtins and the verdict run here, so anything the code writes,
+to any descriptor, at any time, is at most a value it could have returned honestly:
+``assert False`` fails whatever the jail says, ``assert add(2, 3) == 5`` passes only if the
+jail's value for ``add(2, 3)`` is 5 (the 5 never enters the jail), an object whose ``__eq__``
+says True fails (the host compares plain data only), and the code sees no test's expected
+value (no frame of the test's exists in its process). A reply that breaks the protocol
+(not one JSON line, not ``{"value": ...}`` or ``{"raised": true}``) scores 0 for the call;
+the reason is counted in :attr:`CodeExecReward.rejected` and logged the first time it occurs.
 
-- a line ``assert <expr> <op> <literal>`` (or ``<literal> <op> <expr>``; ``op`` one of
-  ``== != < <= > >= in not in``, or ``is``/``is not`` with None/True/False) sends only
-  ``<expr>`` to the jail, which returns ``repr`` of its value; the host parses it with
-  ``ast.literal_eval`` and applies the comparison itself. The literal never enters the
-  jail, so passing such a line means producing its expected value: a forged report
-  cannot pass it (nor can an object whose ``__eq__`` always says True). A value that is
-  not a Python literal (an object, ``inf``) fails the line;
-- ``assert <expr>`` and ``assert not <expr>`` send ``<expr>``; the jail returns its truth
-  value (it does not know which one the line wants);
-- any other line (``x = f(3)``, a chained comparison, a comparison with no literal side)
-  runs whole in the jail and passes if it does not raise: a forged report *can* pass those.
-
-A report that is not exactly one line of ASCII JSON ``{"results": [...]}``, one entry per
-line sent, each ``null`` or a string of the right form, is rejected: the call scores 0,
-the reason is counted in :attr:`CodeExecReward.rejected` and logged the first time it
-occurs. Rewards are in [0, 1] by construction (the host counts the passes).
-
-A child that dies (a limit hit, a crash, ``os._exit``, SIGKILL from outside) scores 0 for
-that call; the next call starts a new jail. Where the jail cannot be built (no bwrap, user
-namespaces disabled, an interpreter the jail cannot read) the reward refuses to start and
+A child that dies (a limit hit, a crash, ``os._exit`` anywhere, SIGKILL from outside)
+before the last line is judged scores 0 for that call (``sys.exit`` is an exception: it fails
+the line that raised it, or every line at import); the next call starts a new jail. Where
+the jail cannot be built (no bwrap, user namespaces disabled, an interpreter the jail cannot read) the reward refuses to start and
 says what is missing; ``sandbox: false`` (with ``network_isolation: false``) opts out and
 runs the child unconfined. docs/reliability.md has the trust model. Example::
 
@@ -47,12 +42,10 @@ runs the child unconfined. docs/reliability.md has the trust model. Example::
 
 from __future__ import annotations
 
-import ast
 import collections
 import contextlib
 import json
 import logging
-import operator
 import os
 import re
 import shutil
@@ -60,26 +53,27 @@ import signal
 import sys
 import tempfile
 import threading
-import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from trinity_like.errors import TrinityError
-from trinity_like.explorer.sandbox import jail_argv, run_capped, sandbox_problem
+from trinity_like.explorer.code_values import OutOfTime, Rejected
+from trinity_like.explorer.code_verdict import Judge
+from trinity_like.explorer.sandbox import Ended, Session, jail_argv, sandbox_problem
 
 _LOG = logging.getLogger(__name__)
-VALUE_CHARS = 65536  # longest repr of a test expression's value the jail may return; longer fails the line
+REPLY_BYTES = 1 << 20  # longest reply line (one value): the child answers "raised" past it; a longer line scores 0
 
 # The child's program: set its limits (argv: CPU s, address space and file size in bytes,
-# processes, VALUE_CHARS), read {code, checks}, run the code, then each check, and write
-# one line {"results": [...]} on a private copy of stdout. It is passed with -c: nothing of
-# the parent's is imported. The limits are set by the child itself, before any of the
-# model's code runs, rather than between fork and exec (preexec_fn is unsafe in the
-# explorer, which has threads).
+# processes; then the longest reply), read the code (one JSON line), run it, say whether it loaded, then answer
+# queries {"eval"|"exec": src, "bind": {name: value}} one line each: {"value": v} or
+# {"raised": true}. Values are plain data (exact builtin types, tagged where JSON has no
+# such type) or a handle into a table of the objects kept here. It is passed with -c:
+# nothing of the parent's is imported. The limits are set by the child itself, before any
+# of the model's code runs, rather than between fork and exec (preexec_fn is unsafe in the
+# explorer, which has threads). Nothing here is trusted by the host: it only serves values.
 CHILD = r"""
-import json, os, resource, sys
-cpu, memory, fsize, nproc, value_chars = map(int, sys.argv[1:6])
+import builtins, json, os, resource, sys
+cpu, memory, fsize, nproc, reply_bytes = map(int, sys.argv[1:6])
 resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
 resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
@@ -87,34 +81,60 @@ if nproc > 0:  # in the jail: counts the jail's own processes only
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-job = json.loads(sys.stdin.read())
-sys.stdin.close()
-report = os.fdopen(os.dup(1), "w")
-os.dup2(2, 1)  # what the code prints, even to fd 1, does not reach the report
-sys.stdout = sys.stderr
-ns = {"__name__": "__solution__"}
+queries, replies = os.fdopen(os.dup(0), "r"), os.fdopen(os.dup(1), "w")
+os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # input() in the code reads nothing, not the queries
+os.dup2(2, 1)  # what the code prints, even to fd 1, is not a reply
+sys.stdin, sys.stdout = open(os.devnull), sys.stderr
+ns, table = {"__name__": "__solution__"}, []
+def frozen(v):
+    t = type(v)
+    return t in (int, float, complex, str, bytes, bool, type(None)) or t in (tuple, frozenset) and all(map(frozen, v))
+def enc(v, depth=0):
+    t = type(v)
+    if v is None or t is bool or t is str or t is int and -2**63 < v < 2**63:
+        return v
+    if t in (int, float, bytes, complex):
+        return {t.__name__: hex(v) if t is int else repr(v) if t is float else v.hex() if t is bytes
+                else [repr(v.real), repr(v.imag)]}
+    if depth < 100 and (t in (list, tuple) or t in (set, frozenset) and all(map(frozen, v))):
+        return {t.__name__: [enc(i, depth + 1) for i in v]}
+    if depth < 100 and t is dict and all(map(frozen, v)):
+        return {"dict": [[enc(k), enc(i, depth + 1)] for k, i in v.items()]}
+    table.append(v)
+    return {"handle": len(table) - 1}
+def dec(x):
+    if type(x) is not dict:
+        return x
+    (tag, v), = x.items()
+    if tag in ("list", "tuple", "set", "frozenset"):
+        return {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset}[tag](map(dec, v))
+    simple = {"handle": table.__getitem__, "int": lambda s: int(s, 16), "float": float, "bytes": bytes.fromhex,
+              "complex": lambda p: complex(float(p[0]), float(p[1])), "range": lambda p: range(*p),
+              "dict": lambda p: {dec(k): dec(i) for k, i in p}, "module": __import__,
+              "builtin": lambda n: getattr(builtins, n),
+              "lambda": lambda p: eval(p["lambda"], {**ns, **{k: dec(i) for k, i in p["bind"].items()}})}
+    return simple[tag](x if tag == "lambda" else v)
+def reply(obj):
+    text = json.dumps(obj)
+    replies.write((text if len(text) < reply_bytes else '{"raised": true}') + "\n")  # too large: the line fails
+    replies.flush()
 try:
-    exec(compile(job["code"], "<solution>", "exec"), ns)
-    ok = True
+    exec(compile(json.loads(queries.readline()), "<solution>", "exec"), ns)
+    reply({"loaded": True})
 except BaseException:
-    ok = False
-results = []
-for kind, src in job["checks"]:
-    if not ok:
-        results.append(None)
-        continue
+    reply({"loaded": False})
+for line in queries:
     try:
-        if kind == "exec":
-            exec(compile(src, "<test>", "exec"), ns)
-            results.append("ok")
+        q = json.loads(line)
+        ns.update({k: dec(v) for k, v in q["bind"].items()})
+        if "eval" in q:
+            out = {"value": enc(eval(compile(q["eval"], "<test>", "eval"), ns))}
         else:
-            value = eval(compile(src, "<test>", "eval"), ns)
-            text = ("True" if value else "False") if kind == "truth" else repr(value)
-            results.append(text if len(text) <= value_chars else None)
+            exec(compile(q["exec"], "<test>", "exec"), ns)
+            out = {"value": None}
     except BaseException:
-        results.append(None)
-report.write(json.dumps({"results": results}) + "\n")
-report.flush()
+        out = {"raised": True}
+    reply(out)
 os._exit(0)
 """
 
@@ -130,123 +150,6 @@ def extract_code(response: str) -> str:
 def unit_tests(answer: str) -> list[str]:
     """The task's unit tests: one statement per non-blank, non-comment line."""
     return [line for line in answer.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-
-
-# -- how each test line is judged -----------------------------------------------------------------
-_OPS: dict[type, Callable[[Any, Any], Any]] = {
-    ast.Eq: operator.eq,
-    ast.NotEq: operator.ne,
-    ast.Lt: operator.lt,
-    ast.LtE: operator.le,
-    ast.Gt: operator.gt,
-    ast.GtE: operator.ge,
-    ast.In: lambda a, b: a in b,
-    ast.NotIn: lambda a, b: a not in b,
-    ast.Is: operator.is_,
-    ast.IsNot: operator.is_not,
-}
-_NOT_LITERAL = object()
-_PARSE_ERRORS = (ValueError, TypeError, SyntaxError, MemoryError, RecursionError)
-
-
-@dataclass(frozen=True)
-class Check:
-    """How one test line is judged (see the module docstring)."""
-
-    kind: (
-        str  # "exec": runs whole in the jail; "truth": the jail returns bool(src); "value": the jail returns repr(src)
-    )
-    src: str  # what the jail runs: the whole line ("exec") or one expression of it
-    want: Any = None  # "truth": the truth value the line asserts; "value": the literal it compares with
-    op: Callable[[Any, Any], Any] | None = None  # "value": the comparison, applied by the host
-    literal_left: bool = False  # "value": the literal is the left operand (``5 == add(2, 3)``)
-
-    def passes(self, entry: str | None) -> bool:
-        """This line's verdict from its (validated) report entry: null is a line that raised."""
-        if entry is None:
-            return False
-        if self.kind == "exec":
-            return True
-        if self.kind == "truth":
-            return entry == str(self.want)
-        try:
-            value = ast.literal_eval(entry)  # builtin literals only: no code of the model's runs here
-        except _PARSE_ERRORS:
-            return False
-        a, b = (self.want, value) if self.literal_left else (value, self.want)
-        try:
-            return bool(self.op(a, b))
-        except (TypeError, ValueError, RecursionError):  # 1 < "a": the line would have raised
-            return False
-
-
-def _literal(node: ast.AST) -> Any:
-    try:
-        return ast.literal_eval(node)
-    except _PARSE_ERRORS:
-        return _NOT_LITERAL
-
-
-def plan(line: str) -> Check:
-    """How ``line`` is judged: host-side where its expected value is a literal or a truth value."""
-    whole = Check("exec", line)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # SyntaxWarning of an `assert (x, "msg")`: the line's own business
-            body = ast.parse(line).body
-    except _PARSE_ERRORS:  # the jail compiles it and reports the line failed, as before
-        return whole
-    if len(body) != 1 or not isinstance(body[0], ast.Assert):
-        return whole
-    test = body[0].test
-    if isinstance(test, ast.Compare):
-        if len(test.ops) != 1:
-            return whole
-        left, right = _literal(test.left), _literal(test.comparators[0])
-        if (left is _NOT_LITERAL) == (right is _NOT_LITERAL):
-            return whole
-        literal_left = right is _NOT_LITERAL
-        want, expr = (left, test.comparators[0]) if literal_left else (right, test.left)
-        if isinstance(test.ops[0], (ast.Is, ast.IsNot)) and not any(want is c for c in (None, True, False)):
-            return whole
-        return Check("value", ast.get_source_segment(line, expr), want, _OPS[type(test.ops[0])], literal_left)
-    negated = isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)
-    return Check("truth", ast.get_source_segment(line, test.operand if negated else test), not negated)
-
-
-class RejectedReport(Exception):
-    """The jail's report breaks the protocol: ``key`` is counted, the message logged once."""
-
-    def __init__(self, key: str, detail: str) -> None:
-        super().__init__(detail)
-        self.key = key
-
-
-def verdicts(out: bytes, checks: list[Check]) -> list[bool]:
-    """Each check's verdict from the jail's stdout; :class:`RejectedReport` when it is not exactly one report."""
-    try:
-        text = out.decode("ascii")
-    except UnicodeDecodeError:
-        raise RejectedReport("not ascii", "not ASCII") from None
-    lines = text.splitlines()
-    if len(lines) != 1 or not text.endswith("\n"):
-        raise RejectedReport("duplicated" if len(lines) > 1 else "not one line", f"{len(lines)} lines, not one")
-    try:
-        report = json.loads(lines[0])
-    except (ValueError, RecursionError):
-        raise RejectedReport("not json", "not JSON") from None
-    if not isinstance(report, dict) or list(report) != ["results"] or not isinstance(report["results"], list):
-        raise RejectedReport("wrong shape", 'not {"results": [...]}')
-    results = report["results"]
-    if len(results) != len(checks):
-        raise RejectedReport("wrong count", f"{len(results)} results for {len(checks)} test lines")
-    forms = {"exec": (None, "ok"), "truth": (None, "True", "False")}
-    for i, (check, entry) in enumerate(zip(checks, results, strict=True)):
-        allowed = forms.get(check.kind)
-        good = entry in allowed if allowed else entry is None or (type(entry) is str and len(entry) <= VALUE_CHARS)
-        if not good:
-            raise RejectedReport("bad entry", f"result {i} is {entry!r:.40} for a {check.kind} line")
-    return [check.passes(entry) for check, entry in zip(checks, results, strict=True)]
 
 
 # -- the reward -----------------------------------------------------------------------------------
@@ -265,9 +168,10 @@ class CodeExecParams:
 
 @dataclass(frozen=True)
 class RunResult:
-    passed: int  # test lines that passed (verdicts decided by the host where the line allows)
+    passed: int  # test lines that passed (each verdict decided by the host)
     total: int  # test lines
     status: str  # "ok", "died (...)", "wall time" or "rejected report (...)"
+    verdicts: tuple[bool, ...] = ()  # each line's verdict, when the call ended "ok"
 
 
 class CodeExecReward:
@@ -305,33 +209,48 @@ class CodeExecReward:
         self.argv = _jail(python, p)
 
     def run(self, code: str, tests: list[str]) -> RunResult:
-        """Run ``code`` and ``tests`` in a fresh jail; what passed (decided here) and how it ended."""
-        checks = [plan(line) for line in tests]
-        job = json.dumps({"code": code, "checks": [[c.kind, c.src] for c in checks]}).encode()
-        mb, p = 1024 * 1024, self.params
+        """Run ``code`` in a fresh jail and judge ``tests`` here; what passed and how it ended."""
+        mb, p, n = 1024 * 1024, self.params, len(tests)
         nproc = p.max_procs if p.sandbox else -1  # unconfined, RLIMIT_NPROC would count all this user's processes
-        limits = [str(p.cpu_s), str(p.memory_mb * mb), str(p.file_mb * mb), str(nproc), str(VALUE_CHARS)]
+        limits = [str(p.cpu_s), str(p.memory_mb * mb), str(p.file_mb * mb), str(nproc), str(REPLY_BYTES)]
         cmd = [*self.argv, "-I", "-S", "-c", CHILD, *limits]
-        cap = len(checks) * (12 * VALUE_CHARS + 8) + 64  # a true report's most (JSON escapes: 12 bytes a char)
         folder = contextlib.nullcontext("/") if p.sandbox else tempfile.TemporaryDirectory(prefix="code-exec-")
         with folder as cwd:  # the jail chdirs to its /tmp; the unconfined child gets an empty folder
-            ran = run_capped(cmd, job, wall_s=p.wall_s, cap=cap, cwd=cwd)
-        if ran.timed_out:
-            return RunResult(0, len(tests), "wall time")
-        try:
-            if ran.overflow:
-                raise RejectedReport("too large", f"over {cap} bytes")
-            if ran.returncode != 0:
-                return RunResult(0, len(tests), f"died ({_how(ran.returncode, p.sandbox)})")
-            if not ran.out:
-                raise RejectedReport("missing", "exit status 0 and no report (os._exit before it)")
-            passed = sum(verdicts(ran.out, checks))
-        except RejectedReport as exc:
-            self._count(exc)
-            return RunResult(0, len(tests), f"rejected report ({exc})")
-        return RunResult(passed, len(tests), "ok")
+            session = Session(cmd, wall_s=p.wall_s, line_cap=REPLY_BYTES, cwd=cwd)
+            try:
+                verdicts = self._judge(session, code, tests)
+            except OutOfTime:
+                return RunResult(0, n, "wall time")
+            except Ended as exc:
+                if str(exc) == "too large":
+                    self._count(Rejected("too large", f"a reply over {REPLY_BYTES} bytes"))
+                    return RunResult(0, n, f"rejected report (a reply over {REPLY_BYTES} bytes)")
+                if str(exc) == "wall time":
+                    return RunResult(0, n, "wall time")
+                return RunResult(0, n, f"died ({_how(session.returncode(), p.sandbox)})")
+            except Rejected as exc:
+                self._count(exc)
+                return RunResult(0, n, f"rejected report ({exc})")
+            finally:
+                session.close()
+        return RunResult(sum(verdicts), n, "ok", tuple(verdicts))
 
-    def _count(self, exc: RejectedReport) -> None:
+    @staticmethod
+    def _judge(session: Session, code: str, tests: list[str]) -> list[bool]:
+        def ask(query: dict) -> bytes:
+            session.send(json.dumps(query).encode() + b"\n")
+            return session.receive()
+
+        session.send(json.dumps(code).encode() + b"\n")
+        loaded = session.receive()
+        if loaded not in (b'{"loaded": true}', b'{"loaded": false}'):
+            raise Rejected("not loaded", f"{loaded[:40]!r} where {{'loaded': ...}} belongs")
+        if loaded == b'{"loaded": false}':  # the code raised: no line can pass
+            return [False] * len(tests)
+        judge = Judge(ask, deadline=session.deadline)
+        return [judge.line(line) for line in tests]
+
+    def _count(self, exc: Rejected) -> None:
         with self._lock:
             first = exc.key not in self.rejected
             self.rejected[exc.key] += 1

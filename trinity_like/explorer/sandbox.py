@@ -27,7 +27,8 @@ interpreter with
 
 :func:`sandbox_problem` checks once per command line that it runs here (bwrap installed,
 user namespaces allowed, the interpreter readable by the sandbox's uid) and says what is
-missing. Example::
+missing. :func:`run_capped` runs a program to its end with a wall time and capped output;
+:class:`Session` speaks to one line by line (a query, a reply), within one wall time. Example::
 
     argv = jail_argv(os.path.realpath(sys.executable), network=True, tmp_mb=16)
     assert sandbox_problem(tuple(argv)) is None
@@ -232,6 +233,80 @@ def run_capped(
                 pipe.close()
     code = None if timed_out or overflow else child.returncode
     return Ran(code, bytes(out), timed_out, overflow, err)
+
+
+class Session:
+    """A jailed program spoken to in lines: the caller writes one, reads one back, within one wall time.
+
+    ``send`` and ``receive`` raise :class:`Ended` when the program is gone (its exit status
+    in ``returncode``), past ``wall_s`` or past ``line_cap`` bytes in a line; :meth:`close`
+    kills its whole process group. Only its stdout is read: nothing else it could write to
+    reaches the caller.
+    """
+
+    def __init__(self, cmd: list[str], *, wall_s: float, line_cap: int, cwd: str = "/") -> None:
+        self.child = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            cwd=cwd,
+            env={"PATH": os.defpath},
+            close_fds=True,
+            start_new_session=True,  # its own process group, killed whole by close()
+        )
+        for pipe in (self.child.stdin, self.child.stdout):
+            os.set_blocking(pipe.fileno(), False)
+        self.deadline, self.line_cap, self.buffer = time.monotonic() + wall_s, line_cap, bytearray()
+
+    def _wait(self, pipe, event: int) -> None:
+        with selectors.DefaultSelector() as sel:
+            sel.register(pipe, event)
+            while not sel.select(min(0.1, max(0.0, self.deadline - time.monotonic()))):
+                if time.monotonic() >= self.deadline:
+                    raise Ended("wall time")
+                if self.child.poll() is not None:  # gone, while a descendant may hold the pipe open
+                    raise Ended("died")
+
+    def send(self, line: bytes) -> None:
+        pending = memoryview(line)
+        while pending:
+            self._wait(self.child.stdin, selectors.EVENT_WRITE)
+            try:
+                pending = pending[os.write(self.child.stdin.fileno(), pending[:65536]) :]
+            except BrokenPipeError:
+                raise Ended("died") from None
+
+    def receive(self) -> bytes:
+        while (end := self.buffer.find(b"\n")) < 0:
+            if len(self.buffer) > self.line_cap:
+                raise Ended("too large")
+            self._wait(self.child.stdout, selectors.EVENT_READ)
+            chunk = os.read(self.child.stdout.fileno(), 65536)
+            if not chunk:
+                raise Ended("died")
+            self.buffer += chunk
+        line, self.buffer = bytes(self.buffer[:end]), self.buffer[end + 1 :]
+        if len(line) > self.line_cap:
+            raise Ended("too large")
+        return line
+
+    def returncode(self) -> int | None:
+        """The program's exit status once it is gone (waits up to the wall time), else None."""
+        try:
+            return self.child.wait(timeout=max(0.0, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return None
+
+    def close(self) -> None:
+        _kill_group(self.child)
+        for pipe in (self.child.stdin, self.child.stdout):
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+
+class Ended(Exception):
+    """A :class:`Session`'s program is gone (``died``), past its wall time or past its line cap."""
 
 
 def _open(sel: selectors.BaseSelector, pipe) -> bool:
