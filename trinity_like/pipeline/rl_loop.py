@@ -47,7 +47,7 @@ from trinity_like.monitor.logger import PhaseTimer
 from trinity_like.ops import apply_kl_penalty, groups_with_signal, normalizers
 from trinity_like.pipeline.batching import experience_batch, split_rows, trained_records
 from trinity_like.pipeline.stage import Stage
-from trinity_like.trainer.objective import sampler_gap
+from trinity_like.trainer.objective import gap_past_bound, sampler_gap
 
 Batch = dict[str, torch.Tensor]
 Prepare = Callable[[Stage, Batch, PhaseTimer], dict[str, float]]  # adds what the losses read to a batch
@@ -195,11 +195,17 @@ def learn(stage: Stage, loop: LoopState, step: int, timer: PhaseTimer) -> tuple[
         if "skipped/nan_loss" not in metrics:
             tokens = int(batch["attention_mask"].sum())
             if "logprob" in outputs and "rollout_logprob" in batch:  # the sampler-trainer gap, whole batch
-                metrics.update(
-                    sampler_gap(
-                        outputs["logprob"], batch["rollout_logprob"], batch["response_mask"], batch["is_expert"]
-                    )
+                gap = sampler_gap(
+                    outputs["logprob"], batch["rollout_logprob"], batch["response_mask"], batch["is_expert"]
                 )
+                metrics.update(gap)
+                bound = stage.config.trainer.sampler_gap
+                line = gap_past_bound(gap, step, bound.max_kl_k3)
+                if line is not None and bound.action == "stop":
+                    raise TrinityError(line + "; stopping (trainer.sampler_gap.action: warn only warns)")
+                if line is not None:
+                    stage.run.logger.write("warning: " + line)
+                    metrics["train/sampler_gap_warnings"] = 1.0
             if isinstance(stage.storage, TrainingRecorder):
                 with timer("record"):  # for people (trinity-like view): what the loss saw, no extra pass
                     stage.storage.record_trained(step, trained_records(rows, batch, outputs))
