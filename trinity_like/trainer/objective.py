@@ -44,7 +44,8 @@ class Objective:
     sampled the batch: they are taken as ``logprob.detach()`` instead of paying a second
     forward pass (exact: the ratio is 1 and its gradient is that of ``logprob``). Data from
     older weights (``synchronizer.offset``) is corrected against the sampler's own logprobs,
-    ``rollout_logprob`` (``ppo_tis``), not by the old-policy ratio.
+    ``rollout_logprob``, by a rollout correction (``rollout_correction``; ``ppo_tis`` is ppo with
+    ``token_tis``), not by the old-policy ratio.
     """
 
     policy_loss: ComponentSpec
