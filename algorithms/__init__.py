@@ -9,7 +9,8 @@ every component of the pack:
 - ``algorithms.kl``          KL estimators (KL_FN)
 - ``algorithms.entropy``     entropy losses (ENTROPY_LOSS_FN)
 - ``algorithms.sampling``    sample strategies (SAMPLE_STRATEGY)
+- ``algorithms.rollout_correction``  sampler-trainer gap corrections (ROLLOUT_CORRECTION)
 - ``algorithms.types``       algorithm types (ALGORITHM_TYPE)
 """
 
-from algorithms import advantages, entropy, kl, losses, sampling, types  # noqa: F401  (importing registers)
+from algorithms import advantages, entropy, kl, losses, rollout_correction, sampling, types  # noqa: F401  (importing registers)

@@ -55,6 +55,7 @@ SLOTS: dict[str, str] = {
     "entropy_loss": "ENTROPY_LOSS_FN",  # coef * the entropy loss (a bonus: minus the entropy)
     "sample_strategy": "SAMPLE_STRATEGY",
     "value_loss": "POLICY_LOSS_FN",  # the critic's loss: a policy-loss-shaped fn of the value model's outputs
+    "rollout_correction": "ROLLOUT_CORRECTION",  # sampler-trainer gap -> weights on the advantages, mask on the tokens
 }
 # Slots whose term is weighted: their `coef` is a key of the slot, never a param of the
 # component (the component computes the unweighted term; the core multiplies).
@@ -91,6 +92,7 @@ class AlgorithmType:
     entropy_loss: str | None = None  # ENTROPY_LOSS_FN name, e.g. "entropy"
     sample_strategy: str = "default"  # SAMPLE_STRATEGY name
     value_loss: str | None = None  # POLICY_LOSS_FN name of the critic's loss (use_critic; PPO: "value_clip")
+    rollout_correction: str | None = None  # ROLLOUT_CORRECTION name; None: the gap is only measured
     use_rollout: bool = True  # needs the explorer (online RL)
     use_reference: bool = False  # needs a frozen reference model's logprobs
     use_critic: bool = False  # trains a value model (PPO with GAE)

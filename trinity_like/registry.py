@@ -206,6 +206,9 @@ REWARD_TRANSFORM = Registry(
 ROLLOUT_ENGINE = Registry(
     "ROLLOUT_ENGINE", "rollout engine"
 )  # `explorer.engine`: an EngineSpec -> a RolloutEngine (trinity_like.explorer.engines)
+ROLLOUT_CORRECTION = Registry(
+    "ROLLOUT_CORRECTION", "rollout correction"
+)  # `algorithm.rollout_correction`: the sampler-trainer gap -> per-token weights and mask (trainer/objective.py)
 
 REGISTRIES: dict[str, Registry] = {
     r.name: r
@@ -224,6 +227,7 @@ REGISTRIES: dict[str, Registry] = {
         ENV,
         REWARD_TRANSFORM,
         ROLLOUT_ENGINE,
+        ROLLOUT_CORRECTION,
     )
 }
 

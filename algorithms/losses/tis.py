@@ -1,5 +1,10 @@
 """PPO with a truncated importance weight on the sampler/learner mismatch (decoupled PPO + TIS).
 
+Kept as a shorthand: ``policy_loss: ppo_tis`` is ``policy_loss: ppo`` with
+``rollout_correction: token_tis`` (the same function computes the weight,
+``algorithms/rollout_correction.py``); the rollout-correction slot applies it, or any other
+correction, to every policy loss.
+
     w_t  = min(exp(old_logprob_t - rollout_logprob_t), C)          detached
     L_t  = w_t * max(-A_t r_t, -A_t clip(r_t, 1 - eps_low, 1 + eps_high)),   r_t = exp(logprob_t - old_logprob_t)
 
@@ -29,7 +34,8 @@ from dataclasses import dataclass
 import torch
 
 from algorithms.losses.ppo import PPOParams, ppo_loss
-from trinity_like.ops import Number, masked_mean
+from algorithms.rollout_correction import CapParams, token_tis
+from trinity_like.ops import Number
 from trinity_like.registry import POLICY_LOSS_FN
 
 
@@ -56,8 +62,12 @@ def ppo_tis_loss(
     num_seqs: Number | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's clipped surrogate, each token's advantage weighted by min(pi_old / mu, C)."""
-    log_w = (old_logprob - rollout_logprob).detach().clamp(-20.0, 20.0)  # exp overflows beyond this
-    weight = log_w.exp().clamp(max=params.tis_cap)
+    weight, _, corr = token_tis(
+        old_logprob=old_logprob,
+        rollout_logprob=rollout_logprob,
+        action_mask=action_mask,
+        params=CapParams(params.tis_cap),
+    )
     loss, metrics = ppo_loss(
         logprob=logprob,
         old_logprob=old_logprob,
@@ -67,6 +77,6 @@ def ppo_tis_loss(
         num_tokens=num_tokens,
         num_seqs=num_seqs,
     )
-    metrics["tis_weight_mean"] = masked_mean(weight, action_mask).item()
-    metrics["tis_truncated_frac"] = masked_mean((log_w.exp() > params.tis_cap).float(), action_mask).item()
+    metrics["tis_weight_mean"] = corr["rollout_corr/weight_mean"]
+    metrics["tis_truncated_frac"] = corr["rollout_corr/truncated_token_frac"]
     return loss, metrics

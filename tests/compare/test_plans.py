@@ -168,6 +168,17 @@ def test_the_mul1_benchmark_listing_differs_in_what_dr_grpo_changes_only(tmp_pat
     }, diff
 
 
+def test_the_rollout_correction_listing_differs_in_the_correction_only(tmp_path):
+    listing = EXAMPLES.parent / "benchmarks" / "compare_rollout_correction.yaml"
+    entries = parse_entries([str(listing)], [])
+    names = ["token_tis", "seq_tis", "token_mis", "seq_mis", "geo_mask", "icepop"]
+    assert [e.label for e in entries] == ["none", *names]
+    sets = ["trainer.engine=local", "explorer.dtype=bfloat16", "model.dtype=float32"]
+    diff = dict(plan_diff(plans_of(tmp_path, *entries, sets=sets)))
+    assert set(diff) == {f"resolved.rollout_correction{k}" for k in ("", ".cap", ".lower", ".upper")}, diff
+    assert list(diff["resolved.rollout_correction"].values())[1:] == names
+
+
 def test_a_plugin_the_environment_loads_does_not_change_a_runs_identity(tmp_path, monkeypatch):
     entry = Entry("g", "g", recipe=EXAMPLES / "grpo_add2.yaml")
     (before,), _ = recipe_runs(entry, [0], tmp_path, ["trainer.engine=local"], [])

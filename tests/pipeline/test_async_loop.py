@@ -163,6 +163,9 @@ def test_every_row_was_sampled_by_the_whole_weights_it_records(tmp_path, style):
         f"synchronizer.sync_style={style}",
         "trainer.optimizer.lr=0.05",
         "explorer.sampling.temperature=1.0",
+        # lr 0.05 moves the policy far each step on purpose (versions must be told apart), so rows
+        # two versions old are far off-policy (k3 ~6): the gap bound would rightly stop the run.
+        "trainer.sampler_gap.max_kl_k3=null",
     )
     folders = {0: resolve_model_path("tiny-random")}
     folders.update({s: run_dir / "checkpoints" / f"step_{s:06d}" / "model" for s in range(1, STEPS + 1)})

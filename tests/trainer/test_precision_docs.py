@@ -99,7 +99,7 @@ def test_the_fp32_command_and_the_default_both_train(tmp_path):
     assert min(gaps["default"]) > 1e-4
 
 
-def test_the_recipe_block_turns_on_the_truncated_correction():
+def test_the_recipe_block_turns_on_a_rollout_correction():
     (block,) = blocks("yaml")
 
     def flat(d, prefix=""):
@@ -107,8 +107,23 @@ def test_the_recipe_block_turns_on_the_truncated_correction():
             yield from flat(v, f"{prefix}{k}.") if isinstance(v, dict) else [f"{prefix}{k}={v}"]
 
     plan = load_plan(ROOT / "examples" / "grpo_arith.yaml", list(flat(yaml.safe_load(block))))
-    loss = plan.stages[0].components["policy_loss"]
-    assert loss.name == "ppo_tis" and loss.params.tis_cap == 2.0
+    corr = plan.stages[0].components["rollout_correction"]
+    assert corr.name == "token_tis" and corr.params.cap == 2.0
+
+
+def test_the_corrections_table_is_the_registry_with_its_defaults():
+    """Every ROLLOUT_CORRECTION entry has a row, and the defaults the row gives are its params object's."""
+    import dataclasses
+
+    from trinity_like.components import params_type
+    from trinity_like.registry import ROLLOUT_CORRECTION
+
+    rows = {r[0].strip("` "): r for r in (line.split("|")[1:-1] for line in DOC.splitlines()) if len(r) == 5}
+    listed = {name for name in rows if name in ROLLOUT_CORRECTION}
+    assert listed == set(ROLLOUT_CORRECTION.names())
+    for name in listed:
+        for f in dataclasses.fields(params_type(ROLLOUT_CORRECTION.get(name))):
+            assert f"= {f.default}" in rows[name][3] and f"`{f.name}`" in rows[name][3], (name, f.name)
 
 
 @pytest.fixture(scope="module")

@@ -82,6 +82,36 @@ def test_logprobs_and_entropy_match_the_local_engine(engine, tiny_path, batch):
         torch.testing.assert_close(ours[key][attended], local[key][attended], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("correction", ["seq_mis", "icepop"])
+def test_a_rollout_correction_runs_in_the_verl_workers_as_in_the_local_engine(engine, tiny_path, batch, correction):
+    """The objective (ppo + a rollout correction) is shipped to the workers, which compute the
+    correction there: the same loss as the local engine, not the uncorrected one. Runs before any
+    step, and leaves no gradient behind."""
+    from algorithms.losses.ppo import PPOParams
+    from algorithms.rollout_correction import BandParams, CapParams
+    from trinity_like.trainer.objective import ComponentSpec, Objective
+
+    params = CapParams(cap=1.5) if correction == "seq_mis" else BandParams(lower=0.8, upper=1.25)
+    objective = Objective(
+        policy_loss=ComponentSpec("POLICY_LOSS_FN", "ppo", PPOParams()),
+        rollout_correction=ComponentSpec("ROLLOUT_CORRECTION", correction, params),
+    )
+    g = torch.Generator().manual_seed(4)
+    gapped = {**batch, "rollout_logprob": batch["old_logprob"] + 0.3 * torch.randn(B, R, generator=g)}
+    local = LocalEngine(ModelParams(path=tiny_path, micro_batch_size=2), OPTIM)
+    m_verl = engine.forward_backward(gapped, objective)
+    m_local = local.forward_backward(gapped, objective)
+    engine.zero_grad()
+    local.zero_grad()
+    plain = local.forward_backward(gapped, Objective(policy_loss=objective.policy_loss))["loss"]
+    key = "rollout_corr/masked_seq_frac" if correction == "seq_mis" else "rollout_corr/masked_token_frac"
+    # A fraction is averaged over micro-batches, whose split differs between the engines; the
+    # loss is normalised over the whole batch, so it does not depend on the split.
+    assert 0 < m_local[key] < 1 and 0 < m_verl[key] < 1  # computed in the workers: masked some, not all
+    assert m_verl["loss"] == pytest.approx(m_local["loss"], rel=1e-5)
+    assert abs(m_local["loss"] - plain) > 1e-3 * abs(plain)  # and the correction changed the loss
+
+
 def test_parity_same_loss_same_batch_same_updated_weights(engine, tiny_path, batch):
     local = LocalEngine(ModelParams(path=tiny_path, micro_batch_size=3), OPTIM)
     start = local.state_dict()

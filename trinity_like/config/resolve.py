@@ -35,7 +35,13 @@ from trinity_like.config.data_checks import check_data
 from trinity_like.config.loader import KeyPath, Locator, RawRecipe, apply_overrides, load_recipe
 from trinity_like.config.presets import apply_preset, swapped_slots
 from trinity_like.config.schema import AlgorithmConfig, Config, check_name, field_default
-from trinity_like.config.slots import check_expert_data, check_inputs, resolve_components, resolve_name
+from trinity_like.config.slots import (
+    check_expert_data,
+    check_inputs,
+    check_rollout_correction,
+    resolve_components,
+    resolve_name,
+)
 from trinity_like.errors import ConfigError, TrinityError
 from trinity_like.plugins import load_plugins, loaded_plugins
 from trinity_like.registry import ALGORITHM_TYPE
@@ -175,6 +181,7 @@ def resolve_stage(data: dict, loc: Locator, base: Path) -> ResolvedStage:
     check_data_paths(cfg, loc, base)
     comps = resolve_components(cfg, algo, loc)
     needs = check_inputs(algo, comps, loc, algo_name)
+    check_rollout_correction(comps, loc)
     reward_params = check_sections(cfg, algo, loc)
     check_data(cfg, algo, loc)
     if algo.use_rollout:

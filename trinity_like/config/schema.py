@@ -174,6 +174,20 @@ class OptimizerConfig(Section):
     min_lr_ratio: Prob = 0.0  # cosine floor as a fraction of lr
 
 
+class SamplerGapConfig(Section):
+    """The bound on the sampler-trainer gap ``train/sampler_kl_k3`` (docs/precision.md), checked every RL step."""
+
+    # Measured in the default bf16 (docs/precision.md): SmolLM2-135M 1.6e-3 (bf16 sampler, fp32
+    # trainer) to 2.3e-3 (bf16 both); the random tiny test model, whose bf16 rounding is
+    # relatively largest, 0.024-0.033. 0.1 leaves 3x over the worst of those and 40x over the real
+    # model's: past it the samples are no longer the trainer's policy (a failed sync, wrong
+    # weights), well past 1e-2, where docs/precision.md says to turn a rollout correction on.
+    max_kl_k3: NonNegFloat | None = 0.1  # the bound; None: no bound (the gap is still logged)
+    action: Literal["stop", "warn"] = (
+        "stop"  # stop: the run ends with one line naming step, value and bound; warn: the run log says so and the run goes on
+    )
+
+
 class TrainerConfig(Section):
     engine: Literal["verl", "local"] = (
         "verl"  # train engine: "verl" (FSDP workers via Ray) | "local" (in-process torch)
@@ -190,6 +204,7 @@ class TrainerConfig(Section):
     optimizer: OptimizerConfig = OptimizerConfig()  # policy optimizer
     critic_optimizer: OptimizerConfig = OptimizerConfig(lr=1e-5)  # value model optimizer (PPO)
     max_nan_steps: NonNegInt = 3  # consecutive NaN losses tolerated (step skipped) before the run stops
+    sampler_gap: SamplerGapConfig = SamplerGapConfig()  # what a sampler-trainer gap past its bound does
 
 
 class SynchronizerConfig(Section):
@@ -286,6 +301,9 @@ class AlgorithmConfig(Section):
     entropy_loss: dict[str, Any] = {}  # {name?, coef?, params...}; `name: none` switches any slot off
     sample_strategy: dict[str, Any] = {}  # {name?, params...}
     value_loss: dict[str, Any] = {}  # {name?, params...}: the critic's loss (algorithms with a critic)
+    rollout_correction: dict[
+        str, Any
+    ] = {}  # {name, params...}: ROLLOUT_CORRECTION entry applied to any policy loss (docs/precision.md)
     dynamic_sampling: bool | None = None  # drop groups whose rewards are all equal; None: the algorithm's choice
 
 

@@ -168,3 +168,26 @@ def check_expert_data(cfg: Config, comps: dict[str, ComponentSpec], loc: Locator
             f"{loss.name!r} cannot tell the expert rows that "
             f"the sample strategy {strategy.name!r} mixes in from sampled ones (it takes no is_expert)",
         )
+
+
+def check_rollout_correction(comps: dict[str, ComponentSpec], loc: Locator) -> None:
+    """A rollout correction weights the policy loss's advantages and masks its tokens: the loss must
+    take both, and must not correct the same gap itself (a loss that reads ``rollout_logprob``,
+    as ``ppo_tis`` does, would apply two corrections)."""
+    corr = comps.get("rollout_correction")
+    if corr is None:
+        return
+    loss = comps["policy_loss"]
+    takes = required_inputs(loss.fn) | optional_inputs(loss.fn)
+    if not {"advantages", "action_mask"} <= takes:
+        raise loc.error(
+            ("algorithm", "rollout_correction", "name"),
+            f"the rollout correction {corr.name!r} weights the advantages and masks the tokens of the policy loss, "
+            f"but {loss.name!r} takes no {'advantages' if 'advantages' not in takes else 'action_mask'}",
+        )
+    if "rollout_logprob" in takes:
+        raise loc.error(
+            ("algorithm", "rollout_correction", "name"),
+            f"the policy loss {loss.name!r} already corrects with the sampler's logprobs (it takes rollout_logprob): "
+            f"use one correction (for {loss.name!r} + {corr.name!r}, pick a loss without its own, e.g. ppo)",
+        )

@@ -47,7 +47,7 @@ from trinity_like.monitor.logger import PhaseTimer
 from trinity_like.ops import apply_kl_penalty, groups_with_signal, normalizers
 from trinity_like.pipeline.batching import experience_batch, split_rows, trained_records
 from trinity_like.pipeline.stage import Stage
-from trinity_like.trainer.objective import sampler_gap
+from trinity_like.trainer.objective import gap_past_bound, sampler_gap
 
 Batch = dict[str, torch.Tensor]
 Prepare = Callable[[Stage, Batch, PhaseTimer], dict[str, float]]  # adds what the losses read to a batch
@@ -191,20 +191,45 @@ def learn(stage: Stage, loop: LoopState, step: int, timer: PhaseTimer) -> tuple[
         )
     else:
         outputs: Batch = {}
-        metrics.update(update(stage, loop, step, batch, timer, prepare=prepare_rl_batch, outputs=outputs))
+        gap: dict[str, float] = {}
+        metrics.update(
+            update(
+                stage,
+                loop,
+                step,
+                batch,
+                timer,
+                prepare=prepare_rl_batch,
+                outputs=outputs,
+                before_step=lambda: gap.update(check_gap(stage, step, batch, outputs)),
+            )
+        )
         if "skipped/nan_loss" not in metrics:
             tokens = int(batch["attention_mask"].sum())
-            if "logprob" in outputs and "rollout_logprob" in batch:  # the sampler-trainer gap, whole batch
-                metrics.update(
-                    sampler_gap(
-                        outputs["logprob"], batch["rollout_logprob"], batch["response_mask"], batch["is_expert"]
-                    )
-                )
+            metrics.update(gap)
             if isinstance(stage.storage, TrainingRecorder):
                 with timer("record"):  # for people (trinity-like view): what the loss saw, no extra pass
                     stage.storage.record_trained(step, trained_records(rows, batch, outputs))
     loop.model_version = step
     return metrics, tokens
+
+
+def check_gap(stage: Stage, step: int, batch: Batch, outputs: Batch) -> dict[str, float]:
+    """The sampler-trainer gap of the whole batch, from the first epoch's forward (the weights that
+    sampled it, on-policy), checked against ``trainer.sampler_gap`` before the optimiser step: past
+    the bound, ``stop`` ends the run with one line and the weights untouched; ``warn`` logs the line."""
+    if "logprob" not in outputs or "rollout_logprob" not in batch:
+        return {}
+    gap = sampler_gap(outputs["logprob"], batch["rollout_logprob"], batch["response_mask"], batch["is_expert"])
+    bound = stage.config.trainer.sampler_gap
+    line = gap_past_bound(gap, step, bound.max_kl_k3)
+    if line is not None and bound.action == "stop":
+        stage.trainer.actor.zero_grad()  # this batch's gradients never reach the weights
+        raise TrinityError(line + "; stopping before the step (trainer.sampler_gap.action: warn only warns)")
+    if line is not None:
+        stage.run.logger.write("warning: " + line)
+        gap["train/sampler_gap_warnings"] = 1.0
+    return gap
 
 
 def rollout_stats(batch: Batch, model_version: int) -> dict[str, float]:
@@ -307,6 +332,7 @@ def update(
     *,
     prepare: Prepare | None = None,
     outputs: Batch | None = None,
+    before_step: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """``trainer.update_epochs`` optimiser steps of the actor (then one of the critic) on ``batch``.
 
@@ -314,7 +340,8 @@ def update(
     advantages, ...). A non-finite loss skips the step without touching the weights; more
     than ``trainer.max_nan_steps`` in a row (``loop.nan_streak``) stop the run with the last
     good weights. ``outputs``, when given, receives the actor's outputs of the first epoch
-    (``logprob [B, R]``, ...: the weights before this step), from the forward the loss ran.
+    (``logprob [B, R]``, ...: the weights before this step), from the forward the loss ran;
+    ``before_step()`` runs after that forward and before the first optimiser step.
     """
     trainer = stage.trainer
     try:
@@ -331,6 +358,8 @@ def update(
                     trainer.actor.zero_grad()  # drop what the finite micro-batches accumulated
                     raise FloatingPointError("non-finite loss")
                 metrics.update(out)
+                if epoch == 0 and before_step is not None:
+                    before_step()
                 metrics.update({f"actor/{k}": v for k, v in trainer.actor.optim_step().items()})
             if trainer.critic is not None:
                 out = trainer.critic.forward_backward(batch, trainer.value_objective)

@@ -2,6 +2,13 @@
 
     loss = policy_loss(...) + coef_kl * aggregate(KL(pi || ref)) + coef_ent * entropy_loss(...)
 
+A rollout correction (slot ``rollout_correction``, registry ROLLOUT_CORRECTION) runs first: it
+turns the trainer's ``old_logprob``, the sampler's ``rollout_logprob`` and the response mask
+into per-token weights and a mask; the policy loss -- whichever it is -- then sees
+``advantages * weights`` and ``action_mask * mask`` (an importance weight on each token's term
+for a loss linear in the advantage; a masked token adds nothing and its gradient is 0). The KL
+and entropy terms keep the unmasked tokens. Expert rows (MIX) were never sampled: weight 1, kept.
+
 Every weighted term's coefficient is its slot's ``coef`` (:data:`trinity_like.components.WEIGHTED_SLOTS`):
 the component computes the unweighted term and the objective multiplies. A slot that is
 off (``name: none`` in the recipe) never reaches here: the resolver leaves it out.
@@ -25,7 +32,7 @@ import torch
 from trinity_like.components import ComponentSpec, call_component, required_inputs
 from trinity_like.ops import kl_loss_term
 
-__all__ = ["ComponentSpec", "Objective", "objective_from_stage", "sampler_gap"]
+__all__ = ["ComponentSpec", "Objective", "gap_past_bound", "objective_from_stage", "sampler_gap"]
 
 
 @dataclass(frozen=True)
@@ -37,12 +44,14 @@ class Objective:
     sampled the batch: they are taken as ``logprob.detach()`` instead of paying a second
     forward pass (exact: the ratio is 1 and its gradient is that of ``logprob``). Data from
     older weights (``synchronizer.offset``) is corrected against the sampler's own logprobs,
-    ``rollout_logprob`` (``ppo_tis``), not by the old-policy ratio.
+    ``rollout_logprob``, by a rollout correction (``rollout_correction``; ``ppo_tis`` is ppo with
+    ``token_tis``), not by the old-policy ratio.
     """
 
     policy_loss: ComponentSpec
     kl_loss: ComponentSpec | None = None
     entropy_loss: ComponentSpec | None = None
+    rollout_correction: ComponentSpec | None = None
     one_update: bool = False
     loss_metric: str = "policy_loss"  # the name its main term is reported under ("value_loss" for a critic)
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
@@ -73,6 +82,8 @@ class Objective:
             needed |= required_inputs(self._fn(self.entropy_loss))
         if self.kl_loss:
             needed |= {"ref_logprob"}
+        if self.rollout_correction:
+            needed |= required_inputs(self._fn(self.rollout_correction))
         if self.one_update:
             needed.discard("old_logprob")
         return needed
@@ -89,8 +100,9 @@ class Objective:
             inputs["action_mask"] = inputs["response_mask"]
         if self.one_update and "logprob" in outputs:
             inputs["old_logprob"] = outputs["logprob"].detach()
-        loss, metrics = call_component(self._fn(self.policy_loss), inputs, self.policy_loss.params)
-        metrics = dict(metrics)
+        policy_inputs, corr_metrics = self._corrected(inputs) if self.rollout_correction else (inputs, {})
+        loss, metrics = call_component(self._fn(self.policy_loss), policy_inputs, self.policy_loss.params)
+        metrics = {**dict(metrics), **corr_metrics}
         metrics[self.loss_metric] = float(loss.detach())
         if "rollout_logprob" in inputs and "logprob" in outputs:
             # The sampler's logprobs of its own tokens vs the trainer's: ~0 when the layouts,
@@ -125,6 +137,25 @@ class Objective:
             metrics["nonfinite_loss"] = 1.0
             return torch.zeros((), dtype=loss.dtype, device=loss.device, requires_grad=True), metrics
         return loss, metrics
+
+    def _corrected(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, float]]:
+        """The policy loss's inputs with the rollout correction applied: advantages weighted, tokens masked."""
+        spec = self.rollout_correction
+        mask_BR = inputs["action_mask"]
+        sampled_BR = torch.ones_like(mask_BR, dtype=torch.bool)
+        if "is_expert" in inputs:  # expert rows (MIX) have no sampler logprobs: left as they are
+            sampled_BR = (~inputs["is_expert"].bool()).unsqueeze(-1).expand_as(mask_BR)
+        weights_BR, keep_BR, metrics = call_component(
+            self._fn(spec),
+            {**inputs, "action_mask": mask_BR * sampled_BR.to(mask_BR.dtype)},
+            spec.params,
+        )
+        weights_BR = torch.where(sampled_BR, weights_BR.detach(), torch.ones_like(weights_BR))
+        keep_BR = torch.where(sampled_BR, keep_BR, mask_BR)
+        out = dict(inputs)
+        out["advantages"] = inputs["advantages"] * weights_BR.to(inputs["advantages"].dtype)
+        out["action_mask"] = keep_BR.to(mask_BR.dtype)
+        return out, dict(metrics)
 
 
 def sampler_gap(
@@ -161,6 +192,23 @@ def sampler_gap(
     }
 
 
+GAP_METRIC = "train/sampler_kl_k3"
+
+
+def gap_past_bound(gap: Mapping[str, float], step: int, max_kl_k3: float | None) -> str | None:
+    """One line naming step, metric, value and bound when ``gap``'s k3 is above ``max_kl_k3``; else None.
+
+    The recipe's ``trainer.sampler_gap`` decides whether the line stops the run or is a warning."""
+    value = gap.get(GAP_METRIC)
+    if max_kl_k3 is None or value is None or not value > max_kl_k3:
+        return None
+    return (
+        f"step {step}: {GAP_METRIC} = {value:.3g} is above trainer.sampler_gap.max_kl_k3 = {max_kl_k3:.3g}: "
+        "the sampler's logprobs are far from the trainer's (precision, stale weights or a failed sync; "
+        "docs/precision.md)"
+    )
+
+
 def objective_from_stage(stage: Any, *, one_update: bool) -> Objective:
     """Build the objective of a resolved recipe stage (:class:`trinity_like.config.ResolvedStage`)."""
     comps = stage.components
@@ -168,5 +216,6 @@ def objective_from_stage(stage: Any, *, one_update: bool) -> Objective:
         policy_loss=comps["policy_loss"],
         kl_loss=comps.get("kl_loss"),
         entropy_loss=comps.get("entropy_loss"),
+        rollout_correction=comps.get("rollout_correction"),
         one_update=one_update,
     )
