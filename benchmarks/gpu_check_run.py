@@ -16,8 +16,9 @@ every entry it finished on disk.
 - Inside a child an entry that raises is recorded with its error and traceback
   (:func:`run_entries`); an entry marked ``own_process`` (a ``torch.compile`` contender) runs in
   a grandchild with its own limit, so its compile threads and caches never touch the others.
-- ``GPU_CHECK_FAULT`` (``"entry=raise,entry=hang,entry=exit"``) makes named entries raise, hang or
-  kill their process before they start: the tests prove the isolation with it, on the CPU.
+- ``GPU_CHECK_FAULT`` (``"section/entry=raise,section/entry=hang,section/entry=exit"``) makes named
+  entries raise, hang or kill their process as they start: the tests prove the isolation with it,
+  on the CPU, through the code paths a real failure takes.
 """
 
 from __future__ import annotations
@@ -90,9 +91,14 @@ def failure(exc: BaseException) -> dict:
 
 
 def run_entries(
-    entries: Callable[[], list[Entry]], events: Events, skip: set[str], only: str | None, child_argv: list[str]
+    section: str,
+    entries: Callable[[], list[Entry]],
+    events: Events,
+    skip: set[str],
+    only: str | None,
+    child_argv: list[str],
 ) -> None:
-    """Run a section's entries in this process, each isolated; ``only``: one entry (a grandchild)."""
+    """Run ``section``'s entries in this process, each isolated; ``only``: one entry (a grandchild)."""
     try:
         listed = entries()
     except Exception as exc:  # noqa: BLE001 -- the section's setup failed: recorded, the check goes on
@@ -107,7 +113,7 @@ def run_entries(
         events.write(event="start", entry=entry.name, limit_s=entry.limit_s + (15 if entry.own_process else 0))
         t0 = time.monotonic()
         try:
-            inject_fault(entry.name)
+            inject_fault(f"{section}/{entry.name}")
             if entry.own_process and only is None:
                 result = in_own_process(entry, child_argv)
             else:
