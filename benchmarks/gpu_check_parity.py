@@ -69,14 +69,14 @@ def judge(got: Errors, allowed: Errors) -> list[str]:
     ]
 
 
-def one_step(folder, objective, batch, device: str, kind: str) -> dict:
+def one_step(folder, objective, batch, device: str, kind: str, *, micro_batch: int = 4, lr: float = 1e-3) -> dict:
     """One GRPO step of the local engine: ``kind`` float64 (the reference), float32, or bfloat16
     (bf16 autocast over fp32 weights: the CUDA default, the same mixed path on any device)."""
     from trinity_like.trainer.local_engine import LocalEngine
     from trinity_like.trainer.params import ModelParams, OptimParams
 
     engine = LocalEngine(
-        ModelParams(path=str(folder), micro_batch_size=4, device=device, dtype="float32"), OptimParams(lr=1e-3)
+        ModelParams(path=str(folder), micro_batch_size=micro_batch, device=device, dtype="float32"), OptimParams(lr=lr)
     )
     if kind == "float64":
         engine.model.double()  # in place: the optimiser's parameters are these; its state starts float64
