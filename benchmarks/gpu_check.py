@@ -120,7 +120,7 @@ def section_limits(name: str, started: float, budget: float, spent: dict[str, fl
     return min(PLAN_S[name] * slack + max(0.0, saved), left - 1.0)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (auto: CUDA when torch sees one)")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes and workloads (the CPU smoke run)")
@@ -132,7 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     for hidden in ("--child", "--work", "--context", "--events", "--entry"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)
     parser.add_argument("--skip", nargs="*", default=[], help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.child:
         return child(args)
     return parent(args, "python benchmarks/gpu_check.py " + " ".join(sys.argv[1:] if argv is None else argv))

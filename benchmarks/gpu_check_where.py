@@ -213,8 +213,8 @@ def backends_accepting(args: tuple, kwargs: dict) -> dict[str, str]:
                 warnings.simplefilter("ignore")  # torch explains each refusal in a warning, then raises
                 torch.nn.functional.scaled_dot_product_attention(*args, **kwargs)
             out[backend.name.lower()] = "accepts"
-        except RuntimeError as exc:
-            out[backend.name.lower()] = f"refuses: {str(exc).splitlines()[0][:160]}"
+        except (RuntimeError, NotImplementedError, ValueError, TypeError) as exc:  # how backends refuse a call
+            out[backend.name.lower()] = f"refuses: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
     return out
 
 
@@ -256,7 +256,7 @@ def profiled_step(device: torch.device, step) -> dict:
     events = prof.events()
     aten = [e for e in events if e.name.startswith("aten::") and e.device_type == DeviceType.CPU]
     top = [e for e in aten if not _under_aten(e)]
-    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA]  # kernels, memcpys and memsets
     out: dict[str, Any] = {
         "aten_ops_top_level": len(top),
         "aten_ops_all": len(aten),
@@ -265,7 +265,7 @@ def profiled_step(device: torch.device, step) -> dict:
         "step_ms": per_step_ms(device, step, 3),
     }
     if device.type == "cuda":
-        busy_us = sum(e.device_time for e in kernels)
+        busy_us = sum(e.time_range.elapsed_us() for e in kernels)  # one stream: kernels do not overlap
         out.update(kernels=len(kernels), gpu_busy_ms=busy_us / 1e3, gpu_busy_share=busy_us / 1e3 / max(wall_ms, 1e-9))
     return out
 
