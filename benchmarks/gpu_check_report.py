@@ -175,7 +175,7 @@ def the_rest(report: dict) -> list[str]:
             counts = (
                 f"{t['passed']} passed, {t['failed']} failed, {t['errors']} errors, {t['skipped']} skipped"
                 if "passed" in t
-                else t.get("status", "-")
+                else f"{t.get('status', '-')}: {t.get('error', '')}"
             )
             lines.append(f"- `{t.get('command', name)}`: {counts}")
     bw = entries(report, "bandwidth").get("copy", {})

@@ -51,6 +51,8 @@ def test_the_cpu_mode_runs_every_section_and_reports_the_targets(tmp_path):
     where = sections["where_time"]["entries"]
     assert where["tiny/attention"]["prefill"]["backends"]["math"] == "accepts"  # the CPU's own kernel
     assert where["tiny/profile"]["aten_ops_top_level"] > 10 and where["tiny/profile"]["step_ms"] > 0
+    tests = sections["cuda_tests"]["entries"]["test_cuda"]  # run on the CPU too: every test skips there
+    assert tests["returncode"] == 0 and tests["skipped"] > 0 and tests["passed"] == 0
     ops = where["tiny/step_ops"]  # trinity_like.explorer.step_ops, where the tree has it
     assert ops.get("total", 0) > 0 or "trinity_like.explorer.step_ops" in ops["error"]
     text = out.with_suffix(".md").read_text()
@@ -135,6 +137,27 @@ def _alive(events: Path) -> bool:
         except OSError:
             continue
     return False
+
+
+def test_a_section_gets_its_plan_plus_what_earlier_ones_left_within_the_budget():
+    import gpu_check
+
+    now = time.monotonic()
+    plan = gpu_check.PLAN_S
+    assert gpu_check.section_limits("parity", now, 360, {}, 1.0) == plan["parity"]
+    spent = {"where_time": plan["where_time"] - 40}  # where_time left 40 s unused: parity may use them
+    assert gpu_check.section_limits("parity", now, 360, spent, 1.0) == plan["parity"] + 40
+    assert gpu_check.section_limits("rollout", now - 350, 360, {}, 1.0) == pytest.approx(
+        9.0, abs=0.1
+    )  # no max(30, left)
+
+
+def test_sections_past_the_budget_are_skipped_with_the_reason(tmp_path):
+    out = tmp_path / "gpu_check"
+    proc = run_check(out, "--only", "bandwidth", "parity", "--budget-s", "2")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    sections = json.loads(out.with_suffix(".json").read_text())["sections"]
+    assert [s["status"][:30] for s in sections.values()] == ["skipped: the budget is spent ("] * 2
 
 
 def test_junit_counts_read_a_pytest_report(tmp_path):
