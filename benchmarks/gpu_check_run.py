@@ -113,10 +113,10 @@ def run_entries(
         events.write(event="start", entry=entry.name, limit_s=entry.limit_s + (15 if entry.own_process else 0))
         t0 = time.monotonic()
         try:
-            inject_fault(f"{section}/{entry.name}")
             if entry.own_process and only is None:
-                result = in_own_process(entry, child_argv)
+                result = in_own_process(entry, child_argv)  # a fault for it fires in there
             else:
+                inject_fault(f"{section}/{entry.name}")
                 result = entry.run()
         except Exception as exc:  # noqa: BLE001 -- recorded with its traceback; the other entries run
             result = failure(exc)
@@ -204,7 +204,8 @@ def supervise(run: SectionRun, child_argv: list[str], logs: Path, on_change: Cal
         argv = [*child_argv, "--events", str(events_path), "--skip", *run.entries]
         with log.open("w") as err:
             proc = popen(argv, err)
-        seen, current = 0, None  # events read; (entry, started, limit) running now
+        seen, current, killed = 0, None, False  # events read; (entry, started, limit) running now
+        recorded = len(run.entries)
         while True:
             exited = proc.poll() is not None
             for event in read_events(events_path, seen):
@@ -229,6 +230,7 @@ def supervise(run: SectionRun, child_argv: list[str], logs: Path, on_change: Cal
             over_entry = current is not None and now - current[1] > current[2]
             if over_entry or now > deadline:
                 kill_group(proc)
+                killed = True
                 if current is not None:
                     why = "its own" if over_entry else "the section's"
                     run.entries[current[0]] = {
@@ -247,9 +249,10 @@ def supervise(run: SectionRun, child_argv: list[str], logs: Path, on_change: Cal
                 "error": f"the section's process exited with {proc.returncode} inside this entry: {tail(log)}",
             }
             on_change()
-        elif plan is None and "error" not in run.result and proc.returncode:
+        elif plan is None and "error" not in run.result and (proc.returncode or killed):
+            why = "was killed at the section's limit" if killed else f"exited with {proc.returncode}"
             run.result.update(
-                status="failed", error=f"the section's process exited with {proc.returncode}: {tail(log)}"
+                status="failed", error=f"the section's process {why} before it listed its entries: {tail(log)}"
             )
         left = [n for n, _ in plan or [] if n not in run.entries]
         if not left or plan is None or "error" in run.result:
@@ -257,6 +260,10 @@ def supervise(run: SectionRun, child_argv: list[str], logs: Path, on_change: Cal
         if time.monotonic() >= deadline:
             for name in left:
                 run.entries[name] = {"status": f"skipped: the section's {run.limit_s:.0f} s were spent"}
+            break
+        if len(run.entries) == recorded:  # a process that ended without recording anything: no loop
+            for name in left:
+                run.entries[name] = {"status": "failed", "error": f"never run: {tail(log)}"}
             break
     run.result["seconds"] = round(time.monotonic() - t0, 1)
     bad = [n for n, e in run.entries.items() if e.get("status") in ("failed", "timeout")]

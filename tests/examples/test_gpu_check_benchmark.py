@@ -61,26 +61,36 @@ def test_the_cpu_mode_runs_every_section_and_reports_the_targets(tmp_path):
 
 
 def test_a_raising_a_hanging_and_a_crashing_contender_cost_only_their_own_entries(tmp_path):
-    """``--only rollout`` (no bandwidth section before it) with one contender raising, one hung and
-    one killing its process: each is recorded with its error, every other entry is measured."""
+    """``--only rollout`` (no bandwidth section before it) with one contender raising, two hung --
+    ours in the section's process, the compiled one in its own -- and one killing its process:
+    each is recorded with its error, every other entry is measured."""
     out = tmp_path / "gpu_check"
-    faults = "rollout/tiny/generate=raise,rollout/tiny/ours=hang,rollout/tiny/hf_generate_engine=exit"
-    env = {**os.environ, "GPU_CHECK_FAULT": faults}
-    proc = run_check(out, "--only", "rollout", "--limit-scale", "0.25", env=env)
+    faults = {
+        "rollout/tiny/generate": "raise",
+        "rollout/tiny/ours": "hang",
+        "rollout/tiny/hf_generate_engine": "exit",
+        "rollout/tiny/generate_static_compiled": "hang",
+    }
+    env = {**os.environ, "GPU_CHECK_FAULT": ",".join(f"{k}={v}" for k, v in faults.items())}
+    proc = run_check(out, "--only", "rollout", "--limit-scale", "0.2", env=env)
     assert proc.returncode == 1, proc.stderr[-3000:]  # failed entries make the check fail
     report = json.loads(out.with_suffix(".json").read_text())
     entries = report["sections"]["rollout"]["entries"]
     assert entries["tiny/generate"]["status"] == "failed" and "fault injected" in entries["tiny/generate"]["error"]
     assert entries["tiny/ours"]["status"] == "timeout" and "killed after" in entries["tiny/ours"]["error"]
+    compiled = entries["tiny/generate_static_compiled"]
+    assert compiled["status"] == "timeout" and "its own process's limit" in compiled["error"]
     crashed = entries["tiny/hf_generate_engine"]
     assert crashed["status"] == "failed" and "exited with -9" in crashed["error"]
-    assert entries["tiny/workload"]["bandwidth_from"].startswith("measured by this section")
-    assert entries["tiny/generate_static_compiled"]["tokens"] > 0  # after all three, in its own process
-    assert report["sections"]["rollout"]["failed_entries"] == ["tiny/ours", "tiny/generate", "tiny/hf_generate_engine"]
+    workload = entries["tiny/workload"]  # measured before them, and kept
+    assert workload["bandwidth_from"].startswith("measured by this section") and workload["rows"] == 16
+    assert report["sections"]["rollout"]["failed_entries"] == [
+        f"tiny/{n}" for n in ("ours", "generate", "hf_generate_engine", "generate_static_compiled")
+    ]
     text = out.with_suffix(".md").read_text()
     assert "## rollout: FAILED" in text and "`tiny/ours` timeout: killed after" in text
     assert "`tiny/generate` failed: RuntimeError: fault injected" in text
-    assert "| `generate`, static cache + `torch.compile` (own process) | " in text
+    assert "| `generate`, static cache + `torch.compile` (own process) | - | - | - | - | timeout |" in text
 
 
 @pytest.mark.parametrize("section", [s for s in SECTIONS if s != "rollout"])  # rollout alone: the test above
