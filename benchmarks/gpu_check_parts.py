@@ -1,32 +1,60 @@
-"""The sections of ``benchmarks/gpu_check.py`` and its report (see that module for what and why)."""
+"""The plumbing, bandwidth, CUDA-test and rollout sections of ``benchmarks/gpu_check.py`` (see that
+module for what and why). A section is a function of the :class:`Check` returning its entries
+(``gpu_check_run.Entry``); what entries share -- a model, a workload -- is built once, by the
+first entry that needs it, so an entry run alone (its own process, a restart) builds it too."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib.metadata
-import json
 import statistics
 import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from gpu_check_run import Entry
 
 from trinity_like.explorer.engine import NativeEngine, SamplingParams
-from trinity_like.models.device import precision, train_dtypes
-from trinity_like.models.shapes import shaped_folder, shaped_model
+from trinity_like.models.device import precision
+from trinity_like.models.shapes import shaped_model
 from trinity_like.models.tiny import build_tiny_tokenizer
 from trinity_like.plugins import ENV_VAR, entry_points, load_plugins
 
 ROOT = Path(__file__).resolve().parent.parent
-RECIPE = ROOT / "examples" / "grpo_arith.yaml"
 EXAMPLE_PLUGIN = ROOT / "plugins" / "example_plugin" / "src" / "example_plugin"
 PACKS = "algorithms" + ":" + "cookbook"  # the first-party packs, by module name where they are not installed
-NO_RAY = "import sys; sys.modules['ray'] = None; from trinity_like.cli import main; sys.exit(main(sys.argv[1:]))"
+CUDA_TESTS = (
+    "tests/algorithms/test_cuda.py",
+    "tests/explorer/test_sampling.py",
+    "tests/explorer/test_engine_cuda.py",
+    "tests/trainer/test_device.py",
+)
+# (prompts, samples per prompt, prompt tokens, new tokens) of the rollout shapes
+ROLLOUT_SHAPES = {"smollm2-135m": (64, 8, 64, 256), "qwen2.5-1.5b": (32, 8, 64, 256)}
+TINY_ROLLOUT = {"tiny": (4, 4, 16, 24)}
+
+
+@dataclass
+class Check:
+    """What every section reads: the device, the workload sizes, a scratch folder shared by the
+    check's processes, and the report's sections finished before this one."""
+
+    device: torch.device
+    tiny: bool
+    work: Path
+    context: dict = field(default_factory=dict)
+    scale: float = 1.0  # every limit's factor (gpu_check.py: x3 in tiny mode, times --limit-scale)
+
+    def limit(self, seconds: float) -> float:
+        """An entry's limit: the seconds it is given on an H100/H200, scaled."""
+        return seconds * self.scale
 
 
 # -- plumbing --------------------------------------------------------------------------------
@@ -56,17 +84,6 @@ def junit_counts(report: Path) -> dict[str, int]:
     tests, failures = int(suite.get("tests", 0)), int(suite.get("failures", 0))
     errors, skipped = int(suite.get("errors", 0)), int(suite.get("skipped", 0))
     return {"passed": tests - failures - errors - skipped, "failed": failures, "skipped": skipped, "errors": errors}
-
-
-def git_commit() -> str:
-    """The checkout's commit; a GPU machine's copy of the tree has no repository (``--commit`` then)."""
-    try:
-        out = subprocess.run(
-            ["git", "describe", "--always", "--dirty=+dirty"], cwd=ROOT, capture_output=True, text=True
-        )
-    except OSError:  # no git program there
-        return "unknown (no git here)"
-    return out.stdout.strip() or "unknown (no git here)"
 
 
 def version_of(package: str) -> str:
@@ -122,6 +139,23 @@ def copy_bandwidth(device: torch.device, nbytes: int, reps: int = 10) -> float:
     return 2 * nbytes / best / 1e9
 
 
+def bandwidth_entries(check: Check) -> list[Entry]:
+    def copy() -> dict:
+        gbs = copy_bandwidth(check.device, 2**26 if check.tiny else 2**30)
+        return {"bytes_per_s": gbs * 1e9, "gb_per_s": gbs}
+
+    return [Entry("copy", check.limit(5), copy)]
+
+
+def measured_bandwidth(check: Check) -> tuple[float, str]:
+    """GB/s from the ``bandwidth`` section when it ran (``--only rollout`` runs without it: then a
+    smaller copy measured here), and where the figure comes from."""
+    copy = check.context.get("bandwidth", {}).get("entries", {}).get("copy", {})
+    if "gb_per_s" in copy:
+        return copy["gb_per_s"], "the bandwidth section"
+    return copy_bandwidth(check.device, 2**26 if check.tiny else 2**28), "measured by this section (256 MiB copy)"
+
+
 def decode_bound(model: torch.nn.Module, rows: int, prompt_len: int, new: int, bytes_per_s: float) -> float:
     """Tokens/s if each decode step only read the weights once and every row's KV cache (at its mean
     length over the run) at the measured bandwidth: the ceiling of a memory-bound decoder."""
@@ -132,6 +166,44 @@ def decode_bound(model: torch.nn.Module, rows: int, prompt_len: int, new: int, b
     per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * itemsize
     mean_keys = prompt_len + (new - 1) / 2
     return rows * bytes_per_s / (weights + rows * per_token * mean_keys)
+
+
+# -- CUDA tests ------------------------------------------------------------------------------
+def cuda_test_entries(check: Check) -> list[Entry]:
+    """``pytest -m gpu`` over each file of :data:`CUDA_TESTS`, one entry (and one time limit) per file;
+    a timeout keeps the output so far (which test hung)."""
+
+    def one(path: str) -> Callable[[], dict]:
+        def run() -> dict:
+            report = check.work / f"{Path(path).stem}.xml"
+            cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", f"--junitxml={report}"]
+            out: dict[str, Any] = {"command": f"python -m pytest -q -m gpu {path}"}
+            try:  # ended here, under the entry's limit, so that its output tail is kept
+                proc = subprocess.run(
+                    [*cmd, path], cwd=ROOT, env=plugin_env(), capture_output=True, text=True, timeout=limit - 3
+                )
+            except subprocess.TimeoutExpired as exc:
+                tail = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+                return {
+                    **out,
+                    "status": "timeout",
+                    "error": f"pytest killed after {limit - 3:.0f} s",
+                    "tail": tail[-1500:],
+                }
+            out.update(returncode=proc.returncode, tail=proc.stdout[-1500:], **junit_counts(report))
+            if proc.returncode not in (0, 5):  # 5: nothing collected (no gpu test left in the file)
+                out.update(status="failed", error=f"pytest exited with {proc.returncode}")
+            elif check.device.type != "cuda":
+                out["note"] = "no CUDA device: the tests skip here (run to exercise this path)"
+            return out
+
+        return run
+
+    limit = check.limit(20)
+    # On the CPU every test skips: the first file alone exercises this path (the rest would add
+    # nothing but start-up time).
+    files = CUDA_TESTS if check.device.type == "cuda" else CUDA_TESTS[:1]
+    return [Entry(Path(p).stem, limit, one(p)) for p in files]
 
 
 # -- rollout ---------------------------------------------------------------------------------
@@ -157,262 +229,98 @@ def hf_generate(model, ids: list[list[int]], group: int, new: int, static: bool)
     return int(out.shape[0] * (out.shape[1] - x.shape[1]))
 
 
-def rollout_shape(check, shape: str, prompts: int, group: int, prompt_len: int, new: int) -> dict:
-    """Every contender on one shape: a warm-up at full size, then ``reps`` timed runs (medians)."""
-    load_plugins([str(EXAMPLE_PLUGIN)])
-    from trinity_like.registry import ROLLOUT_ENGINE
+def rollout_entries(check: Check) -> list[Entry]:
+    shapes = TINY_ROLLOUT if check.tiny else ROLLOUT_SHAPES
+    entries = []
+    for shape, (prompts, group, prompt_len, new) in shapes.items():
+        entries += rollout_shape(check, shape, prompts, group, prompt_len, new)
+    return entries
 
-    device, reps = check.device, (1 if check.tiny else 2)
-    dtype = precision(device).rollout
-    model = shaped_model(shape, device=device, dtype=dtype)
-    tokenizer = build_tiny_tokenizer()
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, model.config.vocab_size, (prompts, prompt_len), generator=g).tolist()
-    rows = prompts * group
-    bound = decode_bound(model, rows, prompt_len, new, check.results["bandwidth_gbs"] * 1e9)
-    out: dict[str, Any] = {
-        "rows": rows,
-        "prompts": prompts,
-        "group": group,
-        "prompt_tokens": prompt_len,
-        "new_tokens": new,
-        "dtype": str(dtype).removeprefix("torch."),
-        "params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
-        "decode_bound_tokens_per_s": bound,
-        "contenders": {},
-    }
-    engine = NativeEngine(model, tokenizer)
-    plugin = ROLLOUT_ENGINE.get("hf_generate").over(model, tokenizer)
+
+def rollout_shape(check: Check, shape: str, prompts: int, group: int, prompt_len: int, new: int) -> list[Entry]:
+    """The workload of one shape, then each contender as an entry: a warm-up, then timed runs (medians).
+
+    The compiled contender runs in a process of its own (a slow compile is ended at its limit and
+    its compile state never reaches the others); the plugin engine is ``generate`` with a logits
+    processor: warmed up by the plain ``generate`` before it, timed once.
+    """
+    device, reps = check.device, 1
+
+    @functools.cache
+    def workload() -> dict[str, Any]:
+        load_plugins([str(EXAMPLE_PLUGIN)])
+        dtype = precision(device).rollout
+        model = shaped_model(shape, device=device, dtype=dtype)
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(3, model.config.vocab_size, (prompts, prompt_len), generator=g).tolist()
+        gbs, source = measured_bandwidth(check)
+        info = {
+            "rows": prompts * group,
+            "prompts": prompts,
+            "group": group,
+            "prompt_tokens": prompt_len,
+            "new_tokens": new,
+            "dtype": str(dtype).removeprefix("torch."),
+            "params_m": round(sum(p.numel() for p in model.parameters()) / 1e6, 1),
+            "bandwidth_gb_per_s": gbs,
+            "bandwidth_from": source,
+            "decode_bound_tokens_per_s": decode_bound(model, prompts * group, prompt_len, new, gbs * 1e9),
+        }
+        return {"model": model, "ids": ids, "info": info}
+
     sp = SamplingParams(n=group, max_new_tokens=new, temperature=1.0, seed=1, stop_token_ids=())
 
-    def ours() -> int:
-        groups = engine.generate(ids, sp)
-        return sum(len(s.token_ids) for grp in groups for s in grp)
+    def contender(name: str, make: Callable[[dict], Callable[[], int]], warm: bool = True) -> Callable[[], dict]:
+        def run() -> dict:
+            w = workload()
+            fn = make(w)
+            torch.manual_seed(0)
+            warm_s = timed(device, fn)[0] if warm else 0.0
+            runs = [timed(device, fn) for _ in range(reps)]
+            seconds = statistics.median(t for t, _ in runs)
+            made = runs[0][1]
+            entry = {"tokens": made, "warmup_s": round(warm_s, 2), "seconds": seconds, "tokens_per_s": made / seconds}
+            entry["fraction_of_bound"] = entry["tokens_per_s"] / w["info"]["decode_bound_tokens_per_s"]
+            if name == "generate_static_compiled":
+                entry["compiled"] = getattr(w["model"], "_compiled_call", None) is not None
+            if name == "ours":
+                engine = w.pop("engine")
+                entry.update(engine.workspace_stats())
+                engine.release_memory()
+            free(device)
+            return entry
 
-    def through_plugin() -> int:
-        groups = plugin.generate(ids, sp)
-        return sum(len(s.token_ids) for grp in groups for s in grp)
+        return run
 
-    # (name, run, budget seconds it needs, timed repetitions); the plugin engine is generate with
-    # a logits processor: warmed up by the plain generate before it, timed once.
-    contenders = [
-        ("ours", ours, 20, reps),
-        ("generate", lambda: hf_generate(model, ids, group, new, static=False), 20, reps),
-        ("generate_static_compiled", lambda: hf_generate(model, ids, group, new, static=True), 150, reps),
-        ("hf_generate_engine", through_plugin, 20, 1),
+    def ours(w: dict) -> Callable[[], int]:
+        engine = w["engine"] = NativeEngine(w["model"], build_tiny_tokenizer())
+
+        def go() -> int:
+            return sum(len(s.token_ids) for grp in engine.generate(w["ids"], sp) for s in grp)
+
+        return go
+
+    def plugin(w: dict) -> Callable[[], int]:
+        from trinity_like.registry import ROLLOUT_ENGINE
+
+        engine = ROLLOUT_ENGINE.get("hf_generate").over(w["model"], build_tiny_tokenizer())
+        return lambda: sum(len(s.token_ids) for grp in engine.generate(w["ids"], sp) for s in grp)
+
+    def generate(static: bool) -> Callable[[dict], Callable[[], int]]:
+        return lambda w: lambda: hf_generate(w["model"], w["ids"], group, new, static=static)
+
+    def info() -> dict:
+        return dict(workload()["info"])
+
+    return [
+        Entry(f"{shape}/workload", check.limit(15), info),
+        Entry(f"{shape}/ours", check.limit(15), contender("ours", ours)),
+        Entry(f"{shape}/generate", check.limit(20), contender("generate", generate(False))),
+        Entry(f"{shape}/hf_generate_engine", check.limit(12), contender("hf", plugin, warm=False)),
+        Entry(
+            f"{shape}/generate_static_compiled",
+            check.limit(40),
+            contender("generate_static_compiled", generate(True)),
+            own_process=True,
+        ),
     ]
-    for name, fn, needs, times in contenders:
-        if check.left() < needs:
-            out["contenders"][name] = {"status": f"skipped: {check.left():.0f} s of the budget left, {needs} s needed"}
-            continue
-        torch.manual_seed(0)
-        warm_s, made = timed(device, fn) if name != "hf_generate_engine" else (0.0, None)
-        runs = [timed(device, fn) for _ in range(times)]
-        made = runs[0][1]
-        seconds = statistics.median(t for t, _ in runs)
-        entry = {"tokens": made, "warmup_s": round(warm_s, 2), "seconds": seconds, "tokens_per_s": made / seconds}
-        entry["fraction_of_bound"] = entry["tokens_per_s"] / bound
-        if name == "generate_static_compiled":
-            entry["compiled"] = getattr(model, "_compiled_call", None) is not None
-        if name == "ours":
-            entry.update(engine.workspace_stats())
-        out["contenders"][name] = entry
-    ours_rate = out["contenders"]["ours"].get("tokens_per_s")
-    for entry in out["contenders"].values():
-        if ours_rate and entry.get("tokens_per_s"):
-            entry["ours_over_this"] = ours_rate / entry["tokens_per_s"]
-    engine.release_memory()
-    return out  # the model goes with this frame (the caller frees the device's cache)
-
-
-# -- training --------------------------------------------------------------------------------
-def folder_of(check, shape: str) -> Path:
-    path = check.work / f"shape-{shape}"
-    return path if (path / "config.json").is_file() else shaped_folder(shape, path)
-
-
-def grpo_objective(folder: Path):
-    """The loss a GRPO recipe trains with (examples/grpo_arith.yaml resolved against the registries)."""
-    from trinity_like.config import load_plan
-    from trinity_like.trainer.objective import objective_from_stage
-
-    load_packs()
-    plan = load_plan(RECIPE, [f"model.path={folder}", "trainer.engine=local"])
-    return objective_from_stage(plan.stages[0], one_update=True)
-
-
-def grpo_batch(vocab: int, rows: int, group: int, prompt_len: int, response_len: int) -> dict[str, torch.Tensor]:
-    """``rows`` full-length rows in the engine layout, ``group`` per shared prompt. Advantages are drawn
-    at random, not group-centred: at ratio 1 a centred batch's loss is 0, and the two sides' first
-    losses would then agree whatever they computed."""
-    g = torch.Generator().manual_seed(0)
-    prompts = torch.randint(3, vocab, (rows // group, prompt_len), generator=g).repeat_interleave(group, dim=0)
-    responses = torch.randint(3, vocab, (rows, response_len), generator=g)
-    adv = torch.randn(rows, generator=g)
-    ids = torch.cat([prompts, responses], dim=1)
-    return {
-        "input_ids": ids,
-        "attention_mask": torch.ones_like(ids),
-        "position_ids": torch.arange(ids.shape[1]).expand(rows, -1).contiguous(),
-        "response_mask": torch.ones(rows, response_len),
-        "advantages": adv[:, None].expand(-1, response_len).contiguous(),
-    }
-
-
-def plain_step(model, optimizer, batch, objective, micro_batch: int, compute: torch.dtype | None) -> float:
-    """The same update in plain torch: padded forward, full logits, log_softmax, the objective, AdamW."""
-    from trinity_like.trainer.base import micro_batches, with_normalisers
-
-    device = next(model.parameters()).device
-    response_len = batch["response_mask"].shape[1]
-    total = 0.0
-    for mb in micro_batches(with_normalisers(batch), micro_batch):
-        mb = {k: v.to(device) for k, v in mb.items()}
-        with torch.autocast(device.type, dtype=compute, enabled=compute is not None):
-            logits = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits
-        logp = logits[:, -response_len - 1 : -1].float().log_softmax(-1)
-        logprob = logp.gather(-1, mb["input_ids"][:, -response_len:, None]).squeeze(-1)
-        loss, _ = objective({"logprob": logprob}, mb)
-        loss.backward()
-        total += float(loss.detach())
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return total
-
-
-def train_step(check, shape: str, rows: int, group: int, prompt_len: int, response_len: int, micro_batch: int) -> dict:
-    from transformers import AutoModelForCausalLM
-
-    from trinity_like.trainer.local_engine import LocalEngine
-    from trinity_like.trainer.params import ModelParams, OptimParams
-
-    device, reps = check.device, (1 if check.tiny else 3)
-    folder = folder_of(check, shape)
-    objective = grpo_objective(folder)
-    engine = LocalEngine(ModelParams(path=str(folder), micro_batch_size=micro_batch, device=str(device)), OptimParams())
-    weights, compute = train_dtypes("auto", device)
-    plain = AutoModelForCausalLM.from_pretrained(folder, dtype=weights).to(device).train()
-    o = OptimParams()
-    optimizer = torch.optim.AdamW(plain.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
-    batch = grpo_batch(plain.config.vocab_size, rows, group, prompt_len, response_len)
-
-    def ours() -> float:
-        loss = engine.forward_backward(batch, objective)["loss"]
-        engine.optim_step()
-        return loss
-
-    steps = {"ours": ours, "plain_torch": lambda: plain_step(plain, optimizer, batch, objective, micro_batch, compute)}
-    times: dict[str, list[float]] = {k: [] for k in steps}
-    losses = {k: timed(device, fn)[1] for k, fn in steps.items()}  # warm-up; the first losses: the same update
-    for rep in range(reps):
-        for name in list(steps)[rep % 2 :] + list(steps)[: rep % 2]:  # alternate who goes first
-            times[name].append(timed(device, steps[name])[0])
-    tokens = rows * (prompt_len + response_len)
-    out = {
-        "shape": shape,
-        "rows": rows,
-        "tokens_per_row": prompt_len + response_len,
-        "micro_batch": micro_batch,
-        "precision": f"weights {weights}, autocast {compute}".replace("torch.", ""),
-        "first_loss": losses,
-    }
-    for name, ts in times.items():
-        out[name] = {"step_s": statistics.median(ts), "tokens_per_s": tokens / statistics.median(ts)}
-    out["ours_over_plain"] = out["plain_torch"]["step_s"] / out["ours"]["step_s"]
-    engine.close()
-    return out
-
-
-def grpo_run(check, shape: str) -> dict:
-    """``trinity-like run`` of the main job's recipe on random weights of ``shape``, with Ray unimportable."""
-    folder = folder_of(check, shape)
-    run_root = check.work / "runs"
-    overrides = [
-        f"run_root={run_root}",
-        "name=gpu_check",
-        f"model.path={folder}",
-        f"cluster.device={check.device}",
-        "trainer.engine=local",
-        "explorer.placement=driver",
-        "monitor.backends=[jsonl]",
-        "monitor.progress=false",
-        "checkpoint.resume=false",
-        # Random weights never answer right: every group would score the same and be dropped
-        # unseen; the step is timed with every row trained (rewards: "contains a digit").
-        "algorithm.dynamic_sampling=false",
-        "explorer.reward_fn=format",
-        "explorer.reward_args={pattern: '.*[0-9].*'}",
-        "explorer.eval_reward_fn=exact_match",
-    ]
-    if check.tiny:
-        overrides += ["trainer.total_steps=2", "buffer.eval_tasks.size=2", "explorer.batch_size=2"]
-    cmd = [sys.executable, "-c", NO_RAY, "run", "--config", str(RECIPE), *overrides]
-    t0 = time.perf_counter()
-    proc = subprocess.run(
-        cmd, cwd=ROOT, env=plugin_env(), capture_output=True, text=True, timeout=max(30.0, check.left())
-    )
-    wall = time.perf_counter() - t0
-    out: dict[str, Any] = {"command": "trinity-like run --config examples/grpo_arith.yaml " + " ".join(overrides[1:])}
-    out.update(returncode=proc.returncode, wall_s=wall, ray_importable=False)
-    if proc.returncode != 0:
-        return {**out, "status": "failed", "stderr": proc.stderr[-3000:]}
-    rows = [json.loads(line) for line in (run_root / "gpu_check" / "metrics.jsonl").read_text().splitlines() if line]
-    steps = [r for r in rows if "time/step" in r]
-    out["steps"] = len(steps)
-    for key in ("time/step", "time/rollout", "time/train", "throughput/tokens_per_s"):
-        values = [r[key] for r in steps if key in r]
-        if values:
-            out[key] = statistics.median(values)
-    evals = [r for r in rows if "eval/accuracy" in r]
-    out["eval_points"] = len(evals)
-    return out
-
-
-def parity(check) -> dict:
-    """One tiny GRPO step on the device against the same step on the CPU: losses and updated weights."""
-    from trinity_like.trainer.local_engine import LocalEngine
-    from trinity_like.trainer.params import ModelParams, OptimParams
-
-    folder = folder_of(check, "tiny")
-    objective = grpo_objective(folder)
-    batch = grpo_batch(400, 8, 4, 16, 24)
-    device = str(check.device)
-    out: dict[str, Any] = {"device": device, "reference": "cpu"}
-    if check.device.type == "cpu":
-        out["status"] = "the device is the CPU: CPU against CPU, the code runs, nothing is compared"
-    for dtype in ("float32", "auto"):
-        engines = {
-            side: LocalEngine(
-                ModelParams(path=str(folder), micro_batch_size=4, device=where, dtype=kind), OptimParams(lr=1e-3)
-            )
-            for side, where, kind in (("cpu", "cpu", "float32"), ("device", device, dtype))
-        }
-        before = engines["cpu"].state_dict()
-        loss = {w: e.forward_backward(batch, objective)["loss"] for w, e in engines.items()}
-        norm = {w: e.optim_step()["grad_norm"] for w, e in engines.items()}
-        after = {w: e.state_dict() for w, e in engines.items()}
-        update = max(float((after["cpu"][k] - before[k]).abs().max()) for k in before)
-        diff = max(float((after["device"][k] - after["cpu"][k]).abs().max()) for k in before)
-        ref, dev = loss["cpu"], loss["device"]
-        entry = {"loss_cpu": ref, "loss_device": dev, "grad_norm_cpu": norm["cpu"], "grad_norm_device": norm["device"]}
-        entry.update(max_update=update, max_weight_diff=diff)
-        tol_loss, tol_w = (1e-4, 1e-3) if dtype == "float32" else (3e-2, 0.5)
-        entry["close"] = abs(dev - ref) <= tol_loss * max(1.0, abs(ref)) and diff <= tol_w * update + 1e-7
-        out[dtype] = entry
-        for e in engines.values():
-            e.close()
-        if dtype == "float32" and not entry["close"]:
-            out["status"] = "failed"
-    return out
-
-
-# -- the report ------------------------------------------------------------------------------
-def write(report: dict, out: Path) -> str:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str))
-    from gpu_check_report import markdown
-
-    text = markdown(report)
-    out.with_suffix(".md").write_text(text)
-    return text

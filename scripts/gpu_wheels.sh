@@ -24,8 +24,11 @@ mkdir -p .whl
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 -d .whl "${WHEELS[@]}"
 echo "gpu_wheels: $(ls .whl | wc -l) wheels, $(du -sh .whl | cut -f1) in .whl/"
-cat <<'EOF'
-Run the check on the device machine (one call, carry .whl, timeout_s 600):
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 && python3 benchmarks/gpu_check.py --out $OUT/gpu_check 2>&1 | tee $OUT/gpu_check.log
-Then copy the returned gpu_check.json and gpu_check.md into benchmarks/results/.
+# The command as docs/gpu.md shows it, with <sha> filled in: the machine's copy has no repository.
+sha=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+sed "s/<sha>/${sha}/" <<'EOF'
+Run the check on the device machine (one call, carry .whl, timeout_s 450):
+  set -o pipefail; python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 && python3 benchmarks/gpu_check.py --commit <sha> --out $OUT/gpu_check 2>&1 | tee $OUT/gpu_check.log
+Everything comes back under $OUT (gpu_check.json, gpu_check.md, gpu_check.log, gpu_check_logs/);
+copy gpu_check.json and gpu_check.md into benchmarks/results/.
 EOF

@@ -55,11 +55,32 @@ def test_the_cpu_command_is_the_one_ci_runs():
     assert '"--device", "cpu", "--tiny"' in ci
 
 
-def test_the_device_command_is_the_one_the_wheel_script_prints():
+def test_the_device_command_is_the_one_the_wheel_script_prints_and_loses_nothing():
     (block,) = blocks("text")
     script = (ROOT / "scripts" / "gpu_wheels.sh").read_text()
-    assert block.strip() in script
+    assert block.strip() in script and 'sed "s/<sha>/${sha}/"' in script  # printed with the commit filled in
     assert "benchmarks/gpu_check.py" in block and ".whl/*.whl" in block
+    # A failing check fails the call (not tee's 0), output is not held in a buffer when the job is
+    # cut off, the commit is named (no repository there), and everything lands in what comes back.
+    assert block.startswith("set -o pipefail;") and "PYTHONUNBUFFERED=1" in block
+    argv = shlex.split(block.split("python3 benchmarks/gpu_check.py", 1)[1].split("2>&1")[0])
+    assert argv == ["--commit", "<sha>", "--out", "$OUT/gpu_check"]
+    assert block.strip().endswith("| tee $OUT/gpu_check.log")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_check
+
+    args = gpu_check.build_parser().parse_args(argv)  # the check takes them as written
+    assert (args.commit, str(args.out), args.device) == ("<sha>", "$OUT/gpu_check", "auto")
+
+
+def test_the_documented_plan_is_the_checks():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_check
+
+    rows = re.findall(r"^\| `(\w+)` \| (\d+) \| ", DOC, flags=re.M)
+    assert {name: float(seconds) for name, seconds in rows} == gpu_check.PLAN_S
+    assert sum(gpu_check.PLAN_S.values()) < gpu_check.BUDGET_S == 360  # "at most 6 minutes"
+    assert f"{gpu_check.BUDGET_S:.0f} s" in DOC and "not measured" in DOC
 
 
 def test_the_precision_table_is_what_precision_decides():
