@@ -28,9 +28,10 @@ class WorkerDiedError(TrinityError):
     """A process the run started and waits on -- a verl worker, the explorer actor -- ended.
 
     ``what`` says which and while doing what (one line, no advice); ``part`` is the side it
-    served (``"trainer"`` or ``"explorer"``); ``aftermath``: what the driver did about it. The run restarts the stage from its latest
-    checkpoint up to ``trainer.max_restarts`` times (:mod:`trinity_like.pipeline.restart`);
-    past that the message, which says how to resume by hand, ends the run.
+    served (``"trainer"`` or ``"explorer"``); ``aftermath`` what the driver did about it.
+    The run restarts the stage from its latest checkpoint up to ``trainer.max_restarts``
+    times (:mod:`trinity_like.pipeline.restart`); past that the message, which says how to
+    resume by hand, ends the run.
     """
 
     def __init__(self, what: str, part: str, aftermath: str = "") -> None:

@@ -190,7 +190,7 @@ class TrainerConfig(Section):
     optimizer: OptimizerConfig = OptimizerConfig()  # policy optimizer
     critic_optimizer: OptimizerConfig = OptimizerConfig(lr=1e-5)  # value model optimizer (PPO)
     max_nan_steps: NonNegInt = 3  # consecutive NaN losses tolerated (step skipped) before the run stops
-    max_restarts: NonNegInt = 2  # verl workers / explorer actor deaths restarted in the run from its latest checkpoint; one more ends it
+    max_restarts: NonNegInt = 2  # deaths of a verl worker or the explorer actor restarted inside the run from its latest checkpoint; one more ends it
 
 
 class SynchronizerConfig(Section):
