@@ -7,6 +7,11 @@ inside the checkpoint write of step 2, and at a moment when the explorer thread 
 (step 2 logged, step 3 training). The same command resumes it. The oracle is the buffer
 (each step consumed exactly its 8 rows: none lost, none twice, none left claimed) and an
 uninterrupted run with the same offset (per-step rewards: the resumed run trained what it did).
+
+With the explorer as a Ray actor (``explorer.placement=ray``), the actor is killed as it
+starts step 2's batch, which it explores while step 1 trains: the run restarts it from the
+latest checkpoint by itself (:mod:`trinity_like.pipeline.restart`) and ends with the same
+rows and per-step rewards, started once.
 """
 
 from __future__ import annotations
@@ -117,7 +122,7 @@ def test_sigkill_of_the_explorer_actor_while_it_explores_ahead_is_restarted_in_t
     record(
         record_property,
         "SIGKILL of the explorer actor while it explores ahead (offset 1, explorer.placement: ray)",
-        f"restarted in the run from the latest checkpoint ({said[0].rsplit('resuming from ', 1)[1]})",
+        f"restarted in the run (restart 1 of 2), resuming from {said[0].rsplit('resuming from ', 1)[1]}",
         f"not needed: the run finished by itself ({time.monotonic() - t0:.0f} s in all), same per-step rewards",
         "0 lost, 0 twice",
     )

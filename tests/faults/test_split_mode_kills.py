@@ -7,6 +7,10 @@ same command while the other keeps running. Both then finish; each step's 8 buff
 were trained exactly once and the trainer's per-step rewards equal an uninterrupted
 ``mode=both`` run's (on-policy: the batch of step t is sampled by the weights of step t - 1
 in either layout).
+
+An explorer process whose explorer is a Ray actor (``explorer.placement=ray``) restarts that
+actor itself when it dies, from ``explorer/state.json`` (:mod:`trinity_like.pipeline.restart`):
+both processes finish without being started again, with the same rows and rewards.
 """
 
 from __future__ import annotations

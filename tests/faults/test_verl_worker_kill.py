@@ -129,7 +129,7 @@ def test_sigkill_of_a_verl_worker_mid_update_is_restarted_in_the_run_exactly(tmp
     record(
         record_property,
         "SIGKILL of one of 2 verl FSDP workers mid-update (step 2)",
-        f"restarted in the run: the stuck rank stopped {noticed_s:.1f} s after the death, a new group up "
+        f"restarted in the run: the other rank gone {noticed_s:.1f} s after the death, a new group up "
         f"{restarted_at - died_at:.0f} s after it, resumed from step_000001 (restart 1 of 2, one log line, "
         "fault/restarts); no worker left",
         f"not needed: the run finished by itself ({took:.0f} s in all), same per-step rewards as an "

@@ -58,12 +58,12 @@ def run_restartable(spec: ResolvedStage, role: str, loop: Loop) -> dict[str, flo
                     raise
                 restarts += 1
                 step = stage.run.steps.get(exc.part, 0)
-                dead, stage = stage, None
-                stage = rebuild(dead, spec, role)  # on failure it has closed what it could
-                stage.run.logger.write(
+                stage.run.logger.write(  # before the rebuild, which takes seconds
                     f"restart {restarts} of {limit}: {exc.what}, in step {step}; resuming from {resume_point(stage)}"
                 )
                 stage.log(step, {"fault/restarts": float(restarts)})
+                dead, stage = stage, None
+                stage = rebuild(dead, spec, role)  # on failure it has closed what it could
     finally:
         if stage is not None:
             stage.close()
