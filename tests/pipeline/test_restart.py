@@ -61,13 +61,18 @@ def straight(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("die_at", "step", "resumed"),
-    [({2}, 2, "checkpoint step_000001"), ({1}, 1, "the start (no checkpoint yet)")],
+    ("die_at", "step", "resumed", "more"),
+    [
+        ({2}, 2, "checkpoint step_000001", []),
+        ({1}, 1, "the start (no checkpoint yet)", []),
+        # a job told to start afresh still resumes from the checkpoint it saved itself
+        ({2}, 2, "checkpoint step_000001", ["checkpoint.resume=false"]),
+    ],
 )
 def test_a_death_rebuilds_the_stage_and_it_trains_what_an_uninterrupted_run_trains(
-    die_at, step, resumed, tmp_path, straight, capsys
+    die_at, step, resumed, more, tmp_path, straight, capsys
 ):
-    plan = load_plan(RECIPE, [f"run_root={tmp_path}", *TINY, *STEPS])
+    plan = load_plan(RECIPE, [f"run_root={tmp_path}", *TINY, *STEPS, *more])
     seen: list[Stage] = []
     run_restartable(plan.stages[0], "both", dying_loop(die_at, seen))
     said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("restart ")]

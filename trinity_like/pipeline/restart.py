@@ -27,6 +27,7 @@ One more ends the run with the error's own line, which says how to resume by han
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from trinity_like.config import ResolvedStage
@@ -42,6 +43,7 @@ def run_restartable(spec: ResolvedStage, role: str, loop: Loop) -> dict[str, flo
     death (see the module doc); returns the loop's last metrics."""
     limit = spec.config.trainer.max_restarts
     stage: Stage | None = build_stage(spec, role)
+    before = saved_state(stage)  # what the job started from (checkpoint.resume: false ignores it)
     restarts = 0
     try:
         while True:
@@ -58,25 +60,45 @@ def run_restartable(spec: ResolvedStage, role: str, loop: Loop) -> dict[str, flo
                     raise
                 restarts += 1
                 step = stage.run.steps.get(exc.part, 0)
+                again = spec if saved_state(stage) == before else resuming(spec)
                 stage.run.logger.write(  # before the rebuild, which takes seconds
-                    f"restart {restarts} of {limit}: {exc.what}, in step {step}; resuming from {resume_point(stage)}"
+                    f"restart {restarts} of {limit}: {exc.what}, in step {step}; "
+                    f"resuming from {resume_point(stage, again)}"
                 )
                 stage.log(step, {"fault/restarts": float(restarts)})
                 dead, stage = stage, None
-                stage = rebuild(dead, spec, role)  # on failure it has closed what it could
+                stage = rebuild(dead, again, role)  # on failure it has closed what it could
     finally:
         if stage is not None:
             stage.close()
 
 
-def resume_point(stage: Stage) -> str:
-    """Where the rebuilt ``stage``'s loop will resume from, in words."""
+def saved_state(stage: Stage) -> str | None:
+    """What a resume of ``stage`` reads now: the latest checkpoint's name (the explorer
+    process: its ``explorer/state.json``), None if nothing."""
+    if stage.role == "explore":
+        path = stage.run_dir / "explorer" / "state.json"
+        return path.read_text() if path.exists() else None
+    latest = stage.run.checkpoints.latest()
+    return latest.name if latest is not None else None
+
+
+def resuming(spec: ResolvedStage) -> ResolvedStage:
+    """``spec`` with ``checkpoint.resume: true``: once this job has saved its own state, a
+    restart resumes from it even where the job itself was told to start afresh."""
+    cfg = spec.config
+    checkpoint = cfg.checkpoint.model_copy(update={"resume": True})
+    return dataclasses.replace(spec, config=cfg.model_copy(update={"checkpoint": checkpoint}))
+
+
+def resume_point(stage: Stage, spec: ResolvedStage) -> str:
+    """Where ``stage`` built again from ``spec`` will resume, in words."""
     if stage.role == "explore":
         from trinity_like.pipeline.explorer_process import ExplorerState
 
-        saved = ExplorerState(stage.run_dir).load() if stage.config.checkpoint.resume else None
+        saved = ExplorerState(stage.run_dir).load() if spec.config.checkpoint.resume else None
         return f"explorer/state.json (after step {saved['step']})" if saved else "the start (nothing explored yet)"
-    latest = stage.run.checkpoints.latest() if stage.config.checkpoint.resume else None
+    latest = stage.run.checkpoints.latest() if spec.config.checkpoint.resume else None
     return f"checkpoint {latest.name}" if latest is not None else "the start (no checkpoint yet)"
 
 
