@@ -22,3 +22,21 @@ class DataError(TrinityError):
 
 class PluginError(TrinityError):
     """A plugin could not be found or failed to import."""
+
+
+class WorkerDiedError(TrinityError):
+    """A process the run started and waits on -- a verl worker, the explorer actor -- ended.
+
+    ``what`` says which and while doing what (one line, no advice); ``part`` is the side it
+    served (``"trainer"`` or ``"explorer"``); ``aftermath`` what the driver did about it.
+    The run restarts the stage from its latest checkpoint up to ``trainer.max_restarts``
+    times (:mod:`trinity_like.pipeline.restart`); past that the message, which says how to
+    resume by hand, ends the run.
+    """
+
+    def __init__(self, what: str, part: str, aftermath: str = "") -> None:
+        done = f"; {aftermath}" if aftermath else ""
+        super().__init__(f"{what}{done}: run the same command to resume from the latest checkpoint")
+        self.what = what
+        self.part = part
+        self.aftermath = aftermath

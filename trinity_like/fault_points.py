@@ -20,6 +20,14 @@ lives in the verl workers (the engine passes the variable on to them;
     verl_worker_update  the last rank of a verl worker group, between the forward and the
                         backward of its first micro-batch (once per forward_backward): the
                         other ranks are left waiting in FSDP's gradient collective
+    explorer_run        the explorer, as it starts a batch (rollout or evaluation); in the
+                        explorer actor (``explorer.placement: ray``) its death is restarted
+                        by the run (``tests/faults/test_worker_restart.py``), in the driver
+                        it is the run's
+
+A process the run restarts counts afresh, so a fault armed for its n-th arrival would fire
+again in each new process. ``TRINITY_LIKE_FAULT_ONCE=<file>`` makes the fault fire once
+for the whole run: only in the process that creates ``<file>`` first.
 
 The write points (:func:`write`) raise ``OSError(ENOSPC)`` -- what ``write(2)`` returns on
 a full disk -- for the file about to be written, so the run's own handling of a full disk
@@ -42,8 +50,9 @@ import os
 import signal
 
 ENV_VAR = "TRINITY_LIKE_FAULT"
+ONCE_VAR = "TRINITY_LIKE_FAULT_ONCE"  # a file: the fault fires only where it is created first
 CHECKPOINT_POINTS = ("before_weights", "after_weights", "after_optimizer", "before_latest", "after_latest")
-POINTS = (*CHECKPOINT_POINTS, "verl_worker_update")  # every kill point
+POINTS = (*CHECKPOINT_POINTS, "verl_worker_update", "explorer_run")  # every kill point
 WRITE_POINTS = ("checkpoint_write", "buffer_write")
 
 _seen: dict[str, int] = {}  # point -> times reached in this process
@@ -62,11 +71,26 @@ def _armed() -> tuple[str, int] | None:
 
 
 def _arrive(point: str, known: tuple[str, ...]) -> bool:
-    """Count one arrival at ``point``; True if the armed fault is this arrival."""
+    """Count one arrival at ``point``; True if the armed fault is this arrival (and, under
+    ``TRINITY_LIKE_FAULT_ONCE``, has not fired in another process of the run yet)."""
     if point not in known:
         raise ValueError(f"unknown fault point {point!r} (known: {', '.join(known)})")
     _seen[point] = _seen.get(point, 0) + 1
-    return _armed() == (point, _seen[point])
+    if _armed() != (point, _seen[point]):
+        return False
+    once = os.environ.get(ONCE_VAR)
+    if not once:
+        return True
+    try:
+        os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def env() -> dict[str, str]:
+    """The fault variables set in this process, for the processes it starts through Ray."""
+    return {k: os.environ[k] for k in (ENV_VAR, ONCE_VAR) if os.environ.get(k)}
 
 
 def reach(point: str) -> None:

@@ -53,18 +53,14 @@ def run_stage(spec: ResolvedStage) -> dict[str, float]:
 
         return run_offline(spec)
     from trinity_like.pipeline.async_loop import run_concurrent
-    from trinity_like.pipeline.build import build_stage
     from trinity_like.pipeline.explorer_process import run_explore
+    from trinity_like.pipeline.restart import run_restartable
     from trinity_like.pipeline.rl_loop import run_online, run_trainer
 
     loop = {"both": run_online, "explore": run_explore, "train": run_trainer}[cfg.mode]
     if cfg.mode == "both" and cfg.synchronizer.offset >= 1 and cfg.synchronizer.concurrent:
         loop = run_concurrent  # the explorer explores while the trainer trains (docs/async.md)
-    stage = build_stage(spec, cfg.mode)
-    try:
-        return loop(stage)
-    finally:
-        stage.close()
+    return run_restartable(spec, cfg.mode, loop)  # a dead worker: the stage again, from its checkpoint
 
 
 def _quiet_libraries() -> None:

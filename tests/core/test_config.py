@@ -369,11 +369,10 @@ def test_cpu_threads_share_the_cores_only_when_the_explorer_runs_beside_cpu_work
     """In turn each side gets the cores while it works; beside a concurrent CPU verl trainer on a
     Ray started here they share them (half each while both compute, all to one alone); explicit
     cluster.*_threads fix the widths."""
-    import os
-
+    from trinity_like import threads
     from trinity_like.config.schema import Config
 
-    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(threads, "cores_given", lambda: 8)  # the cores this process may use
     assert Config(cluster={"num_cpus": 16}).cpu_threads().explorer == 8  # never more threads than cores
 
     def plan(**sections):

@@ -7,6 +7,11 @@ inside the checkpoint write of step 2, and at a moment when the explorer thread 
 (step 2 logged, step 3 training). The same command resumes it. The oracle is the buffer
 (each step consumed exactly its 8 rows: none lost, none twice, none left claimed) and an
 uninterrupted run with the same offset (per-step rewards: the resumed run trained what it did).
+
+With the explorer as a Ray actor (``explorer.placement=ray``), the actor is killed as it
+starts step 2's batch, which it explores while step 1 trains: the run restarts it from the
+latest checkpoint by itself (:mod:`trinity_like.pipeline.restart`) and ends with the same
+rows and per-step rewards, started once.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from faultlib import (
     wait_for,
 )
 
+from trinity_like.fault_points import ONCE_VAR
 from trinity_like.pipeline.checkpoint import CheckpointManager
 
 ASYNC = "synchronizer.offset=1"
@@ -96,5 +102,27 @@ def test_sigkill_while_the_explorer_thread_explores(tmp_path, straight_async, re
         "SIGKILL mid-run while the explorer explores ahead (offset 1)",
         "killed",
         f"yes ({time.monotonic() - t0:.0f} s), same per-step rewards",
+        "0 lost, 0 twice",
+    )
+
+
+def test_sigkill_of_the_explorer_actor_while_it_explores_ahead_is_restarted_in_the_run(
+    tmp_path, straight_async, record_property
+):
+    # the explorer as a Ray actor, driven by the explorer thread; killed as it starts step 2's
+    # batch, which it explores while step 1 trains (once: the new actor does not die again)
+    cmd = command(tmp_path, f"trainer.total_steps={STEPS}", ASYNC, "explorer.placement=ray")
+    t0 = time.monotonic()
+    out = run(cmd, timeout=300, **{FAULT_ENV: "explorer_run:2", ONCE_VAR: str(tmp_path / "fired")})
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = [line for line in (out.stdout + out.stderr).splitlines() if line.startswith("restart ")]
+    assert len(said) == 1 and said[0].startswith("restart 1 of 2: the explorer actor (pid "), said
+    assert ", in step 2; resuming from " in said[0], said
+    check_resumed(tmp_path / "grpo_arith", straight_async[STEPS])
+    record(
+        record_property,
+        "SIGKILL of the explorer actor while it explores ahead (offset 1, explorer.placement: ray)",
+        f"restarted in the run (restart 1 of 2), resuming from {said[0].rsplit('resuming from ', 1)[1]}",
+        f"not needed: the run finished by itself ({time.monotonic() - t0:.0f} s in all), same per-step rewards",
         "0 lost, 0 twice",
     )

@@ -1,4 +1,4 @@
-"""The explorer as a Ray actor: a crash mid-step is survived (restart, weights re-sent, step retried)."""
+"""The explorer as a Ray actor: a crash mid-step is survived (the run restarts it from its checkpoint)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ KILLER = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_a_crashed_explorer_actor_is_restarted_and_the_run_continues(tmp_path):
+def test_a_crashed_explorer_actor_is_restarted_and_the_run_continues(tmp_path, capsys):
     plugin = tmp_path / "killer.py"
     plugin.write_text(KILLER)
     marker = tmp_path / "died"
@@ -55,6 +55,7 @@ def test_a_crashed_explorer_actor_is_restarted_and_the_run_continues(tmp_path):
             "explorer.batch_size=2",
             "explorer.group_size=4",
             "trainer.total_steps=4",
+            "checkpoint.interval=1",
             "monitor.progress=false",
             "monitor.eval_at_start=false",
             "buffer.eval_tasks.size=4",
@@ -71,6 +72,9 @@ def test_a_crashed_explorer_actor_is_restarted_and_the_run_continues(tmp_path):
         ray.shutdown()
     assert marker.exists(), "the reward fn never killed the actor"
     rows = [json.loads(line) for line in (tmp_path / "grpo_arith" / "metrics.jsonl").read_text().splitlines()]
-    trained = [r for r in rows if "time/rollout" in r]
-    assert [r["step"] for r in trained] == [1, 2, 3, 4]
-    assert trained[-1]["explorer/restarts"] == 1.0
+    # 8 reward calls a step: the 12th is in step 2, which is explored again from step 1's checkpoint
+    assert [r["step"] for r in rows if "time/rollout" in r] == [1, 2, 3, 4]  # the death came before step 2 logged
+    assert [(r["step"], r["fault/restarts"]) for r in rows if "fault/restarts" in r] == [(2, 1.0)]
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("restart ")]
+    assert len(said) == 1 and said[0].startswith("restart 1 of 2: the explorer actor (pid "), said
+    assert said[0].endswith(", in step 2; resuming from checkpoint step_000001"), said

@@ -205,6 +205,7 @@ class TrainerConfig(Section):
     critic_optimizer: OptimizerConfig = OptimizerConfig(lr=1e-5)  # value model optimizer (PPO)
     max_nan_steps: NonNegInt = 3  # consecutive NaN losses tolerated (step skipped) before the run stops
     sampler_gap: SamplerGapConfig = SamplerGapConfig()  # what a sampler-trainer gap past its bound does
+    max_restarts: NonNegInt = 2  # deaths of a verl worker or the explorer actor restarted inside the run from its latest checkpoint; one more ends it
 
 
 class SynchronizerConfig(Section):

@@ -1,4 +1,4 @@
-"""Where the explorer runs: in the driver's process, or as a Ray actor that Ray restarts.
+"""Where the explorer runs: in the driver's process, or as a Ray actor.
 
 Both are an :class:`Explorer`: ``run`` a batch of tasks through the workflow, take new
 weights with ``receive_weights``, and hand memory back between phases (``release_memory``,
@@ -9,9 +9,10 @@ and never asks which::
     result = explorer.run(tasks, sampling_params(config, step=1))
     explorer.receive_weights(actor.export_weights(), version=1)   # a state dict, shared weights, or a folder
 
-A crashed actor (OOM, a reward function that kills its process, a lost node) is restarted
-by Ray (``max_restarts``); :class:`RemoteExplorer` then re-sends the latest weights and
-retries the call, so the run goes on. Each restart is counted (``restarts``).
+A crashed actor (OOM, a reward function that kills its process, a lost node) is not
+restarted by Ray: the call raises :class:`~trinity_like.errors.WorkerDiedError`, and the run
+restarts the stage -- this actor among its parts -- from its latest checkpoint
+(:mod:`trinity_like.pipeline.restart`), so the batch is explored again exactly as before.
 
 The engine is the recipe's ``explorer.engine`` (``ROLLOUT_ENGINE``, :mod:`.engines`) on
 ``cluster.device`` in ``explorer.dtype``. Ray is imported only by :class:`RemoteExplorer`:
@@ -24,14 +25,14 @@ import contextlib
 import dataclasses
 import functools
 import os
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
+from trinity_like import fault_points
 from trinity_like.components import build_params, params_type
 from trinity_like.config.schema import Config
 from trinity_like.cpu_share import EXPLORER, CoreShare
-from trinity_like.errors import TrinityError
+from trinity_like.errors import WorkerDiedError
 from trinity_like.experience import Task
 from trinity_like.plugins import load_plugins, ray_runtime_env
 from trinity_like.trainer.shared_weights import SharedWeights, WeightMailbox
@@ -41,8 +42,6 @@ if TYPE_CHECKING:
 
     from trinity_like.explorer.engine_contract import SamplingParams
     from trinity_like.explorer.workflows import WorkflowResult
-
-MAX_RESTARTS = 3
 
 # New weights for an explorer: a state dict, weights in shared memory
 # (:mod:`~trinity_like.trainer.shared_weights`), or a model folder.
@@ -91,8 +90,6 @@ def sampling_params(config: Config, *, step: int, evaluation: bool = False) -> S
 
 class Explorer(Protocol):
     """What the pipeline needs of an explorer, wherever it runs."""
-
-    restarts: int  # times it crashed and was brought back
 
     def run(self, tasks: list[Task], sampling: SamplingParams, evaluation: bool = False) -> WorkflowResult:
         """Sample and score ``tasks`` (with the evaluation reward when ``evaluation``)."""
@@ -165,12 +162,12 @@ class ExplorerWorker:
             if config.explorer.eval_reward_fn
             else self.workflow
         )
-        self.restarts = 0  # in-process: a crash is the driver's
         self.cores = cores
         if cores is not None and hasattr(self.engine, "pace"):  # our engine paces its decode steps
             self.engine.pace = functools.partial(cores.fit, EXPLORER)
 
     def run(self, tasks: list[Task], sampling: SamplingParams, evaluation: bool = False) -> WorkflowResult:
+        fault_points.reach("explorer_run")
         workflow = self.eval_workflow if evaluation else self.workflow
         with self.cores.computing(EXPLORER) if self.cores is not None else contextlib.nullcontext():
             return workflow.run(tasks, engine=self.engine, sampling=sampling)
@@ -203,19 +200,19 @@ class ExplorerWorker:
 
 
 class RemoteExplorer:
-    """An :class:`ExplorerWorker` in a Ray actor, with crash recovery."""
+    """An :class:`ExplorerWorker` in a Ray actor; its death is a :class:`WorkerDiedError`."""
 
     def __init__(self, config: Config, model_path: str, cores: CoreShare | None = None) -> None:
         """``cores``: the board the actor shares the CPU cores through with the trainer (None: fixed width)."""
         import ray
 
-        actor_cls = ray.remote(max_restarts=MAX_RESTARTS, max_task_retries=0, num_cpus=0)(ExplorerWorker)
+        # Ray restarts no explorer: the run does, from its checkpoint (see the module doc)
+        actor_cls = ray.remote(max_restarts=0, max_task_retries=0, num_cpus=0)(ExplorerWorker)
         threads = config.cpu_threads()
         width = threads.explorer_alone if cores is not None else threads.explorer
-        self.actor = actor_cls.options(runtime_env=ray_runtime_env()).remote(config, model_path, width, cores)
-        self._weights: tuple[Weights, int] | None = None  # the latest, re-sent to a restarted actor
+        env = ray_runtime_env({"env_vars": fault_points.env()})
+        self.actor = actor_cls.options(runtime_env=env).remote(config, model_path, width, cores)
         self._mailbox: WeightMailbox | None = None  # where a state dict goes for the actor to read
-        self.restarts = 0
         # Fail here, not mid-run, if the actor cannot start. The pid is kept: asking the actor
         # again would queue behind a batch it explores while the trainer trains.
         self._pid: int = ray.get(self.actor.pid.remote())
@@ -224,40 +221,22 @@ class RemoteExplorer:
         import ray
         from ray.exceptions import RayActorError
 
-        for attempt in range(MAX_RESTARTS + 1):
-            try:
-                return ray.get(getattr(self.actor, method).remote(*args))
-            except RayActorError as exc:
-                if attempt == MAX_RESTARTS:
-                    raise TrinityError(f"the explorer actor crashed {attempt + 1} times; last: {exc}") from None
-                self.restarts += 1
-                self._wait_alive()
-                if self._weights is not None:
-                    ray.get(self.actor.receive_weights.remote(*self._weights))
-        raise AssertionError("unreachable")
-
-    def _wait_alive(self) -> None:
-        import ray
-        from ray.exceptions import RayActorError
-
-        for _ in range(600):
-            try:
-                self._pid = ray.get(self.actor.pid.remote(), timeout=60)
-                return
-            except RayActorError:
-                time.sleep(0.5)
-        raise TrinityError("the explorer actor did not come back after a crash")
+        try:
+            return ray.get(getattr(self.actor, method).remote(*args))
+        except RayActorError as exc:
+            cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise WorkerDiedError(
+                f"the explorer actor (pid {self._pid}) died during {method} ({cause})", "explorer"
+            ) from None
 
     def run(self, tasks: list[Task], sampling: SamplingParams, evaluation: bool = False) -> WorkflowResult:
         return self._call("run", tasks, sampling, evaluation)
 
     def receive_weights(self, weights: Weights, version: int) -> None:
-        """A state dict is written to this explorer's shared-memory mailbox, which the actor
-        reads (and a restarted actor reads again)."""
+        """A state dict is written to this explorer's shared-memory mailbox, which the actor reads."""
         if isinstance(weights, dict):
             self._mailbox = self._mailbox or WeightMailbox()
             weights = self._mailbox.write(weights)
-        self._weights = (weights, version)
         self._call("receive_weights", weights, version)
 
     def release_memory(self) -> None:
@@ -267,7 +246,7 @@ class RemoteExplorer:
         self._call("resume_memory")
 
     def pid(self) -> int:
-        """The actor's process id (as of its last start)."""
+        """The actor's process id."""
         return self._pid
 
     def close(self) -> None:

@@ -50,7 +50,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from trinity_like.errors import TrinityError
+from trinity_like.errors import TrinityError, WorkerDiedError
 from trinity_like.experience import Experience
 from trinity_like.monitor.logger import PhaseTimer
 from trinity_like.monitor.timeline import Span
@@ -324,8 +324,10 @@ def run_concurrent(stage: Stage) -> dict[str, float]:
         explorer.load_newest()
         explorer.close()
         finish(stage, last)
-    except BaseException:
-        explorer.close(wait=False)
+    except BaseException as exc:
+        # A worker's death is restarted in this process (:mod:`.restart`), which closes the
+        # explorer next: the thread first ends its batch. Any other error ends the run at once.
+        explorer.close(wait=isinstance(exc, WorkerDiedError))
         raise
     finally:
         explorer.remove_snapshots()  # the explorer is not used again but to close it

@@ -155,8 +155,9 @@ def _build_explorer(stage: Stage) -> None:
     stage.reward_watch = RewardWatch.for_stage(cfg, stage.run_dir, stage.model_path, stage.role, stage.run.logger.write)
 
 
-def build_stage(spec: ResolvedStage, role: str) -> Stage:
-    """Validate data, then build what ``role`` needs (see the module doc)."""
+def build_stage(spec: ResolvedStage, role: str, run: RunDir | None = None) -> Stage:
+    """Validate data, then build what ``role`` needs (see the module doc) in ``run``, the run
+    directory a restarted stage keeps (:mod:`.restart`; None: open it)."""
     from trinity_like.models.resolve import load_tokenizer, resolve_model_path
 
     if role not in ROLES:
@@ -172,10 +173,11 @@ def build_stage(spec: ResolvedStage, role: str) -> Stage:
     data = load_stage_data(spec, role, tokenizer)
     objective = objective_from_stage(spec, one_update=one_update(spec)) if trains else None
     needs = frozenset(spec.needs | objective.inputs_needed()) if objective else frozenset()
-    run = RunDir.open(cfg, role)
-    run.logger.write(describe_precision(cfg.model.dtype, cfg.explorer.dtype, run_device()))
-    widths = cfg.cpu_threads()
-    run.logger.write(describe_threads(widths.explorer_alone, widths.trainer_alone, cfg.cluster.workers))
+    if run is None:
+        run = RunDir.open(cfg, role)
+        run.logger.write(describe_precision(cfg.model.dtype, cfg.explorer.dtype, run_device()))
+        widths = cfg.cpu_threads()
+        run.logger.write(describe_threads(widths.explorer_alone, widths.trainer_alone, cfg.cluster.workers))
     stage = Stage(spec=spec, role=role, model_path=model_path, tokenizer=tokenizer, data=data, run=run)
     try:
         if role != "offline":

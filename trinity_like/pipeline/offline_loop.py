@@ -34,7 +34,7 @@ from trinity_like.monitor.evals import TRAINED_PAIRS_FILE, append_evals
 from trinity_like.monitor.logger import PhaseTimer
 from trinity_like.ops import normalizers
 from trinity_like.pipeline.batching import experience_batch, pair_batch, split_rows
-from trinity_like.pipeline.build import build_stage
+from trinity_like.pipeline.restart import run_restartable
 from trinity_like.pipeline.rl_loop import LoopState, end_step, update
 from trinity_like.pipeline.stage import Stage
 from trinity_like.trainer.engines import build_engine
@@ -192,38 +192,40 @@ def run_offline(spec: ResolvedStage) -> dict[str, float]:
             "buffer.eval_tasks: answer accuracy needs a language model; a reward model reports "
             "pairwise accuracy on buffer.eval_data"
         )
-    stage = build_stage(spec, "offline")
-    try:
-        cfg, total = stage.config, stage.config.trainer.total_steps
-        loop = LoopState.resume(stage)
-        pair_metrics = stage.data.summary
-        trainer = OfflineTrainer(stage)
-        has_eval = bool(stage.data.eval_rows or stage.data.eval_tasks)
-        if loop.step == 0 and (pair_metrics or (has_eval and cfg.monitor.eval_at_start)):
-            at_start = trainer.evaluate(0, loop.model_version) if has_eval and cfg.monitor.eval_at_start else {}
-            stage.log(0, {**pair_metrics, **at_start})
-        last: dict[str, float] = {}
-        for step in range(loop.step + 1, total + 1):
-            timer, t0 = PhaseTimer(), time.perf_counter()
-            rows = stage.data.train.next_batch(trainer.batch_size)
-            if not rows:
-                raise TrinityError("the training set is empty")
-            with timer("reference"):
-                batch = trainer.batch(rows)
-            outputs: Batch | None = {} if stage.spec.algorithm.schema == "pair" else None
+    return run_restartable(spec, "offline", train_offline)  # a dead verl worker: again, from the checkpoint
+
+
+def train_offline(stage: Stage) -> dict[str, float]:
+    """The offline loop on a built stage, from its latest checkpoint to ``trainer.total_steps``."""
+    cfg, total = stage.config, stage.config.trainer.total_steps
+    loop = LoopState.resume(stage)
+    pair_metrics = stage.data.summary
+    trainer = OfflineTrainer(stage)
+    has_eval = bool(stage.data.eval_rows or stage.data.eval_tasks)
+    if loop.step == 0 and (pair_metrics or (has_eval and cfg.monitor.eval_at_start)):
+        at_start = trainer.evaluate(0, loop.model_version) if has_eval and cfg.monitor.eval_at_start else {}
+        stage.log(0, {**pair_metrics, **at_start})
+    last: dict[str, float] = {}
+    for step in range(loop.step + 1, total + 1):
+        timer, t0 = PhaseTimer(), time.perf_counter()
+        rows = stage.data.train.next_batch(trainer.batch_size)
+        if not rows:
+            raise TrinityError("the training set is empty")
+        with timer("reference"):
+            batch = trainer.batch(rows)
+        outputs: Batch | None = {} if stage.spec.algorithm.schema == "pair" else None
+        with stage.run.span("trainer", "update", step):
             last = update(stage, loop, step, batch, timer, outputs=outputs)
-            trained = "skipped/nan_loss" not in last
-            if outputs and trained:
-                with timer("record"):
-                    trainer.record(step, rows, batch, outputs)
-            trainer.free_reference()
-            loop.model_version = step
-            tokens = int(batch["attention_mask"].sum()) if trained else 0
-            end_step(stage, loop, step, timer, t0, last, tokens, evaluate=trainer.held_out)
-        if has_eval:
-            final = trainer.evaluate(total, loop.model_version)
-            stage.log(total, final)
-            last.update(final)
-        return last
-    finally:
-        stage.close()
+        trained = "skipped/nan_loss" not in last
+        if outputs and trained:
+            with timer("record"):
+                trainer.record(step, rows, batch, outputs)
+        trainer.free_reference()
+        loop.model_version = step
+        tokens = int(batch["attention_mask"].sum()) if trained else 0
+        end_step(stage, loop, step, timer, t0, last, tokens, evaluate=trainer.held_out)
+    if has_eval:
+        final = trainer.evaluate(total, loop.model_version)
+        stage.log(total, final)
+        last.update(final)
+    return last

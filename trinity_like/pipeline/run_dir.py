@@ -18,7 +18,7 @@ the timeline of when each actor was busy (``timeline.jsonl``,
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trinity_like.config.schema import Config
@@ -79,6 +79,7 @@ class RunDir:
     eval_log: Path | None = None  # where evaluations append each held-out answer (None: nowhere)
     timeline: Timeline | None = None  # when each actor was busy (None: not recorded)
     lock: RunLock | None = None  # the stage's claim on the directory, released by close()
+    steps: dict[str, int] = field(default_factory=dict)  # actor -> the step of its latest span (a death's step)
 
     @classmethod
     def open(cls, cfg: Config, role: str) -> RunDir:
@@ -109,6 +110,7 @@ class RunDir:
 
     def span(self, actor: str, phase: str, step: int) -> AbstractContextManager[None]:
         """Record the body as a span of ``actor`` in the timeline, if the directory keeps one."""
+        self.steps[actor] = step
         return self.timeline.span(actor, phase, step) if self.timeline is not None else nullcontext()
 
     def close(self) -> None:

@@ -195,7 +195,7 @@ class Stage:
         for sk in result.skipped:
             self.run.logger.write(f"step {step}: task {sk.task_id} skipped: {sk.reason}")
         check_step(self.config, result.skipped, len(tasks), step)  # most tasks skipped: stop with the first's error
-        metrics = {**result.metrics, "explorer/restarts": float(self.explorer.restarts)}
+        metrics = dict(result.metrics)
         if self.reward_watch is not None:  # the gold reward falling while the learned one rises (issue 22)
             versions = [e.model_version for e in result.experiences]
             # The actor holds the weights that sampled the batch only in turn with offset 0, where

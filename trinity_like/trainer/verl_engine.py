@@ -34,7 +34,6 @@ Example::
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -140,8 +139,7 @@ class VerlEngine:
         # meet at bundle 0's node (verl's MASTER_ADDR) over gloo, or nccl on GPUs.
         self.pool.pgs = [placement_group_for(verl.num_workers, self.use_gpu, verl.placement)]
         worker_env = dict(ray_runtime_env()["env_vars"])
-        if os.environ.get(fault_points.ENV_VAR):  # a fault test's kill point inside a worker (verl_worker_update)
-            worker_env[fault_points.ENV_VAR] = os.environ[fault_points.ENV_VAR]
+        worker_env.update(fault_points.env())  # a fault test's kill point inside a worker (verl_worker_update)
         if not self.use_gpu:
             worker_env.update(verl_cpu.worker_env())
         worker_cls = RayClassWithInitArgs(

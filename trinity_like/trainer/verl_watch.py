@@ -7,9 +7,10 @@ gloo's default timeout is 30 minutes, nccl's longer -- and a driver blocked on r
 future hangs with them. Our worker methods are therefore registered non-blocking and the
 driver waits with :func:`gather`: whichever future settles first is looked at first, and
 a dead worker's settles as soon as Ray sees its process end (a second or so), so the run
-stops with one line (:class:`WorkerDiedError`) while the survivors are still stuck. The
-engine's ``close`` then kills them; the same command resumes from the latest checkpoint
-(``tests/faults/test_verl_worker_kill.py``)::
+raises :class:`~trinity_like.errors.WorkerDiedError` while the survivors are still stuck. The
+engine's ``close`` then kills them, and the run builds the worker group again and resumes
+from its latest checkpoint (:mod:`trinity_like.pipeline.restart`,
+``tests/faults/test_verl_worker_kill.py``)::
 
     parts = gather(group.trinity_forward_backward(blocks, ...), "forward/backward", pids)
 """
@@ -21,11 +22,9 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from trinity_like.errors import TrinityError
+from trinity_like.errors import WorkerDiedError
 
-
-class WorkerDiedError(TrinityError):
-    """A verl worker process ended while the driver waited for it."""
+__all__ = ["WorkerDiedError", "gather"]
 
 
 def gather(refs: list[Any], what: str, pids: list[int] | None = None) -> list[Any]:
@@ -42,8 +41,8 @@ def gather(refs: list[Any], what: str, pids: list[int] | None = None) -> list[An
             pid = f" (pid {pids[rank]})" if pids else ""
             cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise WorkerDiedError(
-                f"verl worker rank {rank} of {len(refs)}{pid} died during {what} ({cause}); the "
-                f"other workers were stopped: run the same command to resume from the latest "
-                f"checkpoint"
+                f"verl worker rank {rank} of {len(refs)}{pid} died during {what} ({cause})",
+                "trainer",
+                "the other workers were stopped",
             ) from None
     return ray.get(list(refs))
