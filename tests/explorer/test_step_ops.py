@@ -36,7 +36,7 @@ def narrow_30():
 def test_the_count_sees_every_projection_and_does_not_depend_on_rows_or_keys(narrow_30):
     ops = count_decode_step_ops(narrow_30, rows=8, key_length=40)
     # Oracle from the architecture: q, k, v, o, gate, up, down per layer, then the output head.
-    assert ops["by_op"]["aten.linear.default"] == 7 * LAYERS + 1
+    assert ops["by_op"]["aten.mm.default"] == 7 * LAYERS + 1
     assert ops["total"] == sum(ops["by_op"].values())
     assert 0 < ops["kernels"] < ops["total"]
     assert count_decode_step_ops(narrow_30, rows=3, key_length=17)["total"] == ops["total"]
@@ -46,5 +46,6 @@ def test_the_count_sees_every_projection_and_does_not_depend_on_rows_or_keys(nar
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(greedy=True)], ids=["sampled", "greedy"])
 def test_a_decode_step_at_the_30_layer_shape_stays_lean(narrow_30, sampling):
     ops = count_decode_step_ops(narrow_30, rows=16, key_length=64, sampling=sampling)
-    # Measured before the lean step: 2157 operations, 1147 of them kernels (sampled).
-    assert ops["total"] <= 2200, ops["by_op"]
+    # Measured before the lean step: 2939 operations, 1285 of them kernels (sampled, fp32).
+    assert ops["total"] <= 3000, ops["by_op"]
+    assert ops["kernels"] <= 1300, ops["by_op"]
