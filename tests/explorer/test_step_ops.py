@@ -25,6 +25,7 @@ def narrow_30():
         num_hidden_layers=LAYERS,
         num_attention_heads=9,
         num_key_value_heads=3,
+        head_dim=64,  # SmolLM2-135M's (576 / 9)
         max_position_embeddings=1024,
         tie_word_embeddings=True,
         eos_token_id=2,
@@ -46,6 +47,7 @@ def test_the_count_sees_every_projection_and_does_not_depend_on_rows_or_keys(nar
 @pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(greedy=True)], ids=["sampled", "greedy"])
 def test_a_decode_step_at_the_30_layer_shape_stays_lean(narrow_30, sampling):
     ops = count_decode_step_ops(narrow_30, rows=16, key_length=64, sampling=sampling)
-    # Measured before the lean step: 2939 operations, 1285 of them kernels (sampled, fp32).
-    assert ops["total"] <= 3000, ops["by_op"]
-    assert ops["kernels"] <= 1300, ops["by_op"]
+    # Measured (fp32, sampled): 2939 operations / 1285 kernels before the lean step, 2180 / 1120 with it
+    # (greedy 2148 / 1090); the bounds leave room for a few operations, not for the old per-layer ones.
+    assert ops["total"] <= 2250, ops["by_op"]
+    assert ops["kernels"] <= 1150, ops["by_op"]

@@ -29,6 +29,7 @@ import torch
 
 from trinity_like.explorer.engine_contract import SamplingParams
 from trinity_like.explorer.kv_cache import SlotCache
+from trinity_like.explorer.lean_forward import lean_forward
 from trinity_like.explorer.sampling import greedy_tokens, sample_tokens, uniforms
 
 if TYPE_CHECKING:  # transformers' model layer costs ~1.6 s to import: only when a model runs
@@ -80,6 +81,13 @@ class SlotState:
         self.columns_L = torch.arange(max_length, device=device)
         self.slots, self.max_new, self.max_length = slots, max_new, max_length
         self.stop_ids: dict[tuple[int, ...], torch.Tensor] = {}  # the stop-id tensor of each settings
+        self.zeros: dict[torch.dtype, torch.Tensor] = {}  # a 0-d zero of each dtype (the masks' visible entries)
+
+    def zero(self, dtype: torch.dtype) -> torch.Tensor:
+        z = self.zeros.get(dtype)
+        if z is None:
+            z = self.zeros[dtype] = torch.zeros((), dtype=dtype, device=self.rows_S.device)
+        return z
 
     def stop_tensor(self, settings: StepSettings) -> torch.Tensor:
         ids = self.stop_ids.get(settings.stop_ids)
@@ -113,34 +121,51 @@ class SlotState:
 
 
 def sample_into(
-    state: SlotState, rows_B: torch.Tensor, logits_BV: torch.Tensor, settings: StepSettings, stop_ids: torch.Tensor
+    state: SlotState,
+    rows: int | torch.Tensor,
+    logits_BV: torch.Tensor,
+    settings: StepSettings,
+    stop_ids: torch.Tensor,
 ) -> None:
-    """Draw one token for each slot of ``rows_B`` from its logits and record it on the device.
+    """Draw one token for each slot of ``rows`` from its logits and record it on the device.
 
+    ``rows``: the slots ``0..rows-1`` (a decode step: the state is read and written through
+    views, in place) or a tensor of slot indices (admission: gathered, recorded, written back).
     A live slot's token and logprob go to column ``count`` of its row, its count grows, and it
     finishes on a stop token or at the cap; a finished slot's draw goes to the trash column and
-    changes nothing. Draw ``i`` of a sample uses ``uniforms(seed, i)``: its tokens depend on
-    its seed, never on its batch-mates.
+    changes nothing it reports. Draw ``i`` of a sample uses ``uniforms(seed, i)``: its tokens
+    depend on its seed, never on its batch-mates.
     """
-    live_B, count_B = state.live_S[rows_B], state.count_S[rows_B]
+    names = ("live_S", "count_S", "seed_S", "reason_S", "last_S", "tokens_SN", "logprobs_SN")
+    if isinstance(rows, int):
+        views = [getattr(state, n)[:rows] for n in names]
+    else:
+        views = [getattr(state, n)[rows] for n in names]
+    live_B, count_B, seed_B, reason_B, last_B, tokens_BN, logprobs_BN = views
     if settings.greedy:
         token_B, logprob_B = greedy_tokens(logits_BV)
     else:
-        u_B = uniforms(state.seed_S[rows_B], count_B)
         token_B, logprob_B = sample_tokens(
-            logits_BV, u_B, temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p
+            logits_BV,
+            uniforms(seed_B, count_B),
+            temperature=settings.temperature,
+            top_k=settings.top_k,
+            top_p=settings.top_p,
         )
-    column_B = torch.where(live_B, count_B, state.max_new)
-    state.tokens_SN[rows_B, column_B] = token_B
-    state.logprobs_SN[rows_B, column_B] = logprob_B.float()
-    count_B = count_B + live_B
-    stopped_B = live_B & (token_B[:, None] == stop_ids[None, :]).any(dim=1)
-    capped_B = live_B & ~stopped_B & (count_B >= settings.max_new)
-    reason_B = state.reason_S[rows_B]
-    state.reason_S[rows_B] = torch.where(stopped_B, STOP, torch.where(capped_B, LENGTH, reason_B))
-    state.live_S[rows_B] = live_B & ~(stopped_B | capped_B)
-    state.last_S[rows_B] = torch.where(live_B, token_B, state.last_S[rows_B])
-    state.count_S[rows_B] = count_B
+    column_B1 = torch.where(live_B, count_B, state.max_new)[:, None]
+    tokens_BN.scatter_(1, column_B1, token_B[:, None])
+    logprobs_BN.scatter_(1, column_B1, logprob_B[:, None].float())
+    count_B.add_(live_B)
+    stopped_B = live_B & (token_B[:, None] == stop_ids).any(dim=1)
+    capped_B = live_B & (count_B >= settings.max_new)
+    reason_B.masked_fill_(capped_B, LENGTH).masked_fill_(stopped_B, STOP)  # a stop token at the cap is a stop
+    live_B.logical_and_(reason_B == RUNNING)
+    # Every row feeds its draw next: a finished row's input changes nothing it reports (its
+    # draws go to the trash column, its position stays, its cached keys end before it).
+    last_B.copy_(token_B)
+    if not isinstance(rows, int):
+        for name, view in zip(names, views):
+            getattr(state, name)[rows] = view
 
 
 def decode_step(
@@ -152,23 +177,30 @@ def decode_step(
     settings: StepSettings,
     stop_ids: torch.Tensor,
 ) -> None:
-    """One forward over slots ``0..rows-1`` (keys ``0..key_length-1``) and one token each, all on the device."""
+    """One forward over slots ``0..rows-1`` (keys ``0..key_length-1``) and one token each, all on the device.
+
+    The forward is :mod:`.lean_forward`'s for the model families it knows (same logits, fewer
+    operations), else the model's own through the slot attention.
+    """
     pos_B = state.pos_S[:rows]
     cache.prepare_step(pos_B, key_length)
-    visible_BL = state.columns_L[:key_length][None, :] <= pos_B[:, None]
+    visible_BL = state.columns_L[:key_length] <= pos_B[:, None]
     dtype = model.dtype
-    zero = torch.zeros((), dtype=dtype, device=pos_B.device)
-    mask_B11L = torch.where(visible_BL, zero, torch.finfo(dtype).min)[:, None, None, :]
-    logits_BV = model(
-        input_ids=state.last_S[:rows, None],
-        position_ids=pos_B[:, None],
-        attention_mask=mask_B11L,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    ).logits[:, -1]
-    state.pos_S[:rows] += state.live_S[:rows]  # the fed token is cached now; a finished row stays put
-    sample_into(state, state.rows_S[:rows], logits_BV, settings, stop_ids)
+    mask_B11L = torch.where(visible_BL, state.zero(dtype), torch.finfo(dtype).min)[:, None, None, :]
+    lean = lean_forward(model)
+    if lean is not None:
+        logits_BV = lean(state.last_S[:rows], pos_B, mask_B11L, cache)
+    else:
+        logits_BV = model(
+            input_ids=state.last_S[:rows, None],
+            position_ids=pos_B[:, None],
+            attention_mask=mask_B11L,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]
+    pos_B.add_(state.live_S[:rows])  # the fed token is cached now; a finished row stays put
+    sample_into(state, rows, logits_BV, settings, stop_ids)
 
 
 class StepGraphs:
