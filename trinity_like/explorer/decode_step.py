@@ -31,6 +31,7 @@ from trinity_like.explorer.engine_contract import SamplingParams
 from trinity_like.explorer.kv_cache import SlotCache
 from trinity_like.explorer.lean_forward import lean_forward
 from trinity_like.explorer.sampling import greedy_tokens, sample_tokens, uniforms
+from trinity_like.models.device import DEVICE_TURN
 
 if TYPE_CHECKING:  # transformers' model layer costs ~1.6 s to import: only when a model runs
     from transformers import PreTrainedModel
@@ -210,14 +211,20 @@ class StepGraphs:
     cuBLAS and the allocator as capture requires), then the same step is captured -- capture
     records kernels without running them -- and every later step of that key replays it.
     Graphs read the weights, the cache and the slot state at fixed addresses: the owner drops
-    them (:meth:`clear`) when any of those moves. A capture that fails (an operation a graph
-    cannot hold) turns graphs off for this engine with one warning; steps then run eagerly.
+    them (:meth:`clear`) when any of those moves; weights updated in place keep them.
+
+    Capture is safe beside a trainer in another thread: it holds :data:`DEVICE_TURN` (a trainer
+    on the same GPU holds it through each step) and captures in ``thread_local`` mode (another
+    thread's allocator calls do not invalidate it). A capture that fails ends the capture and
+    leaves the thread on its own stream, drops the graphs' memory pool, and turns graphs off for
+    this engine with one warning that names the step's own error; steps then run eagerly.
     """
 
     def __init__(self) -> None:
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.pool = None  # one memory pool shared by every graph (they never run at once)
         self.failed: str | None = None  # why capture was turned off
+        self.captures = 0  # graphs captured so far (a kept workspace's graphs are not captured again)
 
     def run(self, key: tuple, step: Callable[[], None]) -> None:
         graph = self.graphs.get(key)
@@ -227,22 +234,50 @@ class StepGraphs:
         if self.failed is not None:
             step()
             return
+        with DEVICE_TURN:
+            error = self._capture(key, step)
+        if error is not None:
+            self.failed = f"{type(error).__name__}: {error}".splitlines()[0]
+            self.clear()
+            warnings.warn(f"rollout engine: CUDA graph capture failed, decoding eagerly ({self.failed})", stacklevel=2)
+
+    def _capture(self, key: tuple, step: Callable[[], None]) -> BaseException | None:
+        """Run ``step`` once for real, then capture it under ``key``; the error that stopped the capture, if any.
+
+        The error reported is the step's own (an operation a graph cannot hold) when it raised,
+        else ``capture_end``'s (the capture was invalidated). Either way the capture has ended
+        and the current stream is the caller's again when this returns.
+        """
+        caller = torch.cuda.current_stream()
         side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
+        side.wait_stream(caller)
         with torch.cuda.stream(side):
             step()
-        torch.cuda.current_stream().wait_stream(side)
+        caller.wait_stream(side)
+        torch.cuda.synchronize()  # nothing of the real step pending when the capture starts
         graph = torch.cuda.CUDAGraph()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        try:
-            with torch.cuda.graph(graph, pool=self.pool):
+        error: BaseException | None = None
+        with torch.cuda.stream(side):
+            try:
+                graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+            except RuntimeError as exc:
+                return exc
+            try:
                 step()
-        except RuntimeError as exc:  # capture only: the step above already ran for real
-            self.failed = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            warnings.warn(f"rollout engine: CUDA graph capture failed, decoding eagerly ({self.failed})", stacklevel=2)
-            return
-        self.graphs[key] = graph
+            except Exception as exc:  # noqa: BLE001 -- reported by the caller (graphs off), never swallowed
+                error = exc
+            finally:
+                try:
+                    graph.capture_end()
+                except RuntimeError as exc:
+                    error = error or exc
+        caller.wait_stream(side)
+        if error is None:
+            self.graphs[key] = graph
+            self.captures += 1
+        return error
 
     def clear(self) -> None:
         self.graphs.clear()
