@@ -22,7 +22,8 @@ of repeating keys, so strided cache views are read where they lie. On CUDA the d
 step runs the card's fused kernel (``scaled_dot_product_attention``, memory-efficient
 attention with the mask as a bias) over those views; on the CPU two ``matmul`` calls read
 them without the copy SDPA makes. Masks are additive float masks ``[B, 1, Q, L]`` built by
-the engine (transformers passes a 4-D mask through as it is).
+the engine (transformers passes a 4-D mask through as it is); a fresh prefill has none (its
+prompts are right-padded: plain causal attention, on SDPA's fused kernels).
 
 Letters: S slots, B active rows, H kv heads, G query heads per kv head, Q query length,
 L key length, D head dim, P prompt length.
@@ -65,11 +66,24 @@ def slot_attention(
     del module, dropout  # inference only
     b, hq, q, d = query.shape
     if q > 1:
-        # Prefill: torch's fused kernel never materialises the [B, H, Q, L] scores in full,
-        # which matters for long prompts; keys here are contiguous, fresh from the forward.
-        out_BXQD = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True
-        )
+        # Prefill: torch's fused kernels never materialise the [B, H, Q, L] scores in full,
+        # which matters for long prompts. Without a mask (fresh, right-padded prompts) it is
+        # plain causal attention, grouped heads included: the flash kernel takes both. A mask
+        # (prompts after kept keys) rules out flash, and the memory-efficient kernel takes no
+        # grouped heads: the kv heads are repeated for it (a prefill-sized copy, once).
+        if attention_mask is None:
+            out_BXQD = torch.nn.functional.scaled_dot_product_attention(
+                query, key, value, is_causal=True, scale=scaling, enable_gqa=True
+            )
+        else:
+            g = hq // key.shape[1]
+            out_BXQD = torch.nn.functional.scaled_dot_product_attention(
+                query,
+                key.repeat_interleave(g, dim=1),
+                value.repeat_interleave(g, dim=1),
+                attn_mask=attention_mask,
+                scale=scaling,
+            )
         return out_BXQD.transpose(1, 2), None
     h = key.shape[1]
     # Head j of the query uses kv head j // G (the order `repeat_kv` produces).
