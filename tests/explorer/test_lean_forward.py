@@ -103,3 +103,11 @@ def test_unsupported_families_get_the_models_own_forward():
     model = llama(12)
     model.config.hidden_act = "gelu"  # not the SiLU MLP the lean forward computes
     assert lean_forward(model) is None
+
+    class Adapted(torch.nn.Linear):  # a wrapped projection (LoRA-like) computes more than its weight
+        pass
+
+    wrapped = llama(12)
+    old = wrapped.model.layers[1].self_attn.v_proj
+    wrapped.model.layers[1].self_attn.v_proj = Adapted(old.in_features, old.out_features, bias=False)
+    assert lean_forward(wrapped) is None

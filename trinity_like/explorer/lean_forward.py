@@ -143,10 +143,15 @@ def supports(model: PreTrainedModel) -> bool:
         return False
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     attn = inner.layers[0].self_attn
-    return (
-        heads % kv_heads == 0
-        and attn.head_dim % 2 == 0
-        and all(
-            hasattr(layer, name) for layer in inner.layers for name in ("input_layernorm", "post_attention_layernorm")
-        )
-    )
+    if heads % kv_heads or attn.head_dim % 2:
+        return False
+    # Plain linear layers only: a wrapped one (a LoRA adapter, a quantised layer) computes more than
+    # its `.weight`, and only its own forward knows what.
+    linears = [model.lm_head]
+    norms = [inner.norm]
+    for layer in inner.layers:
+        a, m = layer.self_attn, layer.mlp
+        linears += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
+        norms += [layer.input_layernorm, layer.post_attention_layernorm]
+        norms += [a.q_norm, a.k_norm] if hasattr(a, "q_norm") else []
+    return all(type(x) is torch.nn.Linear for x in linears) and all(hasattr(n, "variance_epsilon") for n in norms)
