@@ -78,7 +78,7 @@ class Decoder(Protocol):
     params: EngineParams  # slots and prefill chunk size
     model_version: int  # stamped on every sample
     default_stop_ids: tuple[int, ...]  # when the call names none
-    pad_id: int  # left padding of a prefill
+    pad_id: int  # padding of a prefill (right of fresh prompts, left of those after kept keys)
     prefix_cache: PrefixCache  # kept sequences: read at prefill, offered each finished one
     timings: dict[str, float]  # seconds per TIMING_KEYS phase, accumulated
     pace: Callable[[], object] | None  # called before every decode step
@@ -330,7 +330,7 @@ class DecodeRun:
             del self.prefilled[request]
 
     def prefill_chunk(self) -> None:
-        """Prefill the next ``prefill_batch_size`` prompts, left-padded, in at most two forwards.
+        """Prefill the next ``prefill_batch_size`` prompts in at most two forwards.
 
         Prompts that extend a kept sequence run only their new tokens, batched together;
         the others run whole, as before. Two forwards rather than one: a whole prompt
