@@ -78,7 +78,7 @@ class Decoder(Protocol):
     params: EngineParams  # slots and prefill chunk size
     model_version: int  # stamped on every sample
     default_stop_ids: tuple[int, ...]  # when the call names none
-    pad_id: int  # left padding of a prefill
+    pad_id: int  # padding of a prefill (right of fresh prompts, left of those after kept keys)
     prefix_cache: PrefixCache  # kept sequences: read at prefill, offered each finished one
     timings: dict[str, float]  # seconds per TIMING_KEYS phase, accumulated
     pace: Callable[[], object] | None  # called before every decode step
@@ -330,7 +330,7 @@ class DecodeRun:
             del self.prefilled[request]
 
     def prefill_chunk(self) -> None:
-        """Prefill the next ``prefill_batch_size`` prompts, left-padded, in at most two forwards.
+        """Prefill the next ``prefill_batch_size`` prompts in at most two forwards.
 
         Prompts that extend a kept sequence run only their new tokens, batched together;
         the others run whole, as before. Two forwards rather than one: a whole prompt
@@ -351,16 +351,59 @@ class DecodeRun:
     def prefill_rows(self, requests: list[int], found: list[tuple[PrefixEntry | None, int]]) -> None:
         """One forward over the prompts of ``requests`` after their ``found`` (entry, matched) prefixes.
 
-        Keys are ``[M kept columns | S new columns]``: row n's kept keys are right-aligned
-        in the first M (= most matched), its new tokens right-aligned in the last S, at
-        positions ``matched, matched + 1, ...`` -- the positions a whole-prompt prefill
-        would give them, so rotary embeddings agree. Without kept keys (M = 0) this is
-        the plain left-padded prefill.
+        Fresh prompts (nothing kept) are right-padded: every real token sees only the real
+        tokens before it, so the forward is plain causal attention with no mask at all, which
+        SDPA runs on its fused kernels (flash / memory-efficient) rather than the masked math
+        path; each row's logits are read at its own last token. Prompts that extend kept
+        sequences need a mask: keys are ``[M kept columns | S new columns]``, row n's kept
+        keys right-aligned in the first M (= most matched), its new tokens right-aligned in
+        the last S, at positions ``matched, matched + 1, ...`` -- the positions a whole-prompt
+        prefill would give them, so rotary embeddings agree.
         """
         dev = self.device
         matched = [m for _, m in found]
         news = [self.requests[r].prompt_ids[m:] for r, m in zip(requests, matched)]
         width, past = max(len(t) for t in news), max(matched)  # S, M
+        cache = PrefillCache(self._num_layers(), past)
+        pad = self.engine.pad_id
+        if not past:
+            ids_NS = torch.tensor([list(t) + [pad] * (width - len(t)) for t in news], device=dev)
+            positions_NS = torch.arange(width, device=dev).expand(len(news), -1)
+            lasts = sorted({len(t) - 1 for t in news})  # the columns whose logits some row needs
+            logits_NKV = self.model(
+                input_ids=ids_NS,
+                position_ids=positions_NS,
+                attention_mask=None,  # causal: slot_attention runs SDPA with is_causal=True
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=torch.tensor(lasts, device=dev),
+            ).logits
+            column = {c: i for i, c in enumerate(lasts)}
+            logits_NV = logits_NKV[torch.arange(len(news), device=dev), [column[len(t) - 1] for t in news]]
+            spans_of = [((0, len(t)),) for t in news]
+        else:
+            logits_NV = self._prefill_after_kept(cache, news, found, width, past)
+            spans_of = [
+                ((past - m, m), (past + width - len(new), len(new))) if m else ((past + width - len(new), len(new)),)
+                for (_, m), new in zip(found, news)
+            ]
+        for row, (r, (entry, m), new) in enumerate(zip(requests, found, news)):
+            source = entry if entry is not None and m == len(entry.tokens) else None
+            self.prefilled[r] = _Prefilled(
+                cache, row, spans_of[row], m + len(new), logits_NV[row], len(self.requests[r].seeds), source
+            )
+
+    def _prefill_after_kept(
+        self,
+        cache: PrefillCache,
+        news: list[tuple[int, ...]],
+        found: list[tuple[PrefixEntry | None, int]],
+        width: int,
+        past: int,
+    ) -> torch.Tensor:
+        """The masked prefill of new tokens after kept keys (left-padded; see :meth:`prefill_rows`)."""
+        dev = self.device
+        matched = [m for _, m in found]
         pads_N = torch.tensor([width - len(t) for t in news], device=dev)
         matched_N = torch.tensor(matched, device=dev)
         ids_NS = torch.tensor([[self.engine.pad_id] * (width - len(t)) + list(t) for t in news], device=dev)
@@ -371,19 +414,18 @@ class DecodeRun:
         causal_SS = columns_S[None, :] <= columns_S[:, None]
         real_NS = columns_S[None, :] >= pads_N[:, None]
         visible_NSS = (causal_SS[None] & real_NS[:, None, :]) | torch.eye(width, dtype=torch.bool, device=dev)
-        cache = PrefillCache(self._num_layers(), past)
-        if past:
-            kept_NM = torch.arange(past, device=dev)[None, :] >= (past - matched_N)[:, None]
-            visible_NSS = torch.cat([kept_NM[:, None, :].expand(-1, width, -1), visible_NSS], dim=2)
-            kv = found[0][0].kv_L2HnD  # type: ignore[union-attr]  # every row here has an entry
-            cache.reserve(len(requests), kv.shape[2], past + width, kv.shape[4], kv.dtype, kv.device)
-            for row, (entry, m) in enumerate(found):
-                assert entry is not None
-                for layer, (k, v) in enumerate(zip(cache.keys, cache.values)):
-                    assert k is not None and v is not None
-                    k[row, :, past - m : past] = entry.kv_L2HnD[layer, 0, :, :m]
-                    v[row, :, past - m : past] = entry.kv_L2HnD[layer, 1, :, :m]
-        logits_NV = self.model(
+        kept_NM = torch.arange(past, device=dev)[None, :] >= (past - matched_N)[:, None]
+        visible_NSS = torch.cat([kept_NM[:, None, :].expand(-1, width, -1), visible_NSS], dim=2)
+        kv = next(e for e, _ in found if e is not None).kv_L2HnD
+        cache.reserve(len(news), kv.shape[2], past + width, kv.shape[4], kv.dtype, kv.device)
+        for row, (entry, m) in enumerate(found):
+            if entry is None or not m:
+                continue
+            for layer, (k, v) in enumerate(zip(cache.keys, cache.values)):
+                assert k is not None and v is not None
+                k[row, :, past - m : past] = entry.kv_L2HnD[layer, 0, :, :m]
+                v[row, :, past - m : past] = entry.kv_L2HnD[layer, 1, :, :m]
+        return self.model(
             input_ids=ids_NS,
             position_ids=positions_NS,
             attention_mask=self._additive(visible_NSS)[:, None],
@@ -391,12 +433,6 @@ class DecodeRun:
             use_cache=True,
             logits_to_keep=1,
         ).logits[:, -1]
-        for row, (r, (entry, m), new) in enumerate(zip(requests, found, news)):
-            spans = ((past - m, m), (past + width - len(new), len(new))) if m else ((width - len(new), len(new)),)
-            source = entry if entry is not None and m == len(entry.tokens) else None
-            self.prefilled[r] = _Prefilled(
-                cache, row, spans, m + len(new), logits_NV[row], len(self.requests[r].seeds), source
-            )
 
     def _num_layers(self) -> int:
         n = getattr(self.model.config, "num_hidden_layers", None)

@@ -29,7 +29,9 @@ import torch
 
 from trinity_like.explorer.engine_contract import SamplingParams
 from trinity_like.explorer.kv_cache import SlotCache
+from trinity_like.explorer.lean_forward import lean_forward
 from trinity_like.explorer.sampling import greedy_tokens, sample_tokens, uniforms
+from trinity_like.models.device import DEVICE_TURN
 
 if TYPE_CHECKING:  # transformers' model layer costs ~1.6 s to import: only when a model runs
     from transformers import PreTrainedModel
@@ -80,6 +82,13 @@ class SlotState:
         self.columns_L = torch.arange(max_length, device=device)
         self.slots, self.max_new, self.max_length = slots, max_new, max_length
         self.stop_ids: dict[tuple[int, ...], torch.Tensor] = {}  # the stop-id tensor of each settings
+        self.zeros: dict[torch.dtype, torch.Tensor] = {}  # a 0-d zero of each dtype (the masks' visible entries)
+
+    def zero(self, dtype: torch.dtype) -> torch.Tensor:
+        z = self.zeros.get(dtype)
+        if z is None:
+            z = self.zeros[dtype] = torch.zeros((), dtype=dtype, device=self.rows_S.device)
+        return z
 
     def stop_tensor(self, settings: StepSettings) -> torch.Tensor:
         ids = self.stop_ids.get(settings.stop_ids)
@@ -113,34 +122,51 @@ class SlotState:
 
 
 def sample_into(
-    state: SlotState, rows_B: torch.Tensor, logits_BV: torch.Tensor, settings: StepSettings, stop_ids: torch.Tensor
+    state: SlotState,
+    rows: int | torch.Tensor,
+    logits_BV: torch.Tensor,
+    settings: StepSettings,
+    stop_ids: torch.Tensor,
 ) -> None:
-    """Draw one token for each slot of ``rows_B`` from its logits and record it on the device.
+    """Draw one token for each slot of ``rows`` from its logits and record it on the device.
 
+    ``rows``: the slots ``0..rows-1`` (a decode step: the state is read and written through
+    views, in place) or a tensor of slot indices (admission: gathered, recorded, written back).
     A live slot's token and logprob go to column ``count`` of its row, its count grows, and it
     finishes on a stop token or at the cap; a finished slot's draw goes to the trash column and
-    changes nothing. Draw ``i`` of a sample uses ``uniforms(seed, i)``: its tokens depend on
-    its seed, never on its batch-mates.
+    changes nothing it reports. Draw ``i`` of a sample uses ``uniforms(seed, i)``: its tokens
+    depend on its seed, never on its batch-mates.
     """
-    live_B, count_B = state.live_S[rows_B], state.count_S[rows_B]
+    names = ("live_S", "count_S", "seed_S", "reason_S", "last_S", "tokens_SN", "logprobs_SN")
+    if isinstance(rows, int):
+        views = [getattr(state, n)[:rows] for n in names]
+    else:
+        views = [getattr(state, n)[rows] for n in names]
+    live_B, count_B, seed_B, reason_B, last_B, tokens_BN, logprobs_BN = views
     if settings.greedy:
         token_B, logprob_B = greedy_tokens(logits_BV)
     else:
-        u_B = uniforms(state.seed_S[rows_B], count_B)
         token_B, logprob_B = sample_tokens(
-            logits_BV, u_B, temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p
+            logits_BV,
+            uniforms(seed_B, count_B),
+            temperature=settings.temperature,
+            top_k=settings.top_k,
+            top_p=settings.top_p,
         )
-    column_B = torch.where(live_B, count_B, state.max_new)
-    state.tokens_SN[rows_B, column_B] = token_B
-    state.logprobs_SN[rows_B, column_B] = logprob_B.float()
-    count_B = count_B + live_B
-    stopped_B = live_B & (token_B[:, None] == stop_ids[None, :]).any(dim=1)
-    capped_B = live_B & ~stopped_B & (count_B >= settings.max_new)
-    reason_B = state.reason_S[rows_B]
-    state.reason_S[rows_B] = torch.where(stopped_B, STOP, torch.where(capped_B, LENGTH, reason_B))
-    state.live_S[rows_B] = live_B & ~(stopped_B | capped_B)
-    state.last_S[rows_B] = torch.where(live_B, token_B, state.last_S[rows_B])
-    state.count_S[rows_B] = count_B
+    column_B1 = torch.where(live_B, count_B, state.max_new)[:, None]
+    tokens_BN.scatter_(1, column_B1, token_B[:, None])
+    logprobs_BN.scatter_(1, column_B1, logprob_B[:, None].float())
+    count_B.add_(live_B)
+    stopped_B = live_B & (token_B[:, None] == stop_ids).any(dim=1)
+    capped_B = live_B & (count_B >= settings.max_new)
+    reason_B.masked_fill_(capped_B, LENGTH).masked_fill_(stopped_B, STOP)  # a stop token at the cap is a stop
+    live_B.logical_and_(reason_B == RUNNING)
+    # Every row feeds its draw next: a finished row's input changes nothing it reports (its
+    # draws go to the trash column, its position stays, its cached keys end before it).
+    last_B.copy_(token_B)
+    if not isinstance(rows, int):
+        for name, view in zip(names, views):
+            getattr(state, name)[rows] = view
 
 
 def decode_step(
@@ -152,23 +178,30 @@ def decode_step(
     settings: StepSettings,
     stop_ids: torch.Tensor,
 ) -> None:
-    """One forward over slots ``0..rows-1`` (keys ``0..key_length-1``) and one token each, all on the device."""
+    """One forward over slots ``0..rows-1`` (keys ``0..key_length-1``) and one token each, all on the device.
+
+    The forward is :mod:`.lean_forward`'s for the model families it knows (same logits, fewer
+    operations), else the model's own through the slot attention.
+    """
     pos_B = state.pos_S[:rows]
     cache.prepare_step(pos_B, key_length)
-    visible_BL = state.columns_L[:key_length][None, :] <= pos_B[:, None]
+    visible_BL = state.columns_L[:key_length] <= pos_B[:, None]
     dtype = model.dtype
-    zero = torch.zeros((), dtype=dtype, device=pos_B.device)
-    mask_B11L = torch.where(visible_BL, zero, torch.finfo(dtype).min)[:, None, None, :]
-    logits_BV = model(
-        input_ids=state.last_S[:rows, None],
-        position_ids=pos_B[:, None],
-        attention_mask=mask_B11L,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    ).logits[:, -1]
-    state.pos_S[:rows] += state.live_S[:rows]  # the fed token is cached now; a finished row stays put
-    sample_into(state, state.rows_S[:rows], logits_BV, settings, stop_ids)
+    mask_B11L = torch.where(visible_BL, state.zero(dtype), torch.finfo(dtype).min)[:, None, None, :]
+    lean = lean_forward(model)
+    if lean is not None:
+        logits_BV = lean(state.last_S[:rows], pos_B, mask_B11L, cache)
+    else:
+        logits_BV = model(
+            input_ids=state.last_S[:rows, None],
+            position_ids=pos_B[:, None],
+            attention_mask=mask_B11L,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]
+    pos_B.add_(state.live_S[:rows])  # the fed token is cached now; a finished row stays put
+    sample_into(state, rows, logits_BV, settings, stop_ids)
 
 
 class StepGraphs:
@@ -178,14 +211,20 @@ class StepGraphs:
     cuBLAS and the allocator as capture requires), then the same step is captured -- capture
     records kernels without running them -- and every later step of that key replays it.
     Graphs read the weights, the cache and the slot state at fixed addresses: the owner drops
-    them (:meth:`clear`) when any of those moves. A capture that fails (an operation a graph
-    cannot hold) turns graphs off for this engine with one warning; steps then run eagerly.
+    them (:meth:`clear`) when any of those moves; weights updated in place keep them.
+
+    Capture is safe beside a trainer in another thread: it holds :data:`DEVICE_TURN` (a trainer
+    on the same GPU holds it through each step) and captures in ``thread_local`` mode (another
+    thread's allocator calls do not invalidate it). A capture that fails ends the capture and
+    leaves the thread on its own stream, drops the graphs' memory pool, and turns graphs off for
+    this engine with one warning that names the step's own error; steps then run eagerly.
     """
 
     def __init__(self) -> None:
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.pool = None  # one memory pool shared by every graph (they never run at once)
         self.failed: str | None = None  # why capture was turned off
+        self.captures = 0  # graphs captured so far (a kept workspace's graphs are not captured again)
 
     def run(self, key: tuple, step: Callable[[], None]) -> None:
         graph = self.graphs.get(key)
@@ -195,22 +234,50 @@ class StepGraphs:
         if self.failed is not None:
             step()
             return
+        with DEVICE_TURN:
+            error = self._capture(key, step)
+        if error is not None:
+            self.failed = f"{type(error).__name__}: {error}".splitlines()[0]
+            self.clear()
+            warnings.warn(f"rollout engine: CUDA graph capture failed, decoding eagerly ({self.failed})", stacklevel=2)
+
+    def _capture(self, key: tuple, step: Callable[[], None]) -> BaseException | None:
+        """Run ``step`` once for real, then capture it under ``key``; the error that stopped the capture, if any.
+
+        The error reported is the step's own (an operation a graph cannot hold) when it raised,
+        else ``capture_end``'s (the capture was invalidated). Either way the capture has ended
+        and the current stream is the caller's again when this returns.
+        """
+        caller = torch.cuda.current_stream()
         side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
+        side.wait_stream(caller)
         with torch.cuda.stream(side):
             step()
-        torch.cuda.current_stream().wait_stream(side)
+        caller.wait_stream(side)
+        torch.cuda.synchronize()  # nothing of the real step pending when the capture starts
         graph = torch.cuda.CUDAGraph()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        try:
-            with torch.cuda.graph(graph, pool=self.pool):
+        error: BaseException | None = None
+        with torch.cuda.stream(side):
+            try:
+                graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+            except RuntimeError as exc:
+                return exc
+            try:
                 step()
-        except RuntimeError as exc:  # capture only: the step above already ran for real
-            self.failed = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            warnings.warn(f"rollout engine: CUDA graph capture failed, decoding eagerly ({self.failed})", stacklevel=2)
-            return
-        self.graphs[key] = graph
+            except Exception as exc:  # noqa: BLE001 -- reported by the caller (graphs off), never swallowed
+                error = exc
+            finally:
+                try:
+                    graph.capture_end()
+                except RuntimeError as exc:
+                    error = error or exc
+        caller.wait_stream(side)
+        if error is None:
+            self.graphs[key] = graph
+            self.captures += 1
+        return error
 
     def clear(self) -> None:
         self.graphs.clear()

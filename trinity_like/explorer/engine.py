@@ -232,12 +232,16 @@ class NativeEngine:
             device=k.device,
         )
         cuda = k.device.type == "cuda"
-        graphs = StepGraphs() if cuda and self.params.cuda_graphs else None
+        graphs = self._new_graphs(k.device)
         ws = Workspace(cache, SlotState(slots, max_new, max_length, k.device), graphs)
-        if cuda:
+        if cuda or graphs is not None:
             self._workspace = ws
         self.last_slots = slots
         return ws
+
+    def _new_graphs(self, device: torch.device) -> StepGraphs | None:
+        """The captured steps of a new workspace: on CUDA unless ``cuda_graphs`` is off."""
+        return StepGraphs() if device.type == "cuda" and self.params.cuda_graphs else None
 
     def workspace_stats(self) -> dict[str, object]:
         """The last call's slots, captured graphs and why graphs are off, if they are (reports)."""
@@ -249,9 +253,14 @@ class NativeEngine:
         }
 
     def release_memory(self) -> None:
-        """Drop the kept workspace (cache, slot state, captured graphs) and the kept prefixes,
-        and hand the freed device memory back (a trainer on the same GPU takes it next)."""
+        """Drop the kept prefixes and -- unless ``keep_graphs`` holds captured graphs -- the kept
+        workspace (cache, slot state, graphs), and hand the freed device memory back (a trainer
+        on the same GPU takes it next). A kept workspace's graphs replay at the next call without
+        a new capture: weights updated in place stay where the graphs read them."""
         self.prefix_cache.clear()
+        ws = self._workspace
+        if self.params.keep_graphs and ws is not None and ws.graphs is not None and ws.graphs.graphs:
+            return
         self._drop_workspace()
 
     def _drop_workspace(self) -> None:
@@ -259,7 +268,8 @@ class NativeEngine:
             return
         self._workspace = None
         gc.collect()  # graphs and their pool go with the last reference
-        torch.cuda.empty_cache()
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
 
     def resume_memory(self) -> None:
         """Nothing ahead of time: the next call allocates its workspace (sized to that call)."""

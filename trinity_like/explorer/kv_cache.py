@@ -22,7 +22,8 @@ of repeating keys, so strided cache views are read where they lie. On CUDA the d
 step runs the card's fused kernel (``scaled_dot_product_attention``, memory-efficient
 attention with the mask as a bias) over those views; on the CPU two ``matmul`` calls read
 them without the copy SDPA makes. Masks are additive float masks ``[B, 1, Q, L]`` built by
-the engine (transformers passes a 4-D mask through as it is).
+the engine (transformers passes a 4-D mask through as it is); a fresh prefill has none (its
+prompts are right-padded: plain causal attention, on SDPA's fused kernels).
 
 Letters: S slots, B active rows, H kv heads, G query heads per kv head, Q query length,
 L key length, D head dim, P prompt length.
@@ -65,28 +66,58 @@ def slot_attention(
     del module, dropout  # inference only
     b, hq, q, d = query.shape
     if q > 1:
-        # Prefill: torch's fused kernel never materialises the [B, H, Q, L] scores in full,
-        # which matters for long prompts; keys here are contiguous, fresh from the forward.
-        out_BXQD = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=True
-        )
+        # Prefill: torch's fused kernels never materialise the [B, H, Q, L] scores in full,
+        # which matters for long prompts. Without a mask (fresh, right-padded prompts) it is
+        # plain causal attention, grouped heads included: the flash kernel takes both. A mask
+        # (prompts after kept keys) rules out flash, and the memory-efficient kernel takes no
+        # grouped heads: the kv heads are repeated for it (a prefill-sized copy, once).
+        if attention_mask is None:
+            out_BXQD = torch.nn.functional.scaled_dot_product_attention(
+                query, key, value, is_causal=True, scale=scaling, enable_gqa=True
+            )
+        else:
+            g = hq // key.shape[1]
+            out_BXQD = torch.nn.functional.scaled_dot_product_attention(
+                query,
+                key.repeat_interleave(g, dim=1),
+                value.repeat_interleave(g, dim=1),
+                attn_mask=attention_mask,
+                scale=scaling,
+            )
         return out_BXQD.transpose(1, 2), None
     h = key.shape[1]
-    g = hq // h
     # Head j of the query uses kv head j // G (the order `repeat_kv` produces).
-    query_BHXD = query.reshape(b, h, g * q, d)
-    if query.is_cuda:
-        out_BHXD = torch.nn.functional.scaled_dot_product_attention(
-            query_BHXD, key, value, attn_mask=attention_mask, scale=scaling
-        )
-        return out_BHXD.view(b, hq, q, d).transpose(1, 2), None
-    scores_BHXL = torch.matmul(query_BHXD, key.transpose(-1, -2)).mul_(scaling)
-    if attention_mask is not None:
-        scores_BHGQL = scores_BHXL.view(b, h, g, q, -1)
-        scores_BHGQL.add_(attention_mask.unsqueeze(2))
-    probs_BHXL = torch.softmax(scores_BHXL, dim=-1, dtype=torch.float32).to(value.dtype)
-    out_BHXD = torch.matmul(probs_BHXL, value)
+    out_BHXD = decode_attention(query.reshape(b, h, hq // h * q, d), key, value, attention_mask, scaling)
     return out_BHXD.view(b, hq, q, d).transpose(1, 2), None
+
+
+def decode_attention(
+    query_BHXD: torch.Tensor,
+    key_BHLD: torch.Tensor,
+    value_BHLD: torch.Tensor,
+    mask_B1QL: torch.Tensor | None,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Attention of X = G*Q query rows per kv head over that head's keys: ``[B, H, X, D]``.
+
+    ``scaling`` None: the queries are scaled already (:mod:`.lean_forward` folds a power-of-two
+    scale into their rotation). On CUDA SDPA's fused kernel; on the CPU two ``matmul`` calls
+    read the strided cache views without the copy SDPA makes.
+    """
+    if query_BHXD.is_cuda:
+        return torch.nn.functional.scaled_dot_product_attention(
+            query_BHXD, key_BHLD, value_BHLD, attn_mask=mask_B1QL, scale=1.0 if scaling is None else scaling
+        )
+    b, h, x, _ = query_BHXD.shape
+    scores_BHXL = torch.matmul(query_BHXD, key_BHLD.transpose(-1, -2))
+    if scaling is not None:
+        scores_BHXL.mul_(scaling)
+    if mask_B1QL is not None:
+        q = mask_B1QL.shape[2]
+        scores_BHGQL = scores_BHXL.view(b, h, x // q, q, -1)
+        scores_BHGQL.add_(mask_B1QL.unsqueeze(2))
+    probs_BHXL = torch.softmax(scores_BHXL, dim=-1, dtype=torch.float32).to(value_BHLD.dtype)
+    return torch.matmul(probs_BHXL, value_BHLD)
 
 
 @contextlib.contextmanager

@@ -85,6 +85,8 @@ _SAFE_TEMPERATURE = 1e-30
 
 def _tempered(scores_BV: torch.Tensor, temperature: float) -> torch.Tensor:
     """``scores / temperature`` without inf - inf: tiny temperatures divide the max-shifted scores."""
+    if temperature == 1.0:
+        return scores_BV  # x / 1 == x exactly: one pass over the logits saved
     if temperature >= _SAFE_TEMPERATURE:
         return scores_BV / temperature
     shifted_BV = scores_BV - scores_BV.max(dim=-1, keepdim=True).values

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -44,6 +45,15 @@ if TYPE_CHECKING:
 DEVICE_PATTERN = r"auto|cpu|cuda(:\d+)?"  # what cluster.device accepts
 DTYPE_NAMES = ("auto", "float32", "bfloat16")  # model.dtype / explorer.dtype; auto: precision(device)
 _run_device = "auto"  # this process's device spec (set_run_device)
+
+# Held by whoever needs the GPU's allocator and streams quiet for a moment: the rollout engine
+# while it captures a CUDA graph (decode_step.StepGraphs), and a trainer on the same GPU while
+# it computes a step or hands memory over (pipeline.stage). PyTorch forbids allocating, syncing
+# or emptying the cache in one thread while another captures (torch.cuda.graph's docs); with
+# the explorer in a thread beside the trainer (synchronizer.offset >= 1, one GPU) both happen.
+# Re-entrant: the explorer thread hands the trainer's memory over while it holds it. Uncontended
+# (a CPU run, or one thread) it costs a lock acquisition.
+DEVICE_TURN = threading.RLock()
 
 
 def resolve_device(spec: str | None = None, *, where: str = "cluster.device") -> torch.device:

@@ -25,6 +25,12 @@ forward passes run beside the trainer's on the same cores (on a 2-core machine t
 them). An explorer actor (``placement: ray``, or beside verl's workers) runs in its own
 process; the explorer thread only waits on it.
 
+One GPU: the explorer thread's CUDA graph captures and the trainer's steps (and weight
+exports, and the memory handed over around a rollout) take turns on
+:data:`~trinity_like.models.device.DEVICE_TURN`: PyTorch forbids another thread to allocate,
+sync or empty the cache while one captures. Only captures wait (once per step shape); the
+rollout's replays run beside the trainer.
+
 Weights: the trainer changes its weights in place in every optimiser step, so the explorer
 never samples from them. A publish is a snapshot in a shared-memory mailbox of its own
 (:class:`Snapshots`): the engine writes it there (verl's rank 0 from its own process, never
@@ -52,6 +58,7 @@ from dataclasses import dataclass
 
 from trinity_like.errors import TrinityError, WorkerDiedError
 from trinity_like.experience import Experience
+from trinity_like.models.device import DEVICE_TURN
 from trinity_like.monitor.logger import PhaseTimer
 from trinity_like.monitor.timeline import Span
 from trinity_like.pipeline.explorer_process import needed_version
@@ -134,7 +141,8 @@ class BackgroundExplorer:
         """The trainer's weights now, as ``version``, for batches that may use them."""
         with self._cond:
             box = self._snapshots.spare()
-        weights = self.stage.trainer.actor.export_weights(box)  # outside the lock: the explorer goes on meanwhile
+        with DEVICE_TURN:  # outside the condition: the explorer goes on meanwhile (but captures no graph)
+            weights = self.stage.trainer.actor.export_weights(box)
         with self._cond:
             self._snapshots.hold(box)
             self._published[version] = weights
@@ -303,7 +311,8 @@ def run_concurrent(stage: Stage) -> dict[str, float]:
                     with stage.run.span("trainer", "wait", step):
                         batch = explorer.take()
                     put([batch], metrics)
-            with stage.run.span("trainer", "update", step), stage.resources.trainer_computing():
+            # DEVICE_TURN: the explorer thread captures its CUDA graphs between steps, never during one.
+            with stage.run.span("trainer", "update", step), stage.resources.trainer_computing(), DEVICE_TURN:
                 learned, tokens = learn(stage, loop, step, timer)
             metrics.update(learned)
             end_step(

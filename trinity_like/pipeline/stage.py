@@ -45,6 +45,7 @@ from trinity_like.envs.workflow import check_step
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Experience, Task, rollout_group_id, rollout_id
 from trinity_like.explorer.worker import Explorer, RemoteExplorer, sampling_params
+from trinity_like.models.device import DEVICE_TURN
 from trinity_like.monitor.evals import append_evals
 from trinity_like.pipeline.data_sources import StageData
 from trinity_like.pipeline.disk_full import disk_full_as_error
@@ -177,14 +178,16 @@ class Stage:
         takes the card. Elsewhere nothing changes hands."""
         shared = self._one_gpu()
         if shared:
-            self.trainer.actor.release_memory()
-            self.explorer.resume_memory()
+            with DEVICE_TURN:  # not while the trainer computes in another thread (offset >= 1)
+                self.trainer.actor.release_memory()
+                self.explorer.resume_memory()
         try:
             yield
         finally:
             if shared:
-                self.explorer.release_memory()
-                self.trainer.actor.resume_memory()
+                with DEVICE_TURN:
+                    self.explorer.release_memory()
+                    self.trainer.actor.resume_memory()
 
     def explore(self, step: int) -> tuple[list[Experience], dict[str, float]]:
         tasks = self.data.train.next_batch(self.config.explorer.batch_size)  # the position is checkpointed

@@ -87,59 +87,59 @@ class Packing:
 
 def pack(batch: Batch, *, share_prompts: bool = True) -> Packing | None:
     """Pack a micro-batch in our padded layout (:mod:`~trinity_like.trainer.base`); None when a
-    row has no prompt token (nothing would predict its first response token: run it padded)."""
-    input_ids, attention, positions = batch["input_ids"], batch["attention_mask"].bool(), batch["position_ids"]
+    row has no prompt token (nothing would predict its first response token: run it padded).
+
+    Where every token goes is worked out on the host from one copy of the ids and the mask (a
+    device batch is read back once, not row by row); the packed ids and positions are then
+    gathered on the batch's device in one indexing each.
+    """
+    input_ids, positions = batch["input_ids"], batch["position_ids"]
+    device = input_ids.device
     rows, width = input_ids.shape
     response_len = batch["response_mask"].shape[1]
     prompt_len = width - response_len
-    sequences: list[dict] = []
+    # Copies even on the CPU (cheap): the per-row work below never touches the batch's own tensors.
+    ids_host = input_ids.to("cpu", copy=True)
+    attention_host = batch["attention_mask"].to("cpu", dtype=torch.bool, copy=True)
+    sequences: list[dict] = []  # per sequence: flat source columns (b * width + c) and segment of each token
     by_prompt: dict[tuple[int, ...] | int, int] = {}
     placed = []  # per row: (sequence, offset of its response, response length, prompt length, response columns)
     for b in range(rows):
-        prompt_cols = attention[b, :prompt_len].nonzero().squeeze(-1)
+        prompt_cols = attention_host[b, :prompt_len].nonzero().squeeze(-1)
         if prompt_cols.numel() == 0:
             return None
-        response_cols = attention[b, prompt_len:].nonzero().squeeze(-1)
-        prompt = input_ids[b, prompt_cols]
-        key = tuple(prompt.tolist()) if share_prompts else b
+        response_cols = attention_host[b, prompt_len:].nonzero().squeeze(-1)
+        key = tuple(ids_host[b, prompt_cols].tolist()) if share_prompts else b
         if key not in by_prompt:
             by_prompt[key] = len(sequences)
-            sequences.append(
-                {
-                    "ids": [prompt],
-                    "pos": [positions[b, prompt_cols]],
-                    "seg": [torch.zeros_like(prompt)],
-                    "length": prompt.numel(),
-                    "responses": 0,
-                }
-            )
+            flat = (prompt_cols + b * width).tolist()
+            sequences.append({"flat": flat, "seg": [0] * len(flat), "responses": 0})
         seq = sequences[by_prompt[key]]
         seq["responses"] += 1
-        cols = response_cols + prompt_len
-        seq["ids"].append(input_ids[b, cols])
-        seq["pos"].append(positions[b, cols])
-        seq["seg"].append(torch.full_like(cols, seq["responses"]))
-        placed.append((by_prompt[key], seq["length"], cols.numel(), prompt_cols.numel(), response_cols))
-        seq["length"] += cols.numel()
-    length = max(s["length"] for s in sequences)
+        cols = (response_cols + prompt_len + b * width).tolist()
+        placed.append((by_prompt[key], len(seq["flat"]), len(cols), prompt_cols.numel(), response_cols))
+        seq["flat"] += cols
+        seq["seg"] += [seq["responses"]] * len(cols)
+    length = max(len(s["flat"]) for s in sequences)
     n = len(sequences)
-    ids = input_ids.new_zeros(n, length)
-    pos = positions.new_zeros(n, length)
-    seg = torch.full((n, length), -1, dtype=torch.long, device=input_ids.device)
-    for i, s in enumerate(sequences):
-        k = s["length"]
-        ids[i, :k], pos[i, :k], seg[i, :k] = torch.cat(s["ids"]), torch.cat(s["pos"]), torch.cat(s["seg"])
-    source = torch.full((rows, response_len), -1, dtype=torch.long, device=input_ids.device)
-    last = torch.empty(rows, dtype=torch.long, device=input_ids.device)
+    flat_NL = torch.tensor([s["flat"] + [-1] * (length - len(s["flat"])) for s in sequences])
+    seg_NL = torch.tensor([s["seg"] + [-1] * (length - len(s["seg"])) for s in sequences])
+    source = torch.full((rows, response_len), -1, dtype=torch.long)
+    last = torch.empty(rows, dtype=torch.long)
     for b, (i, offset, count, prompt_count, response_cols) in enumerate(placed):
         base = i * length
         if count:
             # response token t is predicted by the token before it: the prompt's last for t = 0
-            before = torch.arange(offset - 1, offset + count - 1, device=input_ids.device)
+            before = torch.arange(offset - 1, offset + count - 1)
             before[0] = prompt_count - 1
             source[b, response_cols] = base + before
         last[b] = base + (offset + count - 1 if count else prompt_count - 1)
-    return Packing(input_ids=ids, position_ids=pos, segment=seg, source=source, last=last)
+    flat_NL, seg_NL = flat_NL.to(device), seg_NL.to(device)
+    taken_NL = flat_NL.clamp(min=0)
+    real_NL = seg_NL >= 0
+    ids = torch.where(real_NL, input_ids.reshape(-1)[taken_NL], 0).view(n, length)
+    pos = torch.where(real_NL, positions.reshape(-1)[taken_NL], 0).view(n, length)
+    return Packing(input_ids=ids, position_ids=pos, segment=seg_NL, source=source.to(device), last=last.to(device))
 
 
 def length_order(batch: Batch, *, share_prompts: bool = True, unit: int = 1) -> torch.Tensor:
