@@ -135,6 +135,7 @@ class BackgroundExplorer:
         with self._cond:
             box = self._snapshots.spare()
         weights = self.stage.trainer.actor.export_weights(box)  # outside the lock: the explorer goes on meanwhile
+        self.stage.name_weights(version, weights)
         with self._cond:
             self._snapshots.hold(box)
             self._published[version] = weights
