@@ -95,10 +95,9 @@ def arriving_weights(state: dict, current: dict, base_folder: str | None) -> dic
     must catch, while the engine still takes the new version number:
 
     - ``drop``: None, nothing is loaded (an update lost on the way);
-    - ``all_but_one``: the first tensor, in name order, whose value would change is left out
-      (a partial load);
-    - ``unmerged``: the model folder's weights (``base_folder``) in place of every tensor that
-      differs from them: what an engine samples with when a LoRA adapter is never merged.
+    - ``all_but_one``: the first tensor, in name order, whose value would change keeps the
+      engine's value (a partial load that no missing key betrays; never one of a tied pair, whose other name would load it anyway);
+    - ``unmerged``: the model folder's weights (``base_folder``) in place of those sent: what an engine samples with when a LoRA adapter is never merged.
 
     ``current``: the engine's state dict now. Unset, this returns ``state`` at the cost of a counter.
     """
@@ -117,8 +116,14 @@ def arriving_weights(state: dict, current: dict, base_folder: str | None) -> dic
     import torch
 
     if kind == "all_but_one":
-        changed = [k for k in sorted(state) if k in current and not torch.equal(state[k].cpu(), current[k].cpu())]
-        return {k: v for k, v in state.items() if k != changed[0]} if changed else state
+        ptrs = [t.data_ptr() for t in current.values()]
+        shared = {k for k, t in current.items() if ptrs.count(t.data_ptr()) > 1}  # tied: loading either sets both
+        changed = [
+            k
+            for k in sorted(state)
+            if k in current and k not in shared and not torch.equal(state[k].cpu(), current[k].cpu())
+        ]
+        return {**state, changed[0]: current[changed[0]].detach().clone()} if changed else state
     from pathlib import Path
 
     from safetensors.torch import load_file
@@ -126,4 +131,4 @@ def arriving_weights(state: dict, current: dict, base_folder: str | None) -> dic
     base: dict = {}
     for file in sorted(Path(str(base_folder)).glob("*.safetensors")):
         base.update(load_file(str(file)))
-    return {k: (base[k].to(v.dtype) if k in base else v) for k, v in state.items()}
+    return {k: base[k].to(v.dtype) for k, v in state.items() if k in base}  # a tied output follows its input
