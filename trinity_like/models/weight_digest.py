@@ -41,7 +41,9 @@ Example::
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -49,6 +51,8 @@ from torch import nn
 SAMPLE = 1024  # elements sampled per tensor (a strided sample over the flattened tensor)
 OUTPUT_NAME = "lm_head.weight"  # Hugging Face causal LMs' output embedding, when no model says otherwise
 DIGEST_CHARS = 16  # hex characters of a digest (64 bits)
+DIGEST_FILE = "weights_digest.json"  # beside saved weights: their digest per dtype an engine may hold
+DIGEST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -125,3 +129,16 @@ def model_digest(model: nn.Module) -> str:
     dtypes = {t.dtype for t in state.values() if t.is_floating_point()}
     dtype = dtypes.pop() if len(dtypes) == 1 else None
     return weights_digest(state, dtype=dtype, output_name=output_embedding_name(model))
+
+
+def save_digests(folder: Path, state: Mapping[str, torch.Tensor]) -> None:
+    """Write the digest of ``state`` in each of :data:`DIGEST_DTYPES` beside weights saved in ``folder``."""
+    digests = {str(d).removeprefix("torch."): weights_digest(state, dtype=d) for d in DIGEST_DTYPES}
+    (Path(folder) / DIGEST_FILE).write_text(json.dumps(digests))
+
+
+def saved_digest(folder: Path, dtype: torch.dtype) -> str | None:
+    """The digest :func:`save_digests` wrote for ``dtype`` in ``folder`` (None: none was written)."""
+    file = Path(folder) / DIGEST_FILE
+    found = json.loads(file.read_text()).get(str(dtype).removeprefix("torch.")) if file.is_file() else None
+    return str(found) if found else None
