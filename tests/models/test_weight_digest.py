@@ -25,6 +25,8 @@ def naive_digest(state: dict[str, torch.Tensor], dtype: torch.dtype | None = Non
         sample = t[::stride]
         if dtype is not None and t.is_floating_point():
             sample = sample.to(dtype)
+        if sample.is_floating_point():
+            sample = sample + 0.0  # -0.0 counts as +0.0
         raw = sample.contiguous().view(torch.int16 if sample.element_size() == 2 else torch.int32).numpy()
         plain = sum(int(b) for b in raw) % 2**64
         weighted = sum(int(b) * (i + 1) for i, b in enumerate(raw)) % 2**64
@@ -87,3 +89,26 @@ def test_a_lora_merge_changes_it_and_an_untied_output_counts(model):
     assert weights_digest(merged) != weights_digest(base)
     tied_again = {**merged, "lm_head.weight": merged["model.embed_tokens.weight"]}
     assert weights_digest(tied_again) != weights_digest(merged)  # the merged output layer is counted
+
+
+@pytest.mark.slow
+def test_the_cost_benchmark_in_the_docs_runs():
+    """docs/reliability.md's command (one repetition: its figures are in the doc, not checked here)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    assert "python benchmarks/weight_digest.py" in (root / "docs" / "reliability.md").read_text()
+    out = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "weight_digest.py"), "--reps", "1"],
+        capture_output=True, text=True, timeout=600, check=True,
+    )  # fmt: skip
+    assert "% of a 5.0 s main-job step" in out.stdout
+
+
+def test_negative_zero_is_zero():
+    """A merge of an untrained adapter (W + 0 * BA) turns -0.0 into +0.0: the same weights, the same digest."""
+    state = {"w": torch.tensor([-0.0, 1.0, -2.0])}
+    assert weights_digest(state) == weights_digest({"w": state["w"] + 0.0}) == naive_digest(state)
+    assert weights_digest(state) != weights_digest({"w": torch.tensor([0.0, 1.0, 2.0])})

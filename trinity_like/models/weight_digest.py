@@ -70,6 +70,8 @@ def _sums(samples: list[torch.Tensor], dtype: torch.dtype | None) -> list[tuple[
     flat = torch.cat(samples)
     if dtype is not None and flat.dtype != dtype and flat.is_floating_point():
         flat = flat.to(dtype)
+    if flat.is_floating_point():
+        flat = flat + 0.0  # -0.0 -> +0.0: a LoRA merge W + 0 * BA turns one into the other, same weights
     if flat.dtype == torch.bool:
         flat = flat.to(torch.uint8)
     bits = flat.view(_BITS[flat.element_size()]).to(torch.int64)

@@ -59,13 +59,8 @@ from trinity_like.trainer.objective import Objective
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-STAGE_KEYS = (
-    "step",
-    "tasks",
-    "strategy",
-    "expert",
-    WEIGHTS_SENT,
-)  # what a checkpoint's state holds for the stage itself
+# what a checkpoint's state holds for the stage itself
+STAGE_KEYS = ("step", "tasks", "strategy", "expert", WEIGHTS_SENT)
 
 
 class StageVerbs(Protocol):
