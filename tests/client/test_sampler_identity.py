@@ -99,6 +99,12 @@ def test_a_spoiled_load_on_a_ray_sampler_actor_is_refused(base, monkeypatch, tmp
     try:
         with ServiceClient(backend="ray", log_dir=tmp_path) as service:
             trainer = service.create_lora_training_client(base_model="tiny-random", rank=2)
+            datum = types.Datum(
+                model_input=types.ModelInput.from_ints([3, 17, 40, 8]),
+                loss_fn_inputs={"target_tokens": [17, 40, 8, 99], "weights": [1.0, 1.0, 1.0, 1.0]},
+            )
+            trainer.forward_backward([datum], "cross_entropy").result()
+            trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()  # B moves: merged != base
             path = trainer.save_weights_for_sampler("s").result().path
             sampler = service.create_sampling_client(model_path=path)
             with pytest.raises(Exception, match=REFUSED):
