@@ -1,6 +1,6 @@
 """A sampler names the weights it holds (``SamplingClient.weights_digest``) and refuses to sample
-from weights that are not those it was given: in this process, on Ray's sampler actors and
-behind ``trinity-like serve``. The faults are injected on the engine's own load path
+from weights that are not those it was given, in this process (behind ``trinity-like serve``:
+``tests/serve/test_sampler_identity.py``). The faults are injected on the engine's own load path
 (``TRINITY_LIKE_WEIGHT_FAULT``, :func:`trinity_like.fault_points.arriving_weights`); the oracle
 digest is computed from an independent model that loaded the same weights."""
 
@@ -86,28 +86,3 @@ def test_a_folder_whose_weights_were_rewritten_after_saving_is_refused(base, tmp
     )
     with pytest.raises(ValueError, match=REFUSED):
         sample(SamplingClient("tiny-random", model_path=folder))
-
-
-def test_a_spoiled_load_on_a_ray_sampler_actor_is_refused(base, monkeypatch, tmp_path):
-    ray = pytest.importorskip("ray")
-    from trinity_like.client.service import ServiceClient
-
-    monkeypatch.setenv(ENV, "drop:1")  # before Ray starts: its workers take the driver's environment
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    try:
-        with ServiceClient(backend="ray", log_dir=tmp_path) as service:
-            trainer = service.create_lora_training_client(base_model="tiny-random", rank=2)
-            datum = types.Datum(
-                model_input=types.ModelInput.from_ints([3, 17, 40, 8]),
-                loss_fn_inputs={"target_tokens": [17, 40, 8, 99], "weights": [1.0, 1.0, 1.0, 1.0]},
-            )
-            trainer.forward_backward([datum], "cross_entropy").result()
-            trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()  # B moves: merged != base
-            path = trainer.save_weights_for_sampler("s").result().path
-            sampler = service.create_sampling_client(model_path=path)
-            with pytest.raises(Exception, match=REFUSED):
-                sample(sampler)
-    finally:
-        ray.shutdown()
