@@ -63,6 +63,7 @@ class Experience:
     group_size: int = 0  # rows of its group, when a train batch must hold whole groups; 0: claimed alone
     task_id: str = ""  # the task (dataset row) that produced it
     model_version: int = 0  # version of the weights that sampled it (staleness = now - this)
+    weights_digest: str = ""  # digest of those weights as the engine held them (models/weight_digest.py)
     finish_reason: str = ""  # "stop" | "length" | "" (not sampled)
     is_expert: bool = False  # an expert (SFT) row inside an RL batch (MIX)
     info: dict[str, Any] = field(default_factory=dict)  # free-form, JSON-serialisable

@@ -104,3 +104,55 @@ def write(point: str, path: str | os.PathLike) -> None:
     full disk gives (ENOSPC) if the armed fault says so."""
     if _arrive(point, WRITE_POINTS):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+
+# -- weight-sync faults: what a rollout engine loads, spoiled (tests/faults/test_weight_identity.py) --
+WEIGHT_ENV_VAR = "TRINITY_LIKE_WEIGHT_FAULT"
+WEIGHT_FAULTS = ("drop", "all_but_one", "unmerged")
+_loads = 0  # weight updates this process's rollout engines received
+
+
+def arriving_weights(state: dict, current: dict, base_folder: str | None) -> dict | None:
+    """The weights a rollout engine's ``update_weights`` loads: ``state``, or -- when
+    ``TRINITY_LIKE_WEIGHT_FAULT=<kind>:<n>`` is armed, from this process's ``n``-th update on --
+    the silent sync failures that the weight identity (:mod:`trinity_like.models.weight_digest`)
+    must catch, while the engine still takes the new version number:
+
+    - ``drop``: None, nothing is loaded (an update lost on the way);
+    - ``all_but_one``: the first tensor, in name order, whose value would change keeps the
+      engine's value (a partial load that no missing key betrays; never one of a tied pair, whose other name would load it anyway);
+    - ``unmerged``: the model folder's weights (``base_folder``) in place of those sent: what an engine samples with when a LoRA adapter is never merged.
+
+    ``current``: the engine's state dict now. Unset, this returns ``state`` at the cost of a counter.
+    """
+    global _loads
+    _loads += 1
+    raw = os.environ.get(WEIGHT_ENV_VAR, "")
+    if not raw:
+        return state
+    kind, _, n = raw.partition(":")
+    if kind not in WEIGHT_FAULTS or not n.isdigit() or int(n) < 1:
+        raise ValueError(f"{WEIGHT_ENV_VAR}={raw!r}: expected <kind>:<n> with a kind of {', '.join(WEIGHT_FAULTS)}")
+    if _loads < int(n):
+        return state
+    if kind == "drop":
+        return None
+    import torch
+
+    if kind == "all_but_one":
+        ptrs = [t.data_ptr() for t in current.values()]
+        shared = {k for k, t in current.items() if ptrs.count(t.data_ptr()) > 1}  # tied: loading either sets both
+        changed = [
+            k
+            for k in sorted(state)
+            if k in current and k not in shared and not torch.equal(state[k].cpu(), current[k].cpu())
+        ]
+        return {**state, changed[0]: current[changed[0]].detach().clone()} if changed else state
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    base: dict = {}
+    for file in sorted(Path(str(base_folder)).glob("*.safetensors")):
+        base.update(load_file(str(file)))
+    return {k: base[k].to(v.dtype) for k, v in state.items() if k in base}  # a tied output follows its input

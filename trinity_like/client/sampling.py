@@ -59,6 +59,7 @@ from trinity_like.explorer.engine_contract import SamplingParams as EngineSampli
 from trinity_like.explorer.engines import build_rollout_engine
 from trinity_like.models.device import resolve_device
 from trinity_like.models.resolve import load_tokenizer, resolve_model_path
+from trinity_like.models.weight_digest import save_digests, saved_digest, weights_digest
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf", ".index.json")  # not copied beside new weights
 # Below it, temperature (but 0, greedy) overflows logits / temperature in float32, and top_p rounds to 0 in
@@ -126,6 +127,7 @@ def write_weights(weights: Mapping[str, torch.Tensor], base_folder: Path, dest: 
             shutil.copy(file, dest / file.name)
     # Clones: safetensors refuses tensors sharing storage (tied embeddings) and views.
     save_file({k: v.detach().to("cpu").clone() for k, v in weights.items()}, str(dest / "model.safetensors"))
+    save_digests(dest, weights)  # a sampler created from the folder checks what it loaded against them
 
 
 def check_shapes(model: PreTrainedModel, weights: Mapping[str, torch.Tensor]) -> None:
@@ -248,6 +250,7 @@ class SamplingClient:
         self.version = version  # the model version the engine reports while it holds these weights
         self.device = device  # where the shared model runs: "auto" (a GPU when torch sees one), "cpu", "cuda:1", ...
         self._tokenizer: PreTrainedTokenizerBase | None = None
+        self._digest: str | None = None  # of the weights the engine holds for this client, once checked
 
     # -- the SDK's 0.38 transitional future: a sampler handed back is also its own future ----------
     def result(self, timeout: float | None = None) -> SamplingClient:
@@ -283,6 +286,7 @@ class SamplingClient:
         self._base_folder = Path(state["base_folder"])
         self._model_path = None if state["model_path"] is None else Path(state["model_path"])
         self._weights, self._memory_id, self._tokenizer = None, f"memory:{uuid.uuid4().hex}", None
+        self._digest = None
 
     # -- the shared engine ---------------------------------------------------------------------
     def _weights_id(self) -> str:
@@ -304,9 +308,31 @@ class SamplingClient:
                 folder = self._model_path or self._base_folder
                 weights = self._weights if self._weights is not None else read_weights(folder)
                 check_shapes(shared.engine.model, weights)  # type: ignore[attr-defined]  # native: an HF model
+                dtype = next(shared.engine.model.parameters()).dtype  # type: ignore[attr-defined]
+                saved = saved_digest(folder, dtype) if self._weights is None else None
+                expected = saved or weights_digest(weights, dtype=dtype)  # as saved, else as handed over
                 shared.engine.update_weights(weights, version=self.version, strict=True)
+                found = shared.engine.weights_digest
+                if found != expected:  # the engine does not hold what it was given: never sample from it
+                    raise ValueError(
+                        f"sampler weights v{self.version} ({folder if self._weights is None else 'in memory'}): "
+                        f"the engine holds digest {found}, expected {expected}"
+                    )
                 shared.loaded = wanted
+                self._digest = found
+            elif self._digest is None:
+                self._digest = shared.engine.weights_digest
             return shared.engine
+
+    @property
+    def weights_digest(self) -> str:
+        """The digest (:mod:`trinity_like.models.weight_digest`) of the weights this client samples
+        with, as the engine computed it from its model after loading them, checked against the
+        digest of the weights handed over (or saved beside ``model_path``). Loads them if need be."""
+        if self._digest is None:
+            _queue().submit(None, lambda jobs: [jobs[0].args[0]._engine()], self).result()
+        assert self._digest is not None
+        return self._digest
 
     # -- requests (each runs on the process's sampling queue) ----------------------------------
     def run_requests(self, requests: Sequence[Request], sampling: EngineSampling) -> list[list[Sample]]:

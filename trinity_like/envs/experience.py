@@ -36,6 +36,7 @@ def trajectory_experience(
         raise TrinityError("trajectory_experience: the trajectory has no transitions")
     tokens = list(steps[-1].observation) + list(steps[-1].action)
     prompt_length = len(steps[0].observation)
+    stalest = min(steps, key=lambda step: step.model_version)
     mask: list[int] = []
     logprobs: list[float] = []
     done = prompt_length  # tokens laid out so far
@@ -64,7 +65,8 @@ def trajectory_experience(
         reward=float(reward),
         group_id=group_id,
         task_id=task_id,
-        model_version=min(step.model_version for step in steps),  # the stalest turn decides
+        model_version=stalest.model_version,  # the stalest turn decides
+        weights_digest=stalest.weights_digest,
         finish_reason=steps[-1].finish_reason,
         info={
             "turns": len(steps),

@@ -169,6 +169,7 @@ class _Action:
     logprobs: list[float]
     finish_reason: str
     model_version: int
+    weights_digest: str
 
 
 def _sample(
@@ -208,6 +209,7 @@ def _sample(
                 list(sample.logprobs[:cap]),
                 "length" if cut else sample.finish_reason,
                 sample.model_version,
+                sample.weights_digest,
             )
     return [a for a in actions if a is not None], len(by_stop)
 
@@ -289,6 +291,7 @@ def _step(ep: _Episode, action: _Action, params: RolloutParams, calls: EnvCalls)
             metrics,
             action.finish_reason,
             action.model_version,
+            action.weights_digest,
         )
     )
     if result.episode_done:

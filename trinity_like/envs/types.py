@@ -150,6 +150,7 @@ class Transition:
     metrics: Metrics = field(default_factory=dict)
     finish_reason: str = ""  # the sampler's: "stop" | "length"
     model_version: int = 0  # version of the weights that sampled the action
+    weights_digest: str = ""  # the engine's digest of those weights
 
 
 @dataclass

@@ -77,6 +77,7 @@ class Decoder(Protocol):
     tokenizer: PreTrainedTokenizerBase | None  # decodes tails for stop strings
     params: EngineParams  # slots and prefill chunk size
     model_version: int  # stamped on every sample
+    weights_digest: str  # stamped on every sample
     default_stop_ids: tuple[int, ...]  # when the call names none
     pad_id: int  # padding of a prefill (right of fresh prompts, left of those after kept keys)
     prefix_cache: PrefixCache  # kept sequences: read at prefill, offered each finished one
@@ -123,7 +124,7 @@ class DecodeRun:
         self.model = engine.model
         self.requests = requests
         self.sampling = sampling
-        self.version = engine.model_version
+        self.version, self.digest = engine.model_version, engine.weights_digest
         self.device = next(self.model.parameters()).device
         stop_ids = sampling.stop_token_ids if sampling.stop_token_ids is not None else engine.default_stop_ids
         self.settings = StepSettings.of(sampling, frozenset(stop_ids))
@@ -225,7 +226,7 @@ class DecodeRun:
             assert slot is not None
             n = slot.count
             self.results[slot.request][slot.sample] = Sample(
-                slot.request, slot.sample, toks[:n], lps[:n], REASONS.get(reason, "stop"), self.version
+                slot.request, slot.sample, toks[:n], lps[:n], REASONS.get(reason, "stop"), self.version, self.digest
             )
             self.keep(i, slot, toks[:n])
             self.slots[i] = None

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from trinity_like import fault_points
 from trinity_like.errors import TrinityError
 from trinity_like.explorer.decode import DecodeRun, Workspace
 from trinity_like.explorer.decode_step import SlotState, StepGraphs
@@ -64,6 +65,7 @@ from trinity_like.models.tied import (
     ties_output_again,
     untie_output_embeddings,
 )
+from trinity_like.models.weight_digest import model_digest
 
 if TYPE_CHECKING:  # transformers' model layer costs ~1.6 s to import: only when a model runs
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -122,6 +124,7 @@ class NativeEngine:
         self.tokenizer = tokenizer
         self.params = params
         self.model_version = model_version
+        self.weights_digest = model_digest(self.model)  # of what it holds: stamped on every sample
         self.default_stop_ids = _stop_ids(model, tokenizer)
         self.timings = dict.fromkeys(TIMING_KEYS, 0.0)  # seconds, accumulated over calls
         pad = tokenizer.pad_token_id if tokenizer is not None else None
@@ -153,6 +156,13 @@ class NativeEngine:
         """
         borrow = isinstance(weights, Borrowed)
         state_dict = weights.tensors if isinstance(weights, Borrowed) else weights
+        arrived = fault_points.arriving_weights(
+            state_dict, self.model.state_dict(), getattr(self.model, "name_or_path", None)
+        )  # the sync path's fault injection (tests/faults/test_weight_identity.py); unset: `state_dict`
+        if arrived is None:  # an update lost on the way: the version moves, the weights do not
+            self.model_version = self.model_version + 1 if version is None else int(version)
+            return self.model_version
+        state_dict = arrived
         before = [p.data_ptr() for p in self.model.parameters()]
         if gives_tied_output_its_own(self.model, state_dict):
             untie_output_embeddings(self.model)  # merged LoRA weights that trained a tied lm_head
@@ -183,6 +193,7 @@ class NativeEngine:
         if strict and (missing or result.unexpected_keys):
             raise TrinityError(f"update_weights: missing {sorted(missing)}, unexpected {result.unexpected_keys}")
         self.model_version = self.model_version + 1 if version is None else int(version)
+        self.weights_digest = model_digest(self.model)  # read back from the parameters, after the load
         return self.model_version
 
     def _tied_keys(self) -> set[str]:

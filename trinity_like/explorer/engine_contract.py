@@ -13,6 +13,7 @@ workflows, the client's sampler, environments) needs only these types::
     requests = [Request(tuple(prompt_ids), tuple(sample_seed(sampling.seed, 0, s) for s in range(8)))]
     samples = engine.run(requests, sampling)[0]          # list[Sample], one per seed
     samples[3].token_ids, samples[3].logprobs, samples[3].finish_reason
+    samples[3].model_version, samples[3].weights_digest   # which weights sampled it
     engine.update_weights(state_dict, version=1)         # copied in; Borrowed(state_dict): used as they are
 """
 
@@ -111,6 +112,7 @@ class Sample:
     logprobs: list[float]  # per response token, under the sampling distribution
     finish_reason: str  # "stop" (stop token or string) or "length" (max_new_tokens)
     model_version: int  # version of the weights that produced it
+    weights_digest: str = ""  # the engine's digest of those weights (models/weight_digest.py)
 
 
 def sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:
@@ -153,6 +155,9 @@ class RolloutEngine(Protocol):
 
     tokenizer: Any  # the model's tokenizer (workflows render prompts and decode with it)
     model_version: int  # stamped on every sample; set by update_weights
+    # digest of the weights the engine holds, computed from its model after every load
+    # (trinity_like.models.weight_digest.model_digest), stamped on every sample
+    weights_digest: str
     default_stop_ids: tuple[int, ...]  # stop tokens when a call names none (the model's eos ids)
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Sample]]:

@@ -176,6 +176,7 @@ class MathWorkflow:
                         group_id=group_id,
                         task_id=task.task_id,
                         model_version=sample.model_version,
+                        weights_digest=sample.weights_digest,
                         finish_reason=sample.finish_reason,
                         info=info,
                     )

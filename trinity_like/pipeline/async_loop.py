@@ -143,6 +143,7 @@ class BackgroundExplorer:
             box = self._snapshots.spare()
         with DEVICE_TURN:  # outside the condition: the explorer goes on meanwhile (but captures no graph)
             weights = self.stage.trainer.actor.export_weights(box)
+        self.stage.name_weights(version, weights)
         with self._cond:
             self._snapshots.hold(box)
             self._published[version] = weights

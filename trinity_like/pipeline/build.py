@@ -40,6 +40,7 @@ from trinity_like.pipeline.reward_watch import RewardWatch
 from trinity_like.pipeline.run_dir import RunDir
 from trinity_like.pipeline.self_pairs import add_self_pairs
 from trinity_like.pipeline.stage import Stage, Trainer
+from trinity_like.pipeline.weight_ledger import WeightLedger
 from trinity_like.registry import SAMPLE_STRATEGY
 from trinity_like.trainer.engines import build_engine
 from trinity_like.trainer.objective import Objective, objective_from_stage
@@ -192,6 +193,8 @@ def build_stage(spec: ResolvedStage, role: str, run: RunDir | None = None) -> St
                 stage.explorer = ExplorerWorker(cfg, str(model_path))
         if objective is not None:
             _build_trainer(stage, objective, needs)
+            if spec.algorithm.use_rollout and role != "offline":  # every trained row names its weights
+                stage.ledger = WeightLedger.for_config(cfg)
     except BaseException:
         stage.close()
         raise

@@ -177,6 +177,8 @@ def learn(stage: Stage, loop: LoopState, step: int, timer: PhaseTimer) -> tuple[
         )
     if not rows:
         raise TrinityError(f"step {step}: the buffer gave no experiences (explorer produced none?)")
+    if stage.ledger is not None:  # every row was sampled by weights the trainer sent (weight_ledger)
+        stage.ledger.check(step, rows, loop.model_version)
     batch: Batch | None = experience_batch(rows, stage.pad_id)
     metrics = {**short, **rollout_stats(batch, loop.model_version)}
     if stage.spec.dynamic_sampling:

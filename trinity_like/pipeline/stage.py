@@ -52,6 +52,8 @@ from trinity_like.pipeline.disk_full import disk_full_as_error
 from trinity_like.pipeline.reward_watch import RewardWatch
 from trinity_like.pipeline.run_dir import RunDir
 from trinity_like.pipeline.weight_channel import WeightChannel
+from trinity_like.pipeline.weight_ledger import KEY as WEIGHTS_SENT
+from trinity_like.pipeline.weight_ledger import WeightLedger
 from trinity_like.registry import REWARD_FN
 from trinity_like.trainer.base import TrainEngine
 from trinity_like.trainer.objective import Objective
@@ -59,7 +61,8 @@ from trinity_like.trainer.objective import Objective
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-STAGE_KEYS = ("step", "tasks", "strategy", "expert")  # what a checkpoint's state holds for the stage itself
+# what a checkpoint's state holds for the stage itself
+STAGE_KEYS = ("step", "tasks", "strategy", "expert", WEIGHTS_SENT)
 
 
 class StageVerbs(Protocol):
@@ -149,6 +152,7 @@ class Stage:
     storage: ExperienceSource | None = None
     strategy: SampleStrategy | None = None
     reward_watch: RewardWatch | None = None
+    ledger: WeightLedger | None = None  # the weights the trainer sent, by name (a trainer with an explorer)
     resources: Resources = field(default_factory=Resources)
 
     @property
@@ -276,11 +280,20 @@ class Stage:
         """In memory, or through the file channel (:mod:`.weight_channel`), as ``synchronizer.method`` says."""
         if self.config.sync_method() == "memory":
             if self.explorer is not None:
-                self.explorer.receive_weights(self.trainer.actor.export_weights(), version)
+                weights = self.trainer.actor.export_weights()
+                self.name_weights(version, weights)
+                self.explorer.receive_weights(weights, version)
             return
-        folder = WeightChannel(self.run_dir).publish(version, self._save_weights)
+        saved: dict = {}
+        folder = WeightChannel(self.run_dir).publish(version, lambda f: saved.update(self._save_weights(f)))
+        self.name_weights(version, saved or folder)  # a folder published before a resume: read back
         if self.explorer is not None:
             self.explorer.receive_weights(folder, version)
+
+    def name_weights(self, version: int, weights: Any) -> None:
+        """Record the identity of the weights sent as ``version`` (:mod:`.weight_ledger`)."""
+        if self.ledger is not None:
+            self.ledger.record(version, weights)
 
     # -- checkpoints -----------------------------------------------------------------------
     def save_checkpoint(self, step: int, loop_state: dict[str, Any]) -> Path:
@@ -295,6 +308,7 @@ class Stage:
             "tasks": _state(self.data.train),
             "strategy": _state(self.strategy),
             "expert": _state(self.data.expert),
+            WEIGHTS_SENT: _state(self.ledger),
         }
         path = self.run.checkpoints.save(step, {**loop_state, **positions}, writers)
         if self.storage is not None:
@@ -311,6 +325,8 @@ class Stage:
         if latest is None:
             if self.storage is not None:
                 self.storage.recover(None)
+            if self.ledger is not None:  # version 0: the starting weights, which the explorer loaded itself
+                self.name_weights(0, self.trainer.actor.export_weights())
             return 0, {}
         checkpoints.verify(latest)  # every file as saved and readable: what follows reads only those
         state = checkpoints.read_state(latest)
@@ -329,6 +345,8 @@ class Stage:
                         f"checkpoint {latest}: state.json: its {key!r} position does not load ({_first_line(exc)})"
                     ) from None
         step = int(state["step"])
+        if self.ledger is not None:
+            self.ledger.load_state_dict(state.get(WEIGHTS_SENT))
         if self.storage is not None:
             moved = self.storage.recover(step)
             if any(moved.values()):
@@ -369,13 +387,14 @@ class Stage:
         self.run.close()
 
     # -- helpers ---------------------------------------------------------------------------
-    def _save_weights(self, folder: str) -> None:
+    def _save_weights(self, folder: str) -> dict[str, Any]:
         """The actor's weights alone (no optimiser state): what an explorer loads."""
         from safetensors.torch import save_file
 
         Path(folder).mkdir(parents=True, exist_ok=True)
         state = {k: v.contiguous() for k, v in self.trainer.actor.state_dict().items()}
         save_file(state, str(Path(folder) / "model.safetensors"))
+        return state
 
     def _intact(self, what: str) -> str:
         latest = self.run.checkpoints.latest()

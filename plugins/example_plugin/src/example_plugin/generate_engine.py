@@ -37,6 +37,7 @@ from trinity_like.explorer.engine_contract import (
     sample_seed,
 )
 from trinity_like.explorer.sampling import greedy_tokens, sample_tokens, seed_bits, uniforms
+from trinity_like.models.weight_digest import model_digest
 from trinity_like.registry import ROLLOUT_ENGINE
 
 
@@ -84,6 +85,7 @@ class GenerateEngine:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.model_version = 0
+        self.weights_digest = model_digest(self.model)  # what each sample names its weights by
         eos = self.model.generation_config.eos_token_id
         ids = {eos} if isinstance(eos, int) else set(eos or ())
         if tokenizer.eos_token_id is not None:
@@ -139,7 +141,7 @@ class GenerateEngine:
         out: list[list[Sample]] = [[] for _ in requests]
         for (r, s), toks, lps in zip(rows, tokens_RN, logprobs_RN):
             n, reason = self._length(toks, set(stop_ids), sampling)
-            out[r].append(Sample(r, s, toks[:n], lps[:n], reason, self.model_version))
+            out[r].append(Sample(r, s, toks[:n], lps[:n], reason, self.model_version, self.weights_digest))
         return out
 
     def _length(self, tokens: list[int], stop_ids: set[int], sampling: SamplingParams) -> tuple[int, str]:
@@ -165,6 +167,7 @@ class GenerateEngine:
         if strict and (missing or result.unexpected_keys):
             raise TrinityError(f"hf_generate: missing {sorted(missing)}, unexpected {result.unexpected_keys}")
         self.model_version = self.model_version + 1 if version is None else int(version)
+        self.weights_digest = model_digest(self.model)
         return self.model_version
 
     def release_memory(self) -> None:
