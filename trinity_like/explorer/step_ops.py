@@ -112,22 +112,7 @@ def count_decode_step_ops(
 
 
 def smollm2_135m_shape(*, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> PreTrainedModel:
-    """A randomly initialised Llama of SmolLM2-135M's sizes (30 layers, 9 heads over 3 kv heads)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """A randomly initialised model of SmolLM2-135M's sizes (30 layers, 9 heads over 3 kv heads)."""
+    from trinity_like.models.shapes import shaped_model
 
-    config = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        max_position_embeddings=8192,
-        rope_theta=100000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
+    return shaped_model("smollm2-135m", device=device, dtype=dtype)
