@@ -1,8 +1,9 @@
 """Threads that share the machine: as many as the cores this process is given, and none
 spinning on a core another process needs.
 
-Two things made a run crawl beside other work on a laptop (a main-job-shaped step: 258 s
-beside a CPU-bound process against 42 s with one thread, docs/runs.md):
+Two things made a run crawl beside other work on a laptop (a user saw a main-job-shaped step
+take 258 s beside a CPU-bound process against 42 s with one thread; our measurement is in
+docs/runs.md):
 
 - **Spinning.** torch's CPU build runs its intra-op threads on GNU OpenMP, whose threads
   busy-wait at the end of each parallel region for the next one (``OMP_WAIT_POLICY`` unset:
@@ -29,7 +30,8 @@ import sys
 from pathlib import Path
 
 # Spins of a waiting OpenMP thread before it sleeps (libgomp's default is 300,000, ~0.1-1 ms
-# of a core; 0 is OMP_WAIT_POLICY=PASSIVE). Chosen in benchmarks/threads.py: see its results.
+# of a core; 0 is OMP_WAIT_POLICY=PASSIVE). Chosen in benchmarks/threads.py (docs/runs.md): fastest
+# quiet, and 1.9x faster than the default beside a CPU-bound competitor.
 SPINCOUNT = 10_000
 OWN = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # the user's choice of either wins
 _chosen: dict[str, str] = {}  # what apply() set in this process, for describe()
