@@ -114,7 +114,8 @@ def test_the_explorer_flags_its_rollouts_and_takes_its_width_at_every_decode_ste
             if len(widths) == 3:  # the trainer finishes during the rollout
                 trainer.__exit__(None, None, None)
 
-        worker.engine.model.register_forward_pre_hook(hook)
+        # every forward embeds its tokens once, the model's own and the lean decode step's (explorer/lean_forward.py)
+        worker.engine.model.get_input_embeddings().register_forward_pre_hook(hook)
         trainer.__enter__()
         worker.run(arithmetic_tasks(ArithmeticParams(), "train", 2), sampling_params(cfg, step=1))
         assert widths[:3] == [1, 1, 1] and set(widths[3:]) == {4} and len(widths) > 4
