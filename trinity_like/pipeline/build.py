@@ -33,7 +33,6 @@ from trinity_like.cpu_share import CoreShare
 from trinity_like.errors import TrinityError
 from trinity_like.explorer.worker import ExplorerWorker, RemoteExplorer
 from trinity_like.models.device import describe as describe_precision
-from trinity_like.threads import describe as describe_threads
 from trinity_like.models.device import run_device, set_run_device
 from trinity_like.pipeline.data_sources import load_stage_data
 from trinity_like.pipeline.reward_watch import RewardWatch
@@ -42,6 +41,7 @@ from trinity_like.pipeline.self_pairs import add_self_pairs
 from trinity_like.pipeline.stage import Stage, Trainer
 from trinity_like.pipeline.weight_ledger import WeightLedger
 from trinity_like.registry import SAMPLE_STRATEGY
+from trinity_like.threads import describe as describe_threads
 from trinity_like.trainer.engines import build_engine
 from trinity_like.trainer.objective import Objective, objective_from_stage
 
