@@ -30,8 +30,9 @@ import sys
 from pathlib import Path
 
 # Spins of a waiting OpenMP thread before it sleeps (libgomp's default is 300,000, ~0.1-1 ms
-# of a core; 0 is OMP_WAIT_POLICY=PASSIVE). Chosen in benchmarks/threads.py (docs/runs.md): fastest
-# quiet, and 1.9x faster than the default beside a CPU-bound competitor.
+# of a core; 0 is OMP_WAIT_POLICY=PASSIVE). Measured in benchmarks/threads.py (docs/runs.md): as fast as
+# the default quiet, a little faster beside a CPU-bound competitor; passive is 2x faster there but 1.4x
+# slower quiet, so it is the user's choice (OMP_WAIT_POLICY=PASSIVE), not the default.
 SPINCOUNT = 10_000
 OWN = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # the user's choice of either wins
 _chosen: dict[str, str] = {}  # what apply() set in this process, for describe()
