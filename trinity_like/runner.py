@@ -141,13 +141,15 @@ def _run_stages(plan: RunPlan) -> int:
 
 def _buffer_rows(run_dir: Path) -> str | None:
     """What the SQLite buffer holds, read-only (None when the run has none)."""
-    path = run_dir / "buffer.sqlite"
+    from trinity_like.buffer.sqlite_storage import AVAILABLE, CLAIMED, SqliteParams
+
+    path = run_dir / SqliteParams().path  # the storage's own default file and status codes
     if not path.is_file():
         return None
     try:
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0) as db:
             total = db.execute("SELECT COUNT(*) FROM state").fetchone()[0]
-            left = db.execute("SELECT COUNT(*) FROM state WHERE status IN (0, 1)").fetchone()[0]  # available, claimed
+            left = db.execute("SELECT COUNT(*) FROM state WHERE status IN (?, ?)", (AVAILABLE, CLAIMED)).fetchone()[0]
     except sqlite3.Error:
         return None
     return f"{total} rows in the buffer ({left} not trained yet)"

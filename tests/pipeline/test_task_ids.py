@@ -15,7 +15,7 @@ from trinity_like.config import load_plan
 from trinity_like.errors import ConfigError, TrinityError
 from trinity_like.experience import Experience, Task
 from trinity_like.models.tiny import build_tiny_tokenizer
-from trinity_like.pipeline.stage import answer_items
+from trinity_like.monitor.evals import answer_items
 from trinity_like.runner import run_plan
 
 REPO = Path(__file__).resolve().parents[2]

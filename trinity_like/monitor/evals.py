@@ -32,10 +32,17 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from trinity_like.errors import TrinityError
 from trinity_like.monitor.jsonl import JsonlAppender, Read, needs, read_file_records, read_records
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from trinity_like.experience import Experience, Task
 
 EVALS_FILE = "evals.jsonl"
 TRAINED_PAIRS_FILE = "trained_pairs.jsonl"
@@ -71,3 +78,41 @@ def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
     last line left by a kill is skipped, and so is a damaged line, with a warning naming its file and line
     (on stderr). The view reads with :func:`read_items`, which also checks each item's shape."""
     return [r for _, r in read_file_records(path, _STEP).records]
+
+
+def answer_items(
+    tasks: list[Task], answered: list[Experience], tokenizer: PreTrainedTokenizerBase, reward: Any = None
+) -> list[dict[str, Any]]:
+    """The ``evals.jsonl`` items (:mod:`trinity_like.monitor.evals`) of one held-out evaluation:
+    the whole prompt (``messages``, system prompt included) and, when the reward fn ``reward``
+    declares how it reads them (``reference_of`` / ``response_of``, as ``exact_match`` does), the
+    reference and the response's answer it compared.
+
+    Rows find their task by id, so the ids must be distinct (the data sets make them so): a
+    repeated one would give every row of it one task's prompt and answer."""
+    by_id = {t.task_id: t for t in tasks}
+    if len(by_id) != len(tasks):
+        twice = next(i for i, n in Counter(t.task_id for t in tasks).items() if n > 1)
+        raise TrinityError(f"held-out tasks share the task id {twice!r}: each needs its own to be logged")
+    texts = tokenizer.batch_decode([e.response_tokens for e in answered], skip_special_tokens=True)
+    reference_of, response_of = getattr(reward, "reference_of", None), getattr(reward, "response_of", None)
+    items = []
+    for e, text in zip(answered, texts):
+        task = by_id[e.task_id]
+        item = {
+            "kind": "answer",
+            "task_id": e.task_id,
+            "prompt": task.messages()[-1]["content"],
+            "messages": task.messages(),
+            "answer": task.answer,
+            "response": text,
+            "reward": e.reward,
+            "finish_reason": e.finish_reason,
+            "length": e.response_length,
+        }
+        if reference_of is not None:
+            item["reference"] = reference_of(task.answer)
+        if response_of is not None:
+            item["parsed"] = response_of(text)
+        items.append(item)
+    return items

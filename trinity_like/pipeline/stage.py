@@ -43,10 +43,10 @@ from trinity_like.cpu_share import TRAINER, CoreShare
 from trinity_like.envs.rollout import eval_env_metrics
 from trinity_like.envs.workflow import check_step
 from trinity_like.errors import TrinityError
-from trinity_like.experience import Experience, Task, rollout_group_id, rollout_id
+from trinity_like.experience import Experience, rollout_group_id, rollout_id
 from trinity_like.explorer.worker import Explorer, RemoteExplorer, sampling_params
 from trinity_like.models.device import DEVICE_TURN
-from trinity_like.monitor.evals import append_evals
+from trinity_like.monitor.evals import answer_items, append_evals
 from trinity_like.pipeline.data_sources import StageData
 from trinity_like.pipeline.disk_full import disk_full_as_error
 from trinity_like.pipeline.reward_watch import RewardWatch
@@ -408,44 +408,6 @@ def _first_line(exc: BaseException) -> str:
 
 def _state(x: Any) -> Any:
     return x.state_dict() if x is not None else None
-
-
-def answer_items(
-    tasks: list[Task], answered: list[Experience], tokenizer: PreTrainedTokenizerBase, reward: Any = None
-) -> list[dict[str, Any]]:
-    """The ``evals.jsonl`` items (:mod:`trinity_like.monitor.evals`) of one held-out evaluation:
-    the whole prompt (``messages``, system prompt included) and, when the reward fn ``reward``
-    declares how it reads them (``reference_of`` / ``response_of``, as ``exact_match`` does), the
-    reference and the response's answer it compared.
-
-    Rows find their task by id, so the ids must be distinct (the data sets make them so): a
-    repeated one would give every row of it one task's prompt and answer."""
-    by_id = {t.task_id: t for t in tasks}
-    if len(by_id) != len(tasks):
-        twice = next(i for i, n in Counter(t.task_id for t in tasks).items() if n > 1)
-        raise TrinityError(f"held-out tasks share the task id {twice!r}: each needs its own to be logged")
-    texts = tokenizer.batch_decode([e.response_tokens for e in answered], skip_special_tokens=True)
-    reference_of, response_of = getattr(reward, "reference_of", None), getattr(reward, "response_of", None)
-    items = []
-    for e, text in zip(answered, texts):
-        task = by_id[e.task_id]
-        item = {
-            "kind": "answer",
-            "task_id": e.task_id,
-            "prompt": task.messages()[-1]["content"],
-            "messages": task.messages(),
-            "answer": task.answer,
-            "response": text,
-            "reward": e.reward,
-            "finish_reason": e.finish_reason,
-            "length": e.response_length,
-        }
-        if reference_of is not None:
-            item["reference"] = reference_of(task.answer)
-        if response_of is not None:
-            item["parsed"] = response_of(text)
-        items.append(item)
-    return items
 
 
 def resident_bytes(pids: list[int]) -> int:
