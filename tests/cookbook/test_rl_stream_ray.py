@@ -87,6 +87,13 @@ def test_k1_streaming_on_ray_trains_every_datum_once(service, tmp_path):
         assert sum(trained.values()) == 8 and all(n % 2 == 0 for n in trained.values()), (it, trained)
         everything += trained
     # 3 iterations x 4 groups x 2 episodes: every task of the 8 once, and 4 of them (the second
-    # epoch's first batch, whose order is the dataset's) a second time
-    assert set(everything) == {t.task_id for t in tasks}, everything
-    assert sorted(everything.values()) == [2] * 4 + [4] * 4, everything
+    # epoch's first batch, whose order is the dataset's) a second time -- unless a straggler chunk
+    # was overtaken by two later ones and dropped as stale (the stream's rule, counted in
+    # async/discarded_stale): its groups are then not trained and a later chunk's are in their place
+    discarded = int(sum(m["async/discarded_stale"] for m in result.metrics))
+    if discarded == 0:
+        assert set(everything) == {t.task_id for t in tasks}, everything
+        assert sorted(everything.values()) == [2] * 4 + [4] * 4, everything
+    else:
+        assert discarded % 2 == 0, discarded  # whole chunks of 2 groups
+        assert len(everything) >= len(tasks) - discarded, (discarded, everything)
