@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -35,16 +37,48 @@ def test_cores_given_follow_the_affinity_mask_not_the_machine():
 
 
 def test_the_wait_policy_is_set_before_torch_and_a_users_choice_is_kept():
-    code = "import os; from trinity_like import threads; threads.apply(); print(os.environ.get('GOMP_SPINCOUNT'))"
-    assert _in_child(code) == str(threads.SPINCOUNT)
+    code = (
+        "import os; from trinity_like import threads; threads.apply(look=lambda: 0.0); "
+        "print(os.environ.get('GOMP_SPINCOUNT'), os.environ.get('OMP_WAIT_POLICY'))"
+    )
+    assert _in_child(code) == f"{threads.SPINCOUNT} None"
+    busy = code.replace("lambda: 0.0", "lambda: 1.6")
+    assert _in_child(busy) == "None PASSIVE"  # other work holds the cores: sleep at once
     env = {"OMP_WAIT_POLICY": "ACTIVE"}
-    assert _in_child(code, env) == "None"  # the user's OMP_WAIT_POLICY stands alone
-    line = _in_child("from trinity_like import threads; threads.apply(); print(threads.describe(2, 2, 1))")
-    assert "sleep after" in line and "child processes only" not in line
+    assert _in_child(code, env) == "None ACTIVE"  # the user's OMP_WAIT_POLICY stands alone
+    assert _in_child(busy, {"GOMP_SPINCOUNT": "5"}) == "5 None"  # and so does their spin count
+    line = _in_child(
+        "from trinity_like import threads; threads.apply(look=lambda: 0.0); print(threads.describe(2, 2, 1))"
+    )
+    assert "quiet at start (0.0 cores used by others)" in line and "sleep after" in line
+    assert "child processes only" not in line
+    line = _in_child(
+        "from trinity_like import threads; threads.apply(look=lambda: 1.6); print(threads.describe(2, 2, 1))"
+    )
+    assert "machine busy at start (1.6 cores used by others): OpenMP threads sleep at once" in line
     late = _in_child(
         "import torch; from trinity_like import threads; threads.apply(); print(threads.describe(2, 2, 1))"
     )
     assert "child processes only" in late  # said, not pretended: OpenMP read its settings already
+
+
+def test_the_machines_load_is_measured_from_proc_against_a_real_competitor():
+    """others_busy sees another process's work; choose() makes the run's threads sleep beside it."""
+    if threads.others_busy(0.05) is None:
+        pytest.skip("no /proc/stat here")
+    spin = "import time\nend = time.time() + 3\nwhile time.time() < end: pass\n"
+    competitor = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        time.sleep(0.3)
+        beside = threads.others_busy(0.5)
+    finally:
+        competitor.kill()
+        competitor.wait()
+    # one spinning process holds up to a core (less when the machine is shared): busy enough
+    assert beside is not None and beside >= threads.BUSY_CORES, beside
+    assert threads.choose(beside) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert threads.choose(0.0) == {"GOMP_SPINCOUNT": str(threads.SPINCOUNT)}
+    assert threads.choose(None) == {"GOMP_SPINCOUNT": str(threads.SPINCOUNT)}  # unknown: as quiet
 
 
 def test_a_run_says_what_it_chose(tmp_path):
@@ -56,7 +90,9 @@ def test_a_run_says_what_it_chose(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout + out.stderr + "".join(p.read_text() for p in (tmp_path / "grpo_arith").glob("*.log"))
     line = next(ln for ln in text.splitlines() if "threads: " in ln)
-    assert f"{threads.cores_given()} cores given" in line and f"sleep after {threads.SPINCOUNT:,} spins" in line
+    # the run looked at the machine before torch loaded and said what it saw and chose
+    assert f"{threads.cores_given()} cores given" in line, line
+    assert re.search(r"(quiet|machine busy) at start \(\d+\.\d cores used by others\)", line), line
 
 
 def test_the_benchmark_runs_in_its_tiny_mode(tmp_path):
