@@ -19,6 +19,7 @@ import re
 
 import pytest
 import torch
+from faultlib import record
 
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Experience
@@ -139,7 +140,7 @@ def two_engines():
     return [build_rollout_engine("native", "tiny-random", device="cpu", dtype="float32") for _ in range(2)]
 
 
-def test_an_update_that_never_reached_the_second_engine_is_refused_by_the_window(trained):
+def test_an_update_that_never_reached_the_second_engine_is_refused_by_the_window(trained, record_property):
     start, _ = load_model("tiny-random", dtype=torch.float32)
     ledger = WeightLedger(torch.float32)
     ledger.record(0, start.state_dict())
@@ -153,6 +154,13 @@ def test_an_update_that_never_reached_the_second_engine_is_refused_by_the_window
     assert found == model_digest(start)  # oracle: the starting model digested on its own
     assert expected == weights_digest(trained, dtype=torch.float32) != found
     assert "needs v1 or newer" in why
+    record(
+        record_property,
+        "weight update applied to one rollout engine of two (two engines in one process, one ledger)",
+        "the first check of the batch refuses the skipped engine's first row: one line, step, v0, both digests",
+        "-",
+        "none trained on stale weights",
+    )
 
 
 def test_an_update_dropped_on_the_second_engine_is_refused_by_the_digest(trained, monkeypatch):
