@@ -64,6 +64,7 @@ class Experience:
     task_id: str = ""  # the task (dataset row) that produced it
     model_version: int = 0  # version of the weights that sampled it (staleness = now - this)
     weights_digest: str = ""  # digest of those weights as the engine held them (models/weight_digest.py)
+    explore_step: int = 0  # the step whose batch it was explored for (0: unknown): the weights it needs (weight_ledger)
     finish_reason: str = ""  # "stop" | "length" | "" (not sampled)
     is_expert: bool = False  # an expert (SFT) row inside an RL batch (MIX)
     info: dict[str, Any] = field(default_factory=dict)  # free-form, JSON-serialisable

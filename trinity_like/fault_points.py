@@ -48,6 +48,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+from typing import Any
 
 ENV_VAR = "TRINITY_LIKE_FAULT"
 ONCE_VAR = "TRINITY_LIKE_FAULT_ONCE"  # a file: the fault fires only where it is created first
@@ -89,8 +90,10 @@ def _arrive(point: str, known: tuple[str, ...]) -> bool:
 
 
 def env() -> dict[str, str]:
-    """The fault variables set in this process, for the processes it starts through Ray."""
-    return {k: os.environ[k] for k in (ENV_VAR, ONCE_VAR) if os.environ.get(k)}
+    """The fault variables set in this process, for the processes it starts through Ray: an
+    actor gets the environment of the Ray that runs it, not of the caller (pass these in its
+    ``runtime_env``'s ``env_vars``)."""
+    return {k: os.environ[k] for k in (ENV_VAR, ONCE_VAR, WEIGHT_ENV_VAR) if os.environ.get(k)}
 
 
 def reach(point: str) -> None:
@@ -108,11 +111,13 @@ def write(point: str, path: str | os.PathLike) -> None:
 
 # -- weight-sync faults: what a rollout engine loads, spoiled (tests/faults/test_weight_identity.py) --
 WEIGHT_ENV_VAR = "TRINITY_LIKE_WEIGHT_FAULT"
-WEIGHT_FAULTS = ("drop", "all_but_one", "unmerged")
+WEIGHT_FAULTS = ("drop", "all_but_one", "unmerged", "missed")
+MISSED = object()  # arriving_weights' answer for "missed": the engine keeps its weights and its version
 _loads = 0  # weight updates this process's rollout engines received
+_spoils: bool | None = None  # under TRINITY_LIKE_FAULT_ONCE: whether this process is the one engine spoiled
 
 
-def arriving_weights(state: dict, current: dict, base_folder: str | None) -> dict | None:
+def arriving_weights(state: dict, current: dict, base_folder: str | None) -> Any:
     """The weights a rollout engine's ``update_weights`` loads: ``state``, or -- when
     ``TRINITY_LIKE_WEIGHT_FAULT=<kind>:<n>`` is armed, from this process's ``n``-th update on --
     the silent sync failures that the weight identity (:mod:`trinity_like.models.weight_digest`)
@@ -121,7 +126,13 @@ def arriving_weights(state: dict, current: dict, base_folder: str | None) -> dic
     - ``drop``: None, nothing is loaded (an update lost on the way);
     - ``all_but_one``: the first tensor, in name order, whose value would change keeps the
       engine's value (a partial load that no missing key betrays; never one of a tied pair, whose other name would load it anyway);
-    - ``unmerged``: the model folder's weights (``base_folder``) in place of those sent: what an engine samples with when a LoRA adapter is never merged.
+    - ``unmerged``: the model folder's weights (``base_folder``) in place of those sent: what an engine samples with when a LoRA adapter is never merged;
+    - ``missed``: :data:`MISSED` -- the update never reached this engine, which keeps its
+      weights and its version number too (one engine of several that the sync skipped).
+
+    With ``TRINITY_LIKE_FAULT_ONCE=<file>`` set too, only one process's engines are spoiled:
+    the first to reach its ``n``-th update creates the file; every other process loads
+    whole (the update applied to one engine of several, or to all but one).
 
     ``current``: the engine's state dict now. Unset, this returns ``state`` at the cost of a counter.
     """
@@ -133,10 +144,12 @@ def arriving_weights(state: dict, current: dict, base_folder: str | None) -> dic
     kind, _, n = raw.partition(":")
     if kind not in WEIGHT_FAULTS or not n.isdigit() or int(n) < 1:
         raise ValueError(f"{WEIGHT_ENV_VAR}={raw!r}: expected <kind>:<n> with a kind of {', '.join(WEIGHT_FAULTS)}")
-    if _loads < int(n):
+    if _loads < int(n) or not _spoiled_here():
         return state
     if kind == "drop":
         return None
+    if kind == "missed":
+        return MISSED
     import torch
 
     if kind == "all_but_one":
@@ -156,3 +169,19 @@ def arriving_weights(state: dict, current: dict, base_folder: str | None) -> dic
     for file in sorted(Path(str(base_folder)).glob("*.safetensors")):
         base.update(load_file(str(file)))
     return {k: base[k].to(v.dtype) for k, v in state.items() if k in base}  # a tied output follows its input
+
+
+def _spoiled_here() -> bool:
+    """Whether this process's engines are the ones spoiled: always, unless ``TRINITY_LIKE_FAULT_ONCE``
+    names a file, which only the first process to get here creates (decided once per process)."""
+    global _spoils
+    once = os.environ.get(ONCE_VAR)
+    if not once:
+        return True
+    if _spoils is None:
+        try:
+            os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            _spoils = True
+        except FileExistsError:
+            _spoils = False
+    return _spoils

@@ -150,6 +150,51 @@ def test_a_dropped_update_in_the_explorer_process_stops_the_trainer_process(tmp_
     )
 
 
+@pytest.mark.parametrize(
+    "mode, offset, first",
+    [
+        ("driver", 0, 2),  # batch 2 needs the weights of step 1
+        ("driver", 1, 3),  # one step ahead, concurrent: batch 2 may use v0; batch 3 needs v1
+        ("ray", 0, 2),  # the explorer as a Ray actor (the fault reaches it through its runtime_env)
+        ("split", 0, 2),  # a mode=explore process beside a mode=train trainer
+    ],
+)
+def test_an_update_that_never_reached_the_engine_is_refused_by_the_staleness_window(
+    tmp_path, mode, offset, first, record_property
+):
+    """The update never reaches the engine, which keeps its version number too (``missed``): its
+    rows name weights the trainer did send (v0), only older than their batch allows."""
+    common = (f"trainer.total_steps={STEPS + offset}", "explorer.dtype=float32", f"synchronizer.offset={offset}")
+    if mode == "split":
+        explorer = start(command(tmp_path, *common, "mode=explore"), **{ENV: "missed:1"})
+        try:
+            out = run(command(tmp_path, *common, "mode=train"), timeout=300)
+        finally:
+            kill(explorer)
+    else:
+        placement = ("explorer.placement=ray",) if mode == "ray" else ()
+        out = run(command(tmp_path, *common, *placement), timeout=300, **{ENV: "missed:1"})
+    line = error_line(out) if mode == "ray" else one_line_error(out)
+    step, version, found, expected = refused(line)
+    assert (step, version) == (first, 0)
+    assert found == start_digest(torch.float32)  # the starting weights, under their own version
+    assert expected == sent_digest(tmp_path / "grpo_arith", 1, torch.float32)
+    assert f"the batch of step {first} needs v1 or newer (synchronizer.offset {offset}, interval 1)" in line
+    where = {
+        "driver": "explorer in the driver",
+        "ray": "explorer's Ray actor",
+        "split": "explorer process, split modes",
+    }
+    where = where[mode]
+    record(
+        record_property,
+        f"weight update that never reached the engine, version number and all ({where}, offset {offset})",
+        f"stops at step {first}, exit 2, one line: step, version, both digests, the window it breaks",
+        "-",
+        "none trained on stale weights",
+    )
+
+
 def test_without_a_fault_every_stored_row_names_the_weights_the_trainer_sent(tmp_path):
     out = run(command(tmp_path, f"trainer.total_steps={STEPS}", "explorer.dtype=float32"))
     assert out.returncode == 0, out.stderr[-3000:]

@@ -159,6 +159,8 @@ class NativeEngine:
         arrived = fault_points.arriving_weights(
             state_dict, self.model.state_dict(), getattr(self.model, "name_or_path", None)
         )  # the sync path's fault injection (tests/faults/test_weight_identity.py); unset: `state_dict`
+        if arrived is fault_points.MISSED:  # an engine the sync skipped: neither weights nor version move
+            return self.model_version
         if arrived is None:  # an update lost on the way: the version moves, the weights do not
             self.model_version = self.model_version + 1 if version is None else int(version)
             return self.model_version

@@ -235,6 +235,7 @@ class Stage:
             index = seen.get(row.task_id, 0)
             seen[row.task_id] = index + 1
             row.eid = rollout_id(self.config.name, step, row.task_id, index)
+            row.explore_step = step  # the batch it was explored for: how old its weights may be (weight_ledger)
             if row.group_id:
                 if row.group_id not in groups:
                     ordinals[row.task_id] = ordinals.get(row.task_id, -1) + 1

@@ -23,6 +23,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from trinity_like import fault_points
 from trinity_like.client.ray.actors import LearnerActor, SamplerActor
 from trinity_like.client.ray.config import RayClientConfig
 from trinity_like.client.ray.pool import SamplerPool
@@ -100,7 +101,7 @@ class RayRuntime:
         return {
             "num_cpus": bundle.CPU,
             "num_gpus": bundle.GPU,
-            "runtime_env": ray_runtime_env(),
+            "runtime_env": ray_runtime_env({"env_vars": fault_points.env()}),  # a fault test's, when armed
             "scheduling_strategy": PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=index),
         }
 
