@@ -2,7 +2,7 @@
 # Assembles what must travel to a lent GPU machine for benchmarks/gpu_check.py, and prints the one
 # command that runs the check there (docs/gpu.md, "Running the GPU check").
 #
-# The machine (notes/gpu.md) has Python 3.12, torch 2.11 + CUDA 13, transformers 5.17, tokenizers,
+# The machine (docs/machines.md) has Python 3.12, torch 2.11 + CUDA 13, transformers 5.17, tokenizers,
 # peft, accelerate, safetensors, numpy, pytest, pyyaml, psutil, tqdm and no network. The recipe
 # path, the engines and the CUDA tests also need the pure-Python packages below; they travel as
 # wheels in .whl/ (about 4 MB; git ignores the folder, the run call carries it). Nothing else:

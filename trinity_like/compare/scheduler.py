@@ -70,7 +70,7 @@ def model_params(model: str) -> int:
 
 def estimate_gb(run: Run, default_model: str) -> float:
     """Peak resident memory of one run, estimated from its model size (fp32): about 4.5 GB for
-    SmolLM2-135M on the local engine (measured peak about 4.9 GB, notes/models-offline.md), 1 GB
+    SmolLM2-135M on the local engine (measured peak about 4.9 GB, docs/machines.md), 1 GB
     for the tiny model."""
     weights_gb = model_params(run.model or default_model) * 4 / GB
     return BASE_GB + weights_gb * (WEIGHT_COPIES + run.extra_models) + (VERL_GB if run.engine == "verl" else 0.0)
@@ -201,7 +201,7 @@ def _env(run: Run, threads: int, out: Path) -> dict[str, str]:
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("RAY_AUTH_MODE", "disabled")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # what the tracker sinks name and group the run by (trinity_like/monitor/trackers.py)
+    # what the tracker sinks name and group the run by (trinity_like/monitor/wandb_sink.py, mlflow_sink.py)
     env["TRINITY_LIKE_RUN_NAME"], env["TRINITY_LIKE_RUN_GROUP"] = run.key, run.label
     env.setdefault("MLFLOW_TRACKING_URI", (out / "mlruns").as_uri())
     return env
