@@ -15,7 +15,6 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 WHEELS=(
     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0
-    mmengine-lite==0.10.7 addict==2.4.0 termcolor==3.3.0 yapf==0.43.0 platformdirs==4.14.8
     jsonlines==4.0.0 attrs==26.1.0
 )
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || grep -qx '.whl/' .gitignore || echo '/.whl/' >> .git/info/exclude
