@@ -26,6 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "trinity_like",
         "errors",
+        "atomic",
         "fault_points",
         "malloc",
         "shm",

@@ -13,7 +13,6 @@ dropped when the cursor passes them.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -23,6 +22,7 @@ from typing import Any
 
 import jsonlines
 
+from trinity_like.atomic import write_atomic
 from trinity_like.buffer.groups import unit_of
 from trinity_like.buffer.rows import Row, check_claim_args, check_status, decode, fields_of, kind_of, model_version
 from trinity_like.monitor.jsonl import cut_torn_tail
@@ -180,9 +180,7 @@ class JsonlStorage:
             consumed=self._state["consumed"] + self._claimed,
             dropped=self._state["dropped"] + self._dropped_since_commit,
         )
-        tmp = self._cursor_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self._state))
-        os.replace(tmp, self._cursor_path)
+        write_atomic(self._cursor_path, json.dumps(self._state))
         self._claimed = self._dropped_since_commit = 0
 
     def count(self, status: str = "available") -> int:

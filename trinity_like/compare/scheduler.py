@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from trinity_like.atomic import write_atomic
 from trinity_like.compare.entries import Run
 from trinity_like.errors import TrinityError
 from trinity_like.monitor.sinks import read_jsonl_metrics
@@ -139,9 +140,7 @@ def read_state(run: Run) -> dict | None:
 def write_state(run: Run, state: dict) -> None:
     path = state_path(run)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(state, indent=1))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(state, indent=1))
 
 
 def finished(run: Run) -> bool:
