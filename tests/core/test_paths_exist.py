@@ -4,7 +4,7 @@ What counts as a path: a token that starts with one of the repository's tracked 
 (``trinity_like/``, ``tests/``, ``docs/``, ``benchmarks/``, ``examples/`` ...; also ``notes/``,
 which is not one, so a reference to it fails) followed by at least one more name, with an
 optional ``:LINE`` (then the file must have that many lines); and a bare upper-case Markdown name
-(``README.md``, ``DESIGN.md``), which must exist somewhere in the tree. A token preceded by ``/``,
+(``README.md``, ``RESULTS.md``), which must exist somewhere in the tree. A token preceded by ``/``,
 ``.``, ``~`` or a word character is part of something else (a URL, ``../x``, ``my_tests/x``).
 
 A token resolves if the path exists; if it names no extension, also as the stem of an existing
