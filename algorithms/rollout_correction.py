@@ -18,9 +18,10 @@ Shapes: ``B`` rows, ``R`` response tokens (padded; ``action_mask [B, R]`` marks 
 Sources (definitions learnt from, not copied): Yao et al. 2025, "Your Efficient RL Framework
 Secretly Brings You Off-Policy RL Training" (fengyao.notion.site/off-policy-rl): token TIS and
 masked IS (MIS); Liu, Li et al. 2025, "When Speed Kills Stability: Demystifying RL Collapse from
-the Training-Inference Mismatch" (richardli.xyz/rl-collapse; verl ``docs/algo/rollout_corr.md``):
-sequence-level IS, sequence and geometric-mean rejection; Ling Team 2025, "Every Step Evolves:
-Scaling Reinforcement Learning for Trillion-Scale Thinking Model" (arXiv:2510.18855): IcePop.
+the Training-Inference Mismatch" (richardli.xyz/rl-collapse; verl's
+github.com/volcengine/verl/blob/main/docs/algo/rollout_corr.md): sequence-level IS, sequence and
+geometric-mean rejection; Ling Team 2025, "Every Step Evolves: Scaling Reinforcement Learning for
+Trillion-Scale Thinking Model" (arXiv:2510.18855): IcePop.
 """
 
 from __future__ import annotations

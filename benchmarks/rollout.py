@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--reps", type=int, default=3, help="interleaved repetitions (medians)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: as in notes/baselines.md)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: as in docs/machines.md)")
     parser.add_argument(
         "--precision",
         choices=("fp32", "bf16", "both"),

@@ -2,10 +2,10 @@
 # Assembles what must travel to a lent GPU machine for benchmarks/gpu_check.py, and prints the one
 # command that runs the check there (docs/gpu.md, "Running the GPU check").
 #
-# The machine (notes/gpu.md) has Python 3.12, torch 2.11 + CUDA 13, transformers 5.17, tokenizers,
+# The machine (docs/machines.md) has Python 3.12, torch 2.11 + CUDA 13, transformers 5.17, tokenizers,
 # peft, accelerate, safetensors, numpy, pytest, pyyaml, psutil, tqdm and no network. The recipe
 # path, the engines and the CUDA tests also need the pure-Python packages below; they travel as
-# wheels in .whl/ (about 4 MB; git ignores the folder, the run call carries it). Nothing else:
+# wheels in .whl/ (under 4 MB; git ignores the folder, the run call carries it). Nothing else:
 # the local engine with an in-process explorer never imports Ray, verl, datasets or tensorboard
 # (tests/examples/test_gpu_check_benchmark.py runs that path with Ray unimportable).
 #
@@ -15,8 +15,6 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 WHEELS=(
     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0
-    mmengine-lite==0.10.7 addict==2.4.0 termcolor==3.3.0 yapf==0.43.0 platformdirs==4.14.8
-    jsonlines==4.0.0 attrs==26.1.0
 )
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || grep -qx '.whl/' .gitignore || echo '/.whl/' >> .git/info/exclude
 mkdir -p .whl

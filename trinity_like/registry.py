@@ -1,10 +1,12 @@
 """The registries every pluggable component lives in, and plugin loading.
 
-One :class:`Registry` type serves every kind of component. It is built on mmengine's
-``Registry`` (duplicate detection, decorator registration of classes *and* functions) and
-adds what a user of this framework needs on top: an unknown name is an error that lists
-the registered names and the closest match, and every entry carries a one-line
-description (its docstring's first line) that ``trinity-like list`` prints.
+One :class:`Registry` type serves every kind of component: functions, classes and
+declarative values (an ``AlgorithmType``), registered by a decorator or a call. A duplicate
+name is an error naming both registration sites; an unknown name is an error that lists the
+registered names and the closest match; every entry carries a one-line description (its
+docstring's first line) that ``trinity-like list`` prints. It is a dict with those rules:
+mmengine's ``Registry``, which it once wrapped, takes no values (only callables) and adds
+scopes and build-from-config that nothing here uses.
 
 Example -- registering and resolving a policy loss::
 
@@ -30,8 +32,6 @@ import difflib
 import inspect
 from collections.abc import Iterator
 from typing import Any, TypeVar
-
-from mmengine.registry import Registry as _MMRegistry
 
 from trinity_like.errors import TrinityError
 
@@ -97,9 +97,7 @@ class Registry:
     def __init__(self, name: str, kind: str = "") -> None:
         self.name = name
         self.kind = kind or name.lower().replace("_", " ")
-        # scope=None and no `locations`: mmengine must not import anything on its own;
-        # plugins are loaded by trinity_like.plugins only.
-        self._mm = _MMRegistry(name)
+        self._entries: dict[str, Any] = {}  # name -> component, filled only by register_module
         self._origin: dict[str, str] = {}
 
     # -- registration ---------------------------------------------------------------
@@ -117,16 +115,13 @@ class Registry:
             if not key:
                 raise RegistryError(f"{self.name}: cannot infer a name for {obj!r}")
             origin = _origin(obj, key)
-            if key in self._mm.module_dict and not force:
+            if key in self._entries and not force:
                 # Both places, so the fix is clear: rename one, or stop loading one file twice.
                 raise RegistryError(
                     f"{self.name}: the name {key!r} is already registered by {self._origin.get(key, '?')}; "
                     f"registered again by {origin}: give one of them another name (or load only one of them)"
                 )
-            if callable(obj):
-                self._mm.register_module(name=key, force=force, module=obj)
-            else:  # a declarative value (an AlgorithmType); mmengine only takes callables
-                self._mm._module_dict[key] = obj
+            self._entries[key] = obj
             self._origin[key] = origin
             return obj
 
@@ -144,12 +139,12 @@ class Registry:
     def get(self, name: str) -> Any:
         """The component registered as ``name``; plugins are loaded first."""
         self._ensure_plugins()
-        if name in self._mm.module_dict:
-            return self._mm.module_dict[name]
+        if name in self._entries:
+            return self._entries[name]
         raise UnknownNameError(self.unknown_message(name))
 
     def unknown_message(self, name: str) -> str:
-        names = sorted(self._mm.module_dict)
+        names = sorted(self._entries)
         close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.5)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         known = ", ".join(names) if names else "(none registered)"
@@ -158,18 +153,18 @@ class Registry:
     # Every read loads plugins first, so all processes see the same entries.
     def __contains__(self, name: object) -> bool:
         self._ensure_plugins()
-        return name in self._mm.module_dict
+        return name in self._entries
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
 
     def __len__(self) -> int:
         self._ensure_plugins()
-        return len(self._mm.module_dict)
+        return len(self._entries)
 
     def names(self) -> list[str]:
         self._ensure_plugins()
-        return sorted(self._mm.module_dict)
+        return sorted(self._entries)
 
     def describe(self, name: str) -> str:
         """One-line description of an entry: its docstring's first line."""
@@ -181,7 +176,7 @@ class Registry:
 
     def items(self) -> list[tuple[str, Any]]:
         self._ensure_plugins()
-        return sorted(self._mm.module_dict.items())
+        return sorted(self._entries.items())
 
     def __repr__(self) -> str:
         return f"Registry({self.name!r}, {len(self)} entries)"

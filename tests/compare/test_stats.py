@@ -1,4 +1,4 @@
-"""Intervals, paired tests and verdicts against hand computations (t tables, the closed-form t CDF for 2 degrees of freedom)."""
+"""Intervals, paired tests and verdicts against hand computations (t tables, the closed-form t CDF for integer degrees of freedom)."""
 
 from __future__ import annotations
 
@@ -112,17 +112,51 @@ def test_holm_rejects_what_the_step_down_procedure_rejects(ps, alpha):
     assert all(p <= a <= 1.0 for p, a in zip(ps, adjusted))
 
 
-def test_interval_and_p_value_agree_with_scipy_stats_on_random_samples():
-    # stats.py takes the t quantile and tail from scipy.special (a faster import): the same figures
-    from scipy import stats as scipy_stats
+def t_central(t: float, nu: int) -> float:
+    """P(|T| < t) for Student t with an integer ``nu`` degrees of freedom, in closed form
+    (Abramowitz & Stegun 26.7.3 and 26.7.4: a finite series in cos(theta), theta = atan(t / sqrt(nu)))."""
+    theta = math.atan(abs(t) / math.sqrt(nu))
+    c2, term, total = math.cos(theta) ** 2, 1.0, 1.0
+    if nu % 2 == 0:  # sin(theta) (1 + 1/2 c^2 + 1*3/(2*4) c^4 + ... up to c^(nu-2))
+        for k in range(1, nu // 2):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            total += term
+        return math.sin(theta) * total
+    if nu == 1:
+        return 2 * theta / math.pi
+    for k in range(1, (nu - 1) // 2):  # (2/pi) (theta + sin cos (1 + 2/3 c^2 + ... up to c^(nu-3)))
+        term *= c2 * (2 * k) / (2 * k + 1)
+        total += term
+    return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
 
+
+def t_quantile_975(nu: int) -> float:
+    """The t with P(|T| < t) = 0.95, by bisection on :func:`t_central`."""
+    low, high = 0.0, 100.0
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if t_central(mid, nu) < 0.95 else (low, mid)
+    return (low + high) / 2
+
+
+def test_the_closed_form_oracle_matches_the_tables():
+    assert all(t_quantile_975(nu) == pytest.approx(q, rel=1e-12) for nu, q in T975.items())
+    assert 1 - t_central(1.7, 2) == pytest.approx(t2_two_sided_p(1.7), rel=1e-13)
+
+
+def test_interval_and_p_value_agree_with_the_closed_form_t_distribution_on_random_samples():
+    # stats.py asks scipy.stats (t.interval, ttest_rel); the oracle is the series above, not scipy
     rng = random.Random(0)
     for _ in range(200):
         n = rng.randint(2, 12)
         a = [rng.gauss(0, 1) for _ in range(n)]
         b = [x + rng.gauss(0.3, 1) for x in a]
         d = paired(a, b)
-        assert d.p == pytest.approx(scipy_stats.ttest_rel(b, a).pvalue, rel=1e-9)
+        diffs = [y - x for x, y in zip(a, b)]
+        mean = math.fsum(diffs) / n
+        sd = math.sqrt(math.fsum((v - mean) ** 2 for v in diffs) / (n - 1))
+        assert d.p == pytest.approx(1 - t_central(mean / (sd / math.sqrt(n)), n - 1), rel=1e-9, abs=1e-15)
         s = summarize(a)
-        half = scipy_stats.t.ppf(0.975, n - 1) * s.sd / math.sqrt(n)
+        half = t_quantile_975(n - 1) * s.sd / math.sqrt(n)
         assert s.high - s.mean == pytest.approx(half, rel=1e-9)
+        assert s.mean - s.low == pytest.approx(half, rel=1e-9)

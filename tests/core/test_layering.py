@@ -1,5 +1,6 @@
 """The core's layers: every import goes to the same layer or a lower one, and the core never
-imports the first-party packs (algorithms, cookbook) or plugins (DESIGN.md).
+imports the first-party packs (algorithms, cookbook) or plugins: they are found through the
+``trinity_like.plugins`` entry point like a third party's (docs/architecture.md, "The map").
 
 Every ``import`` counts: at module level or inside a function, ``from . import x``, and
 ``importlib.import_module("trinity_like.x")`` / ``__import__`` with a constant name. A piece
@@ -25,6 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "trinity_like",
         "errors",
+        "atomic",
         "fault_points",
         "malloc",
         "shm",

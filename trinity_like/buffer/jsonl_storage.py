@@ -13,7 +13,6 @@ dropped when the cursor passes them.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -21,11 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jsonlines
-
+from trinity_like.atomic import write_atomic
 from trinity_like.buffer.groups import unit_of
-from trinity_like.buffer.rows import Row, check_claim_args, check_status, decode, fields_of, kind_of, model_version
-from trinity_like.monitor.jsonl import cut_torn_tail
+from trinity_like.buffer.rows import Row, check_claim_args, check_status, decode, encode, kind_of, model_version
+from trinity_like.monitor.jsonl import JsonlAppender
 from trinity_like.registry import BUFFER_STORAGE
 
 
@@ -33,11 +31,18 @@ def _kind(record: dict[str, Any]) -> str:
     return "pair" if "chosen_tokens" in record else "experience"
 
 
+def _complete_records(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Every complete line of the file, decoded (a torn last line is not one)."""
+    with open(path, "rb") as f:
+        for line in f:
+            if line.endswith(b"\n") and line.strip():
+                yield json.loads(line)
+
+
 def read_rows(path: str | Path) -> Iterator[Row]:
     """Every row of a JSONL buffer file, in write order."""
-    with jsonlines.open(path) as reader:
-        for record in reader.iter(type=dict, skip_empty=True):
-            yield decode(_kind(record), json.dumps(record))
+    for record in _complete_records(path):
+        yield decode(_kind(record), json.dumps(record))
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,7 @@ class JsonlStorage:
         self._dropped_since_commit = 0
         self._writer_done = False
         self._ids: set[str] | None = None  # eids in the file, read at the first put
+        self._appender = JsonlAppender(path)
 
     def put(self, rows: Sequence[Row]) -> None:
         """Append rows as lines; a reader waits for a line until its newline is written.
@@ -80,22 +86,15 @@ class JsonlStorage:
             kind_of(row)
         with self._lock:
             if self._ids is None:  # the ids of the file, read once, at the first put
-                cut_torn_tail(self.path)  # a line a killed writer left, which this append would run into
-                self._ids = {record["eid"] for record in self._records()}
+                self._ids = {record["eid"] for record in _complete_records(self.path)}
             new = []
             for row in rows:
                 if row.eid not in self._ids:
                     self._ids.add(row.eid)
                     new.append(row)
-            with jsonlines.open(self.path, mode="a", compact=True, flush=True) as writer:
-                writer.write_all(fields_of(row) for row in new)
-
-    def _records(self) -> Iterator[dict[str, Any]]:
-        """Every complete line of the file, decoded (a torn last line is not one)."""
-        with open(self.path, "rb") as f:
-            for line in f:
-                if line.endswith(b"\n") and line.strip():
-                    yield json.loads(line)
+            # under the appenders' lock, after cutting a line a killed writer left (which this append
+            # would run into); each row in the codec the other storages use, compact JSON
+            self._appender.append_lines(encode(row)[1] for row in new)
 
     def _line_at(self, offset: int) -> tuple[dict[str, Any], int, int] | None:
         """The record of the first complete line at or after ``offset``, with that line's start
@@ -180,9 +179,7 @@ class JsonlStorage:
             consumed=self._state["consumed"] + self._claimed,
             dropped=self._state["dropped"] + self._dropped_since_commit,
         )
-        tmp = self._cursor_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self._state))
-        os.replace(tmp, self._cursor_path)
+        write_atomic(self._cursor_path, json.dumps(self._state))
         self._claimed = self._dropped_since_commit = 0
 
     def count(self, status: str = "available") -> int:

@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from trinity_like.atomic import write_atomic
 from trinity_like.compare.entries import Run
 from trinity_like.errors import TrinityError
 from trinity_like.monitor.sinks import read_jsonl_metrics
@@ -70,7 +71,7 @@ def model_params(model: str) -> int:
 
 def estimate_gb(run: Run, default_model: str) -> float:
     """Peak resident memory of one run, estimated from its model size (fp32): about 4.5 GB for
-    SmolLM2-135M on the local engine (measured peak about 4.9 GB, notes/models-offline.md), 1 GB
+    SmolLM2-135M on the local engine (measured peak about 4.9 GB, docs/machines.md), 1 GB
     for the tiny model."""
     weights_gb = model_params(run.model or default_model) * 4 / GB
     return BASE_GB + weights_gb * (WEIGHT_COPIES + run.extra_models) + (VERL_GB if run.engine == "verl" else 0.0)
@@ -139,9 +140,7 @@ def read_state(run: Run) -> dict | None:
 def write_state(run: Run, state: dict) -> None:
     path = state_path(run)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(state, indent=1))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(state, indent=1))
 
 
 def finished(run: Run) -> bool:
@@ -201,7 +200,7 @@ def _env(run: Run, threads: int, out: Path) -> dict[str, str]:
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("RAY_AUTH_MODE", "disabled")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # what the tracker sinks name and group the run by (trinity_like/monitor/trackers.py)
+    # what the tracker sinks name and group the run by (trinity_like/monitor/wandb_sink.py, mlflow_sink.py)
     env["TRINITY_LIKE_RUN_NAME"], env["TRINITY_LIKE_RUN_GROUP"] = run.key, run.label
     env.setdefault("MLFLOW_TRACKING_URI", (out / "mlruns").as_uri())
     return env

@@ -4,7 +4,7 @@ and that step captured as a CUDA graph.
 Why: on a GPU the step itself is a few milliseconds of kernels, and a loop that asks the host
 anything between steps (the sampled tokens, whether a sample finished, the positions for the
 next mask) waits for the device each time and launches thousands of kernels from Python
-(notes/gpu.md: 87 % of an H100 idle). Here a step reads and writes only device tensors --
+(docs/machines.md: 87 % of an H100 idle). Here a step reads and writes only device tensors --
 the last token, position, sample count, seed and liveness of each slot, the sampled tokens
 and their logprobs -- so any number of steps run back to back without the host, and a step of
 one shape (rows, key length, sampling settings) is captured once as a CUDA graph and replayed.

@@ -1,7 +1,7 @@
 """Drawing the next token, and its logprob under the sampling distribution, cheaply.
 
 Why not ``log_softmax`` + ``multinomial``: over a 49k vocabulary at batch 128 that costs
-about 170 ms a step on one CPU core (notes/baselines.md), a fifth of decoding. Inverse-CDF
+about 170 ms a step on one CPU core (docs/machines.md, "Baselines"), a fifth of decoding. Inverse-CDF
 sampling needs one uniform number per row and a few vectorised passes over the logits
 (max, exp, cumsum, sum) and one ``searchsorted``; the logprob of the drawn token is its
 logit minus the log-partition, so no full ``log_softmax`` is ever materialised. One

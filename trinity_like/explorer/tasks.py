@@ -5,7 +5,7 @@ What a task source is called with and returns, and how a recipe names one
 
 **Arithmetic.** "What is 47 + 8?" with a calculator system prompt is the default task: a
 small instruct model starts at about 20 % and GRPO lifts it past 85 % within minutes
-(notes/baselines.md), so a recipe shows learning on a laptop. The held-out split never
+(docs/machines.md), so a recipe shows learning on a laptop. The held-out split never
 overlaps training: every problem is assigned to one split by a hash of its expression
 (and the split seed), so the two sets are disjoint by construction, whatever is drawn.
 

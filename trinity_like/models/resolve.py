@@ -66,7 +66,7 @@ def convert_smollm2(dest: Path) -> None:
 
     ``transformers`` loads GGUF but refuses to save a model that carries the GGUF
     ``quantization_config``; re-creating a plain Llama from the config without it and
-    loading the dequantized weights gives a normal folder (notes/models-offline.md).
+    loading the dequantized weights gives a normal folder (docs/machines.md).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM

@@ -1,6 +1,6 @@
 """Random-weight models in the shapes of real ones, for measurements where real weights cannot go.
 
-A GPU machine here takes at most 64 MiB per job (notes/gpu.md): SmolLM2-135M's weights
+A GPU machine here takes at most 64 MiB per job (docs/machines.md): SmolLM2-135M's weights
 (270 MB) and Qwen2.5-1.5B's (3 GB) do not travel, but speed depends on the shape, not on the
 values. :data:`SHAPES` holds the architectures of the two (layers, widths, heads, vocabulary,
 tied embeddings, rope base), :func:`shaped_model` builds one with random weights where it

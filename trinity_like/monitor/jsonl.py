@@ -138,7 +138,12 @@ class JsonlAppender:
 
     def append(self, records: Iterable[dict[str, Any]]) -> None:
         # strict JSON: a NaN or an infinity is written as null, as readers would read it
-        data = "".join(json.dumps(_finite(r), allow_nan=False) + "\n" for r in records).encode("utf-8")
+        self.append_lines(json.dumps(_finite(r), allow_nan=False) for r in records)
+
+    def append_lines(self, lines: Iterable[str]) -> None:
+        """Append lines the caller encoded (one JSON object each, without its newline) -- a buffer's
+        rows, which keep their own codec (:func:`trinity_like.buffer.rows.encode`)."""
+        data = "".join(line + "\n" for line in lines).encode("utf-8")
         if not data:
             return
         fd = self._fd if self._fd is not None else self._open()

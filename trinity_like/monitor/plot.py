@@ -9,12 +9,11 @@ large to draw (beyond +-:data:`DRAWABLE`), is left out of its chart with one war
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trinity_like.atomic import write_atomic
 from trinity_like.errors import TrinityError
 from trinity_like.monitor.jsonl import warn
 from trinity_like.monitor.sinks import read_jsonl_metrics
@@ -78,22 +77,13 @@ def out_file(out: str | Path, formats: dict[str, str] | None = None) -> Path:
     return out
 
 
-def write_atomic(out: Path, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_path)`` for a new file beside ``out``, then rename it over ``out``: a failed
-    write leaves nothing behind, and a reader never sees half a file. An OSError is one line."""
+def write_out(out: Path, write: Callable[[str], None]) -> None:
+    """Write ``--out`` atomically (:func:`trinity_like.atomic.write_atomic`; ``write(tmp_path)``
+    fills the new file): a failed write leaves nothing behind, and an OSError is one line."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-        os.close(fd)
+        write_atomic(out, write)
     except OSError as exc:
         raise TrinityError(f"--out {out}: cannot be written ({exc.strerror})") from None
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
-    except OSError as exc:
-        raise TrinityError(f"--out {out}: cannot be written ({exc.strerror})") from None
-    finally:
-        Path(tmp).unlink(missing_ok=True)
 
 
 def image_formats() -> dict[str, str]:
@@ -116,7 +106,7 @@ def _save(fig: Any, target: Path) -> Path:
     import matplotlib.pyplot as plt
 
     try:
-        write_atomic(target, lambda tmp: fig.savefig(tmp, dpi=90, format=target.suffix.lstrip(".").lower()))
+        write_out(target, lambda tmp: fig.savefig(tmp, dpi=90, format=target.suffix.lstrip(".").lower()))
     finally:
         plt.close(fig)
     return target

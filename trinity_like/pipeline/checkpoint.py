@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from trinity_like import fault_points
+from trinity_like.atomic import is_temporary, write_atomic
 from trinity_like.errors import TrinityError
 from trinity_like.pipeline.disk_full import DiskFullError, disk_full_as_error
 
@@ -78,16 +79,6 @@ def _fsync_tree(root: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so a reader sees the old file or the whole new one, never a part."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def write_manifest(folder: Path, step: int | None = None) -> dict[str, Any]:
@@ -257,7 +248,7 @@ class CheckpointManager:
             return []
         removed = []
         for p in self.root.iterdir():
-            if p.name.startswith(".tmp-") or (p.name.startswith(".") and p.name.endswith(f"-{LATEST}")):
+            if p.name.startswith(".tmp-") or is_temporary(p.name, LATEST):
                 shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
                 removed.append(p.name)
         return removed

@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trinity_like.atomic import write_atomic
 from trinity_like.monitor.logger import PhaseTimer
-from trinity_like.pipeline.checkpoint import write_atomic
 from trinity_like.pipeline.stage import Stage
 from trinity_like.pipeline.weight_channel import WeightChannel
 

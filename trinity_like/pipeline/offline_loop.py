@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from trinity_like.atomic import write_atomic
 from trinity_like.config import ResolvedStage
 from trinity_like.errors import TrinityError
 from trinity_like.monitor.evals import TRAINED_PAIRS_FILE, append_evals
@@ -59,9 +60,7 @@ class RefCache:
     def save(self) -> None:
         from safetensors.torch import save_file
 
-        tmp = self.path.with_suffix(".tmp")
-        save_file({k: v.contiguous() for k, v in self.values.items()}, str(tmp))
-        tmp.replace(self.path)
+        write_atomic(self.path, lambda tmp: save_file({k: v.contiguous() for k, v in self.values.items()}, tmp))
 
 
 def _row_keys(rows: list[Any]) -> list[str]:

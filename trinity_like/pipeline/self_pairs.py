@@ -41,10 +41,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trinity_like.atomic import write_atomic
 from trinity_like.config.schema import DatasetConfig
 from trinity_like.errors import TrinityError
 from trinity_like.explorer.worker import ExplorerWorker, sampling_params
-from trinity_like.pipeline.checkpoint import write_atomic
 from trinity_like.pipeline.data_sources import offline_rows
 
 CHUNK = 32  # tasks per explorer call (progress and memory)

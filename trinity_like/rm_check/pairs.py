@@ -19,8 +19,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from trinity_like.atomic import write_atomic
 from trinity_like.errors import TrinityError
-from trinity_like.pipeline.checkpoint import write_atomic
 from trinity_like.pipeline.self_pairs import PAIR_KINDS, kind_pairs
 from trinity_like.rm_check.check import check_setup, sample_policy
 

@@ -2,7 +2,7 @@
 
 verl's FSDP workers assume an accelerator: they start nccl, build the device mesh for
 ``cuda`` and look engines up by device. verl has extension points for new hardware, and
-this module uses only those (see ``notes/verl-on-cpu.md`` for the failures they fix):
+this module uses only those (``docs/machines.md`` quotes the failures they fix):
 
 1. a platform named ``cpu`` registered with ``PlatformRegistry`` (device ``cpu``, backend
    ``gloo``, Ray resource ``CPU``, current device the string ``"cpu"``, memory statistics

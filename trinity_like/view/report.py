@@ -20,7 +20,7 @@ from typing import Any
 
 from trinity_like.errors import TrinityError
 from trinity_like.monitor.jsonl import finite, warn
-from trinity_like.monitor.plot import out_file, write_atomic
+from trinity_like.monitor.plot import out_file, write_out
 from trinity_like.view.compare import Comparison, comparisons_data, open_folders
 from trinity_like.view.rollouts import step_page
 from trinity_like.view.run import BufferUnreadable, Run
@@ -93,5 +93,5 @@ def write_report(run_dirs: list[str], out: str | Path) -> Path:
     page = re.sub(r'<script src="static/([^"]+)"></script>', lambda m: _script((STATIC / m.group(1)).read_text()), page)
     # the data first: the page's script reads it when it starts
     page = page.replace("<script>", data_script(data) + "<script>", 1)
-    write_atomic(out, lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))
+    write_out(out, lambda tmp: Path(tmp).write_text(page, encoding="utf-8"))
     return out

@@ -3,7 +3,7 @@
 The routes read their bodies themselves (so a malformed one is a 400 with one line, as
 the SDK expects), so FastAPI cannot see what they take: each route's request model --
 the SDK's own ``tinker.types`` class -- is declared beside it and written in here. Fuzzers
-(tests/serve/test_fuzz.py runs schemathesis) and readers get every route with its body::
+(tests/faults/test_serve_fuzz.py runs schemathesis) and readers get every route with its body::
 
     spec = openapi_spec(app, {"/api/v1/optim_step": types.OptimStepRequest, ...})
 """
