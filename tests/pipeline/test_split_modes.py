@@ -12,8 +12,8 @@ from pathlib import Path
 
 from tiny_runs import RECIPE, TINY, final_weights, run
 
-from trinity_like.pipeline.explorer_process import needed_version
 from trinity_like.pipeline.weight_channel import WeightChannel
+from trinity_like.pipeline.weight_ledger import needed_version
 
 STEPS = ["trainer.total_steps=4", "checkpoint.interval=2"]
 

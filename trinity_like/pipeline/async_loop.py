@@ -9,7 +9,7 @@ the driver instead of one::
              (waits while needed(s) is not               every `interval` steps: publish a
               published: the staleness bound)            snapshot of the weights as version t
 
-``needed(s) = (s - 1 - offset) // interval * interval`` (:func:`.explorer_process.needed_version`):
+``needed(s) = (s - 1 - offset) // interval * interval`` (:func:`.weight_ledger.needed_version`):
 batch ``s`` may be sampled by weights at most ``offset`` (+ ``interval - 1``) steps older
 than the trainer's when it trains on it. ``synchronizer.sync_style`` picks which published
 version the explorer loads before a batch:
@@ -61,9 +61,9 @@ from trinity_like.experience import Experience
 from trinity_like.models.device import DEVICE_TURN
 from trinity_like.monitor.logger import PhaseTimer
 from trinity_like.monitor.timeline import Span
-from trinity_like.pipeline.explorer_process import needed_version
 from trinity_like.pipeline.rl_loop import begin, end_step, finish, learn
 from trinity_like.pipeline.stage import Stage
+from trinity_like.pipeline.weight_ledger import needed_version
 from trinity_like.trainer.shared_weights import SharedWeights, WeightMailbox
 
 NEXT_STEP_KEY = "explorer_next_step"  # the loop's checkpoint state: the step of the first batch not in the buffer

@@ -33,6 +33,7 @@ from trinity_like.atomic import write_atomic
 from trinity_like.monitor.logger import PhaseTimer
 from trinity_like.pipeline.stage import Stage
 from trinity_like.pipeline.weight_channel import WeightChannel
+from trinity_like.pipeline.weight_ledger import needed_version
 
 WAIT_NOTICE_S = 60.0  # how often a waiting explorer says what it waits for
 
@@ -49,13 +50,6 @@ class ExplorerState:
     def save(self, state: dict[str, Any]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(self.path, json.dumps(state))
-
-
-def needed_version(step: int, offset: int, interval: int) -> int:
-    """The oldest trainer version that may sample the batch of ``step``: that of step
-    ``step - 1 - offset``, rounded down to a step at which weights are published."""
-    behind = max(0, step - 1 - offset)
-    return behind // interval * interval
 
 
 class ExplorerProcess:

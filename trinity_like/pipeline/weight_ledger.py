@@ -12,7 +12,7 @@ version and both digests, a row
   number but not the weights), or
 - whose version is one the trainer sent but older than the recipe allows for the batch the
   row was explored for (``explore_step``): ``needed(s) = (s - 1 - offset) // interval *
-  interval`` of ``synchronizer`` (:func:`~.explorer_process.needed_version`, the version
+  interval`` of ``synchronizer`` (:func:`needed_version`, the version
   the explorer waits for before batch ``s``). An engine that missed an update altogether,
   version number and all -- one engine of two that the update never reached -- samples with
   weights the trainer did send, just too old; only the window names it::
@@ -63,6 +63,13 @@ def tensors_of(weights: Any) -> Mapping[str, torch.Tensor]:
     return weights
 
 
+def needed_version(step: int, offset: int, interval: int) -> int:
+    """The oldest trainer version that may sample the batch of ``step``: that of step
+    ``step - 1 - offset``, rounded down to a step at which weights are published."""
+    behind = max(0, step - 1 - offset)
+    return behind // interval * interval
+
+
 class WeightLedger:
     """``version -> digest`` of every weight update the trainer sent (see the module doc)."""
 
@@ -81,7 +88,6 @@ class WeightLedger:
 
     def oldest(self, explore_step: int) -> int:
         """The oldest version that may sample the batch of ``explore_step`` (0 for a row without one)."""
-        from trinity_like.pipeline.explorer_process import needed_version  # it imports the stage, which imports this
 
         return needed_version(explore_step, self.offset, self.interval) if explore_step > 0 else 0
 
