@@ -38,7 +38,8 @@ def test_hf_generate_samples_what_native_samples_and_serves_a_recipe(tmp_path):
         from trinity_like.experience import Task
         from trinity_like.explorer.engine_contract import RolloutEngine, SamplingParams
         from trinity_like.explorer.engines import build_rollout_engine
-        from trinity_like.explorer.worker import ExplorerWorker, sampling_params
+        from trinity_like.config.engine_params import explorer_params, sampling_params
+        from trinity_like.explorer.worker import ExplorerWorker
         from trinity_like.models.tiny import build_tiny_model
 
         folder = str(build_tiny_model("tiny", seed=0))
@@ -72,7 +73,7 @@ def test_hf_generate_samples_what_native_samples_and_serves_a_recipe(tmp_path):
 
         config = Config.model_validate({{"model": {{"path": folder}}, "trainer": {{"engine": "local"}},
                                          "explorer": {{"engine": "hf_generate", "group_size": 2}}}})
-        explorer = ExplorerWorker(config, folder)
+        explorer = ExplorerWorker(explorer_params(config), folder)
         assert type(explorer.engine).__name__ == "GenerateEngine"
         tasks = [Task(prompt="What is 2 + 3?", answer="5", task_id="a"), Task(prompt="What is 4 + 4?", answer="8", task_id="b")]
         result = explorer.run(tasks, sampling_params(config, step=1))

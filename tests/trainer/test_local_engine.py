@@ -10,10 +10,10 @@ from safetensors.torch import load_file
 from trainer_batches import ClippedPPOLoss, make_batch, naive_outputs, nll_loss, value_mse_loss
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
+from trinity_like.config.engine_params import build_engine
 from trinity_like.errors import TrinityError
 from trinity_like.models.tiny import build_tiny_model
 from trinity_like.trainer.base import TrainEngine, with_normalisers
-from trinity_like.trainer.engines import build_engine
 from trinity_like.trainer.local_engine import LocalEngine
 from trinity_like.trainer.params import ModelParams, OptimParams
 
@@ -52,8 +52,8 @@ def test_engines_are_built_from_a_recipe_with_its_values(tiny_path):
 
 def test_engine_params_take_every_default_from_the_schema():
     """One default per value: the engines' parameter objects never disagree with a recipe's defaults."""
+    from trinity_like.config.engine_params import model_params, optim_params
     from trinity_like.config.schema import Config
-    from trinity_like.trainer.params import model_params, optim_params
 
     cfg = Config()
     assert optim_params(cfg) == dataclasses.replace(OptimParams(), total_steps=cfg.trainer.total_steps)

@@ -38,13 +38,14 @@ import psutil
 from trinity_like import fault_points
 from trinity_like.buffer.base import ExperienceSource, SampleStrategy
 from trinity_like.config import ResolvedStage
+from trinity_like.config.engine_params import sampling_params
 from trinity_like.config.schema import Config
 from trinity_like.cpu_share import TRAINER, CoreShare
 from trinity_like.envs.rollout import eval_env_metrics
 from trinity_like.envs.workflow import check_step
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Experience, rollout_group_id, rollout_id
-from trinity_like.explorer.worker import Explorer, RemoteExplorer, sampling_params
+from trinity_like.explorer.worker import Explorer, RemoteExplorer
 from trinity_like.models.device import DEVICE_TURN
 from trinity_like.monitor.evals import answer_items, append_evals
 from trinity_like.pipeline.data_sources import StageData

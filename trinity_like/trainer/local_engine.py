@@ -59,19 +59,21 @@ from trinity_like.malloc import retain_freed_memory
 from trinity_like.models.device import resolve_device, train_dtypes
 from trinity_like.trainer import lora as lora_lib
 from trinity_like.trainer.base import (
-    OPTIMIZER_FILE,
-    RNG_FILE,
     Batch,
     LossCallable,
+    mean_metrics,
+    with_normalisers,
+)
+from trinity_like.trainer.checkpoint_files import (
+    OPTIMIZER_FILE,
+    RNG_FILE,
     check_no_legacy_optimizer,
     conform_param_groups,
     load_optimizer_state,
-    mean_metrics,
     read_trainer_state,
     rng_state,
     save_optimizer_state,
     set_rng_state,
-    with_normalisers,
     write_trainer_state,
 )
 from trinity_like.trainer.forward import model_outputs, packing_metrics, sorted_micro_batches

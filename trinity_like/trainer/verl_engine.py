@@ -58,7 +58,7 @@ from trinity_like.trainer.base import (
 from trinity_like.trainer.forward import packing_metrics
 from trinity_like.trainer.params import AdamStep, ModelParams, OptimParams
 from trinity_like.trainer.shared_weights import SharedWeights, WeightMailbox
-from trinity_like.trainer.verl_config import VerlParams, verl_params, worker_config
+from trinity_like.trainer.verl_config import VerlParams, worker_config
 from trinity_like.trainer.verl_ray import check_free_resources, check_reachable, placement_group_for, start_ray
 from trinity_like.trainer.verl_watch import gather
 
@@ -72,7 +72,6 @@ __all__ = [
     "pad_rows",
     "split_over_workers",
     "start_ray",
-    "verl_params",
 ]
 
 
