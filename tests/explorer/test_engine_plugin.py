@@ -36,7 +36,7 @@ def test_hf_generate_samples_what_native_samples_and_serves_a_recipe(tmp_path):
         from trinity_like.config.schema import Config
         from trinity_like.errors import TrinityError
         from trinity_like.experience import Task
-        from trinity_like.explorer.engine_contract import RolloutEngine, SamplingParams
+        from trinity_like.explorer.engine_contract import RolloutEngine, SamplingParams, generate
         from trinity_like.explorer.engines import build_rollout_engine
         from trinity_like.config.engine_params import explorer_params, sampling_params
         from trinity_like.explorer.worker import ExplorerWorker
@@ -52,7 +52,7 @@ def test_hf_generate_samples_what_native_samples_and_serves_a_recipe(tmp_path):
         stops = (300, 301, 302, 303, 304, 305, 306, 307)
 
         def same(sp):
-            a, b = hf.generate(prompts, sp), native.generate(prompts, sp)
+            a, b = generate(hf, prompts, sp), native.generate(prompts, sp)
             flat = lambda gs: [(s.prompt_index, s.sample_index, s.token_ids, s.finish_reason) for g in gs for s in g]
             assert flat(a) == flat(b), (flat(a), flat(b))
             for x, y in zip((s for g in a for s in g), (s for g in b for s in g)):
@@ -67,6 +67,17 @@ def test_hf_generate_samples_what_native_samples_and_serves_a_recipe(tmp_path):
         same(SamplingParams(greedy=True, max_new_tokens=20, stop_token_ids=(), stop_strings=(text[6:8],)))
 
         assert hf.update_weights(other) == 1 and native.update_weights(other) == 1
+        same(SamplingParams(greedy=True, max_new_tokens=10, stop_token_ids=()))
+        assert hf.weights_digest == native.weights_digest  # both computed from the weights held
+        # (name, tensor) pairs, as verl streams them, load as the mapping does: the digest is the held weights'
+        before = hf.weights_digest
+        start = build_tiny_model(seed=0)[0].state_dict()
+        assert hf.update_weights(iter(start.items())) == 2 and native.update_weights(iter(start.items())) == 2
+        assert hf.weights_digest == native.weights_digest != before
+        assert hf.update_weights(other.items()) == 3 and native.update_weights(list(other.items())) == 3
+        assert hf.weights_digest == native.weights_digest == before
+        with pytest.raises(TrinityError, match="given twice"):
+            native.update_weights([*other.items(), *other.items()])
         same(SamplingParams(greedy=True, max_new_tokens=10, stop_token_ids=()))
         with pytest.raises(TrinityError, match="unexpected"):
             hf.update_weights({{**other, "nope": torch.zeros(1)}})

@@ -155,7 +155,7 @@ class ExplorerWorker:
             else self.workflow
         )
         self.cores = cores
-        if cores is not None and hasattr(self.engine, "pace"):  # our engine paces its decode steps
+        if cores is not None:  # the engine paces its decode steps by the board
             self.engine.pace = functools.partial(cores.fit, EXPLORER)
 
     def run(self, tasks: list[Task], sampling: SamplingParams, evaluation: bool = False) -> WorkflowResult:

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from trinity_like.components import build_params
 from trinity_like.errors import ConfigError, TrinityError
 from trinity_like.experience import Experience, Task
+from trinity_like.explorer.engine_contract import generate
 from trinity_like.explorer.rewards import (
     RewardCall,
     build_reward_fn,
@@ -129,7 +130,7 @@ class MathWorkflow:
         if tokenizer is None:
             raise TrinityError("MathWorkflow needs an engine with a tokenizer")
         prompts = [render_prompt(tokenizer, task.messages()) for task in tasks]
-        groups = engine.generate(prompts, sampling)
+        groups = generate(engine, prompts, sampling)
         experiences: list[Experience] = []
         skipped: list[SkippedTask] = []
         failures = {"timeout": 0, "error": 0, "gold": 0}

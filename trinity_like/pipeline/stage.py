@@ -172,9 +172,8 @@ class Stage:
     def _one_gpu(self) -> bool:
         """The trainer and an in-process explorer share a GPU (``cluster.device`` on CUDA, the
         ``local`` engine): memory changes hands around every rollout (:meth:`_rollout_phase`)."""
-        device = getattr(self.trainer.actor, "device", None) if self.trainer is not None else None
         in_process = self.explorer is not None and not isinstance(self.explorer, RemoteExplorer)
-        return in_process and getattr(device, "type", "cpu") == "cuda"
+        return in_process and self.trainer is not None and self.trainer.actor.device.type == "cuda"
 
     @contextmanager
     def _rollout_phase(self) -> Iterator[None]:
@@ -369,7 +368,7 @@ class Stage:
         gb = 1024**3
         out = {"memory/driver_gb": resident_bytes([os.getpid()]) / gb}
         engines = self.trainer.engines() if self.trainer is not None else []
-        pids = [pid for engine in engines for pid in getattr(engine, "pids", [])]
+        pids = [pid for engine in engines for pid in engine.pids]
         if pids:
             out["memory/trainer_workers_gb"] = resident_bytes(pids) / gb
         if isinstance(self.explorer, RemoteExplorer):

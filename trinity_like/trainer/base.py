@@ -56,7 +56,18 @@ LossCallable = Callable[[Mapping[str, torch.Tensor], Mapping[str, torch.Tensor]]
 
 @runtime_checkable
 class TrainEngine(Protocol):
-    """What the trainer, the pipeline and the client API need of a train engine."""
+    """What the trainer, the pipeline and the client API need of a train engine: every member a
+    caller uses is declared here. Engines are registered in ``TRAIN_ENGINE``
+    (:mod:`~trinity_like.trainer.engines`)."""
+
+    # Where the weights export_weights hands over live: the local engine's device; the CPU for an
+    # engine whose workers are other processes (their weights reach the explorer in shared memory).
+    device: torch.device
+    pids: list[int]  # the processes of the engine's workers besides this one (memory metrics); [] in-process
+
+    @property
+    def architecture(self) -> str:
+        """The model's class name (``LlamaForCausalLM``; what the client reports as ``arch``)."""
 
     def forward_backward(
         self,

@@ -119,6 +119,7 @@ class LocalEngine:
         self.params = model
         self.optim_params = optim
         self.device = resolve_device(model.device)
+        self.pids: list[int] = []  # no workers: the model lives in this process
         self.compute_dtype = train_dtypes(model.dtype, self.device)[1]  # bf16 autocast where precision() says
         self.model = load_model(model.path, model, self.device)
         if model.adapter is not None:
@@ -129,6 +130,10 @@ class LocalEngine:
         self.model.train(not model.forward_only)
 
     # -- construction --------------------------------------------------------------
+    @property
+    def architecture(self) -> str:
+        return type(self.model).__name__
+
     @property
     def hf_model(self) -> nn.Module:
         """The transformers model itself (with peft's LoRA layers inside when an adapter trains)."""

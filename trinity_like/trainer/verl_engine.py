@@ -157,6 +157,7 @@ class VerlEngine:
             device_name="cuda" if self.use_gpu else "cpu",
         )
         self.group.reset()  # verl builds the model, FSDP wrapping, optimiser and scheduler here
+        self.device = torch.device("cpu")  # the weights reach the driver in shared memory (export_weights)
         self.pids: list[int] = []
         self.pids = list(self._call("trinity_pid", "start-up"))  # the workers' processes (memory metrics, errors)
         if model.adapter is not None:
@@ -165,6 +166,14 @@ class VerlEngine:
             )  # the local engine's seeded start, in place of verl's own draw
         self._loss_fn: LossCallable | None = None
         self.mailbox = WeightMailbox()  # export_weights writes here (rank 0 on the driver's machine)
+
+    @property
+    def architecture(self) -> str:
+        """The class the folder's ``config.json`` names (the model itself lives in the workers)."""
+        from transformers import AutoConfig
+
+        names = AutoConfig.from_pretrained(self.params.path).architectures or []
+        return names[0] if names else ""
 
     def _call(self, method: str, what: str, *args: Any) -> list[Any]:
         """``method`` on every worker; a worker that dies meanwhile stops the run at once (:mod:`.verl_watch`)."""
