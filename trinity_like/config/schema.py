@@ -224,7 +224,9 @@ class TrainerConfig(Section):
         )  # run each distinct prompt of a micro-batch once, its responses packed after it (same result)
     )
     gradient_checkpointing: bool = (
-        False  # keep only each layer's input, recompute the rest in backward: less memory, ~1/3 more compute
+        param_default(
+            ModelParams, "gradient_checkpointing"
+        )  # keep only each layer's input, recompute the rest in backward: less memory, ~1/3 more compute
     )
     update_epochs: PosInt = 1  # passes over each batch (PPO epochs)
     optimizer: OptimizerConfig = OptimizerConfig()  # policy optimizer
