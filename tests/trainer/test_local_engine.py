@@ -50,6 +50,34 @@ def test_engines_are_built_from_a_recipe_with_its_values(tiny_path):
     assert critic.optim_params.lr == cfg.trainer.critic_optimizer.lr
 
 
+def test_a_registered_train_engine_is_what_a_recipe_names(tiny_path):
+    """TRAIN_ENGINE: an entry registered through the public decorator is built for ``trainer.engine``;
+    an entry that builds something without the TrainEngine members is refused by name."""
+    from trinity_like.config.schema import Config
+    from trinity_like.registry import TRAIN_ENGINE
+    from trinity_like.trainer.engines import TrainEngineSpec, build_train_engine
+
+    built: list[TrainEngineSpec] = []
+
+    @TRAIN_ENGINE.register_module("test_recording_local", force=True)
+    def recording(spec: TrainEngineSpec) -> LocalEngine:
+        """The local engine, recording the spec it was built from."""
+        built.append(spec)
+        return LocalEngine(spec.model, spec.optim)
+
+    @TRAIN_ENGINE.register_module("test_not_an_engine", force=True)
+    def not_an_engine(spec: TrainEngineSpec) -> object:
+        """Something without the TrainEngine members."""
+        return object()
+
+    cfg = Config.model_validate({"trainer": {"engine": "test_recording_local", "micro_batch_size": 2}})
+    engine = build_engine(cfg, tiny_path)
+    assert isinstance(engine, LocalEngine) and len(built) == 1
+    assert built[0].model.micro_batch_size == 2 and built[0].model.path == tiny_path
+    with pytest.raises(TypeError, match="test_not_an_engine"):
+        build_train_engine("test_not_an_engine", built[-1])
+
+
 def test_engine_params_take_every_default_from_the_schema():
     """One default per value: the engines' parameter objects never disagree with a recipe's defaults."""
     from trinity_like.config.engine_params import model_params, optim_params
