@@ -301,10 +301,11 @@ def rollout_shape(check: Check, shape: str, prompts: int, group: int, prompt_len
         return go
 
     def plugin(w: dict) -> Callable[[], int]:
+        from trinity_like.explorer.engine_contract import generate as contract_generate
         from trinity_like.registry import ROLLOUT_ENGINE
 
         engine = ROLLOUT_ENGINE.get("hf_generate").over(w["model"], build_tiny_tokenizer())
-        return lambda: sum(len(s.token_ids) for grp in engine.generate(w["ids"], sp) for s in grp)
+        return lambda: sum(len(s.token_ids) for grp in contract_generate(engine, w["ids"], sp) for s in grp)
 
     def generate(static: bool) -> Callable[[dict], Callable[[], int]]:
         return lambda w: lambda: hf_generate(w["model"], w["ids"], group, new, static=static)

@@ -28,15 +28,25 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
-from trinity_like.config.schema import CpuThreads
 from trinity_like.shm import remove_orphans, shm_dir
 
 PREFIX = "trinity-like-cores-"
 EXPLORER, TRAINER = 0, 1  # the two sides: a byte each on the board
 SIDES = ("explorer", "trainer")
+
+
+class CpuThreads(NamedTuple):
+    """Torch threads per process (:meth:`trinity_like.config.schema.Config.cpu_threads`)."""
+
+    explorer: int  # the explorer actor's (when shared: while the trainer computes too)
+    trainer: int  # each CPU `verl` worker's (when shared: while the explorer computes too)
+    explorer_alone: int  # when shared: the explorer's while the trainer waits
+    trainer_alone: int  # when shared: each worker's while the explorer waits
+    shared: bool  # the two take turns at full width (trinity_like/cpu_share.py); False: fixed widths
 
 
 @dataclass(frozen=True)

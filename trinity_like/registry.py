@@ -201,6 +201,9 @@ REWARD_TRANSFORM = Registry(
 ROLLOUT_ENGINE = Registry(
     "ROLLOUT_ENGINE", "rollout engine"
 )  # `explorer.engine`: an EngineSpec -> a RolloutEngine (trinity_like.explorer.engines)
+TRAIN_ENGINE = Registry(
+    "TRAIN_ENGINE", "train engine"
+)  # `trainer.engine`: a TrainEngineSpec -> a TrainEngine (trinity_like.trainer.engines)
 ROLLOUT_CORRECTION = Registry(
     "ROLLOUT_CORRECTION", "rollout correction"
 )  # `algorithm.rollout_correction`: the sampler-trainer gap -> per-token weights and mask (trainer/objective.py)
@@ -222,6 +225,7 @@ REGISTRIES: dict[str, Registry] = {
         ENV,
         REWARD_TRANSFORM,
         ROLLOUT_ENGINE,
+        TRAIN_ENGINE,
         ROLLOUT_CORRECTION,
     )
 }

@@ -221,14 +221,14 @@ class Answerer:
         return text.strip().split("\n")[0].strip() or "I don't know."
 
     def _generate(self, batch: dict[tuple[str, str], Future[str]]) -> None:
-        from trinity_like.explorer.engine_contract import SamplingParams
+        from trinity_like.explorer.engine_contract import SamplingParams, generate
 
         if not batch:
             return
         keys = list(batch)
         try:
             prompts = [self.prompt(w, q) for w, q in keys]
-            out = self.engine.generate(prompts, SamplingParams(greedy=True, max_new_tokens=self.max_tokens))
+            out = generate(self.engine, prompts, SamplingParams(greedy=True, max_new_tokens=self.max_tokens))
             texts = [self.tokenizer.decode(samples[0].token_ids, skip_special_tokens=True) for samples in out]
         except BaseException as exc:  # every asker of this batch sees the failure (its env step raises)
             for future in batch.values():

@@ -300,6 +300,13 @@ def test_unknown_algorithm_lists_known_names(tmp_path):
     assert "did you mean 'cfgtest_online'" in msg
 
 
+def test_unknown_train_engine_lists_the_registered_ones(tmp_path):
+    p = write(tmp_path, BASE.replace("  engine: local", "  engine: lokal"))
+    msg = error_of(p)
+    assert msg.startswith(f"{p}:8: trainer.engine: unknown train engine 'lokal'")
+    assert "did you mean 'local'" in msg and "local, verl" in msg
+
+
 def test_a_loss_needing_an_input_nobody_provides_is_rejected(tmp_path):
     p = write(tmp_path, BASE.replace("cfgtest_online", "cfgtest_bad_inputs"))
     msg = error_of(p)

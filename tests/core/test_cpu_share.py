@@ -91,8 +91,9 @@ def test_the_explorer_flags_its_rollouts_and_takes_its_width_at_every_decode_ste
     """An explorer with a board: flagged while it runs; every forward of a rollout runs at its
     share while the trainer computes, and at every core once the trainer stops mid-rollout."""
     from trinity_like.config import load_plan
+    from trinity_like.config.engine_params import explorer_params, sampling_params
     from trinity_like.explorer.tasks import ArithmeticParams, arithmetic_tasks
-    from trinity_like.explorer.worker import ExplorerWorker, sampling_params
+    from trinity_like.explorer.worker import ExplorerWorker
     from trinity_like.models.resolve import resolve_model_path
 
     cfg = (
@@ -105,7 +106,9 @@ def test_the_explorer_flags_its_rollouts_and_takes_its_width_at_every_decode_ste
     )
     before = torch.get_num_threads()
     try:
-        worker = ExplorerWorker(cfg, str(resolve_model_path("tiny-random")), num_threads=4, cores=board)
+        worker = ExplorerWorker(
+            explorer_params(cfg), str(resolve_model_path("tiny-random")), num_threads=4, cores=board
+        )
         widths, flags, trainer = [], [], board.computing(TRAINER)
 
         def hook(*_):

@@ -37,10 +37,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("plugins", "registry"),  # the registries and plugin loading
     ("components", "experience", "ops"),  # component contracts, rows, tensor helpers
     ("monitor", "buffer", "models"),  # metrics and their sinks; data sets and storages; models and tokenizers
-    ("config",),  # the typed recipe, resolved against the registries
     ("cpu_share",),  # what the engines of one machine share: the CPU cores
     ("trainer",),  # the train engines and the objective
     ("explorer",),  # the rollout engine, workflows, rewards (it receives the trainer's weights)
+    ("config",),  # the typed recipe, resolved against the registries and turned into the engines' params
     ("envs",),  # environments over the rollout engine
     ("pipeline", "client"),  # the two front doors: recipe loops and the Tinker-compatible client
     ("runner", "rm_check", "view", "compare"),  # applications: run a plan, check a reward model, view a run, compare
@@ -180,3 +180,40 @@ def test_the_checker_catches_a_violation(tmp_path):
     )
     names = [n for _, n in _imports(bad)]
     assert "algorithms.losses" in names and "plugins.x" in names and "cookbook.rl.train" in names
+
+
+def recipe_readers(root: Path) -> list[str]:
+    """One line per import of ``trinity_like.config`` (the recipe) from a module of the trainer or
+    the explorer: they take their own params objects, built from the recipe by ``config/engine_params.py``."""
+    found = []
+    for unit in ("trainer", "explorer"):
+        for path in sorted((root / unit).rglob("*.py")):
+            mod = module_name(path, root)
+            package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+            found += [
+                f"{path.relative_to(root.parent)}:{line}: imports {name}"
+                for line, name in _imports(path, package)
+                if name == f"{root.name}.config" or name.startswith(f"{root.name}.config.")
+            ]
+    return found
+
+
+def test_the_trainer_and_the_explorer_never_read_the_recipe():
+    found = recipe_readers(CORE)
+    assert not found, "the recipe is turned into engine params in trinity_like/config/engine_params.py:\n" + "\n".join(
+        found
+    )
+
+
+def test_the_recipe_check_catches_a_planted_import(tmp_path):
+    pkg = tmp_path / "trinity_like"
+    for unit in ("trainer", "explorer"):
+        (pkg / unit).mkdir(parents=True)
+        (pkg / unit / "__init__.py").write_text("")
+    (pkg / "trainer" / "engines.py").write_text("from trinity_like.config.schema import Config\n")
+    (pkg / "explorer" / "worker.py").write_text("def f():\n    from ..config import load_plan\n")
+    (pkg / "explorer" / "fine.py").write_text("from trinity_like.configs import x\nfrom trinity_like import errors\n")
+    assert recipe_readers(pkg) == [
+        "trinity_like/trainer/engines.py:1: imports trinity_like.config.schema",
+        "trinity_like/explorer/worker.py:2: imports trinity_like.config",
+    ]

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from trinity_like.config import load_plan
+from trinity_like.config.engine_params import build_engine
 from trinity_like.config.schema import Config
 from trinity_like.errors import ConfigError
 from trinity_like.models.tiny import build_tiny_model
-from trinity_like.trainer.engines import build_engine
 from trinity_like.trainer.local_engine import LocalEngine
 from trinity_like.trainer.lora import LoraParams
 

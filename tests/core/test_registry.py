@@ -24,6 +24,7 @@ def test_the_registries_exist():
         "ENV",
         "REWARD_TRANSFORM",
         "ROLLOUT_ENGINE",
+        "TRAIN_ENGINE",
         "ROLLOUT_CORRECTION",
     }
 

@@ -91,14 +91,15 @@ def test_a_recipe_trains_on_two_turn_episodes_with_only_the_policy_tokens_in_the
 
 
 def test_the_explorer_keeps_finished_turns_for_env_workflows_only(tmp_path):
+    from trinity_like.config.engine_params import explorer_params
     from trinity_like.explorer.worker import ExplorerWorker
     from trinity_like.models.resolve import resolve_model_path
 
     path = str(resolve_model_path("tiny-random"))
     env = load_plan(RECIPE, ["model.path=tiny-random"]).stages[0].config
     math = load_plan(REPO / "examples" / "grpo_arith.yaml", ["model.path=tiny-random"]).stages[0].config
-    assert ExplorerWorker(env, path).engine.params.prefix_cache_tokens > 0
-    assert ExplorerWorker(math, path).engine.params.prefix_cache_tokens == 0
+    assert ExplorerWorker(explorer_params(env), path).engine.params.prefix_cache_tokens > 0
+    assert ExplorerWorker(explorer_params(math), path).engine.params.prefix_cache_tokens == 0
 
 
 @pytest.mark.parametrize(
@@ -124,9 +125,9 @@ def test_the_dry_run_plan_prints_what_the_env_workflow_runs(tok):
     """The plan shows the env's own action limit and reward (not `reward=` and `max_new_tokens=`, which do
     not apply), read from the params the explorer builds the workflow with; the env then stops at it."""
     from trinity_like.config import describe_plan
+    from trinity_like.config.engine_params import workflow_params
     from trinity_like.envs.workflow import EnvWorkflow
     from trinity_like.experience import Task
-    from trinity_like.explorer.worker import workflow_params
 
     plan = load_plan(RECIPE, ["explorer.workflow_args.env_args.max_tokens=24", "model.max_response_tokens=100"])
     (line,) = [ln for ln in describe_plan(plan).splitlines() if ln.startswith("  explorer:")]

@@ -94,7 +94,7 @@ def test_the_workflow_args_table_is_the_env_workflows_params():
     for name, default, _ in rows:
         f = fields[name.strip("`")]
         value = f.default_factory() if f.default is dataclasses.MISSING else f.default
-        if name == "`max_total_tokens`":  # a recipe offers its own (explorer.worker.workflow_params)
+        if name == "`max_total_tokens`":  # a recipe offers its own (config.engine_params.workflow_settings)
             assert default == "`model.max_prompt_tokens + model.max_response_tokens`"
         else:
             assert default.strip("`") == str(value), name

@@ -36,9 +36,10 @@ def test_hf_generate_samples_what_native_samples_and_serves_a_recipe(tmp_path):
         from trinity_like.config.schema import Config
         from trinity_like.errors import TrinityError
         from trinity_like.experience import Task
-        from trinity_like.explorer.engine_contract import RolloutEngine, SamplingParams
+        from trinity_like.explorer.engine_contract import RolloutEngine, SamplingParams, generate
         from trinity_like.explorer.engines import build_rollout_engine
-        from trinity_like.explorer.worker import ExplorerWorker, sampling_params
+        from trinity_like.config.engine_params import explorer_params, sampling_params
+        from trinity_like.explorer.worker import ExplorerWorker
         from trinity_like.models.tiny import build_tiny_model
 
         folder = str(build_tiny_model("tiny", seed=0))
@@ -51,7 +52,7 @@ def test_hf_generate_samples_what_native_samples_and_serves_a_recipe(tmp_path):
         stops = (300, 301, 302, 303, 304, 305, 306, 307)
 
         def same(sp):
-            a, b = hf.generate(prompts, sp), native.generate(prompts, sp)
+            a, b = generate(hf, prompts, sp), native.generate(prompts, sp)
             flat = lambda gs: [(s.prompt_index, s.sample_index, s.token_ids, s.finish_reason) for g in gs for s in g]
             assert flat(a) == flat(b), (flat(a), flat(b))
             for x, y in zip((s for g in a for s in g), (s for g in b for s in g)):
@@ -67,12 +68,23 @@ def test_hf_generate_samples_what_native_samples_and_serves_a_recipe(tmp_path):
 
         assert hf.update_weights(other) == 1 and native.update_weights(other) == 1
         same(SamplingParams(greedy=True, max_new_tokens=10, stop_token_ids=()))
+        assert hf.weights_digest == native.weights_digest  # both computed from the weights held
+        # (name, tensor) pairs, as verl streams them, load as the mapping does: the digest is the held weights'
+        before = hf.weights_digest
+        start = build_tiny_model(seed=0)[0].state_dict()
+        assert hf.update_weights(iter(start.items())) == 2 and native.update_weights(iter(start.items())) == 2
+        assert hf.weights_digest == native.weights_digest != before
+        assert hf.update_weights(other.items()) == 3 and native.update_weights(list(other.items())) == 3
+        assert hf.weights_digest == native.weights_digest == before
+        with pytest.raises(TrinityError, match="given twice"):
+            native.update_weights([*other.items(), *other.items()])
+        same(SamplingParams(greedy=True, max_new_tokens=10, stop_token_ids=()))
         with pytest.raises(TrinityError, match="unexpected"):
             hf.update_weights({{**other, "nope": torch.zeros(1)}})
 
         config = Config.model_validate({{"model": {{"path": folder}}, "trainer": {{"engine": "local"}},
                                          "explorer": {{"engine": "hf_generate", "group_size": 2}}}})
-        explorer = ExplorerWorker(config, folder)
+        explorer = ExplorerWorker(explorer_params(config), folder)
         assert type(explorer.engine).__name__ == "GenerateEngine"
         tasks = [Task(prompt="What is 2 + 3?", answer="5", task_id="a"), Task(prompt="What is 4 + 4?", answer="8", task_id="b")]
         result = explorer.run(tasks, sampling_params(config, step=1))

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from trinity_like.config import load_plan
+from trinity_like.config.engine_params import explorer_params
 from trinity_like.errors import ConfigError, TrinityError
 from trinity_like.experience import Experience, Task
 from trinity_like.explorer.worker import ExplorerWorker
@@ -109,7 +110,7 @@ def test_pairs_on_disk_are_rebuilt_only_when_what_they_depend_on_changes(tmp_pat
     made = []
 
     def explorer():
-        made.append(ExplorerWorker(stage.config, "tiny-random"))
+        made.append(ExplorerWorker(explorer_params(stage.config), "tiny-random"))
         return made[-1]
 
     def build(src, resuming=False, stage=stage):
@@ -148,7 +149,7 @@ def test_right_and_wrong_follow_the_eval_reward_and_no_pair_is_a_clear_error(tmp
             "buffer.train_data",
             tasks,
             tmp_path,
-            lambda: ExplorerWorker(stage.config, "tiny-random"),
+            lambda: ExplorerWorker(explorer_params(stage.config), "tiny-random"),
             resuming=False,
         )
     stage, source, tasks = stage_and_tasks(
@@ -163,7 +164,7 @@ def test_right_and_wrong_follow_the_eval_reward_and_no_pair_is_a_clear_error(tmp
             "buffer.train_data",
             tasks,
             tmp_path,
-            lambda: ExplorerWorker(stage.config, "tiny-random"),
+            lambda: ExplorerWorker(explorer_params(stage.config), "tiny-random"),
             resuming=False,
         )
     assert not (tmp_path / "train_data.jsonl").exists()

@@ -13,8 +13,8 @@ import pytest
 
 from trinity_like.cli import main
 from trinity_like.config import load_plan
+from trinity_like.config.engine_params import gold_reward
 from trinity_like.config.schema import ExplorerConfig
-from trinity_like.explorer.workflows import gold_reward
 from trinity_like.models.resolve import load_model
 from trinity_like.runner import run_plan
 

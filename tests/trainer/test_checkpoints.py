@@ -11,7 +11,7 @@ from trainer_batches import ClippedPPOLoss, make_batch
 
 from trinity_like.errors import TrinityError
 from trinity_like.models.tiny import build_tiny_model
-from trinity_like.trainer.base import load_optimizer_state, save_optimizer_state
+from trinity_like.trainer.checkpoint_files import load_optimizer_state, save_optimizer_state
 from trinity_like.trainer.local_engine import LocalEngine
 from trinity_like.trainer.lora import LoraParams
 from trinity_like.trainer.params import ModelParams, OptimParams

@@ -15,6 +15,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from trainer_batches import ClippedPPOLoss, make_batch
 
+from trinity_like.config.engine_params import explorer_params
 from trinity_like.config.schema import Config
 from trinity_like.explorer.engine import Borrowed, NativeEngine, SamplingParams
 from trinity_like.explorer.worker import ExplorerWorker
@@ -65,7 +66,7 @@ def explorer_of(path: str, device: str) -> ExplorerWorker:
     config = Config.model_validate(
         {"model": {"path": path}, "trainer": {"engine": "local"}, "cluster": {"device": device}}
     )
-    return ExplorerWorker(config, path)
+    return ExplorerWorker(explorer_params(config), path)
 
 
 def test_on_a_cpu_nothing_changes_fp32_weights_no_autocast(tiny_path, batch):

@@ -10,10 +10,10 @@ from safetensors.torch import load_file
 from trainer_batches import ClippedPPOLoss, make_batch, naive_outputs, nll_loss, value_mse_loss
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
+from trinity_like.config.engine_params import build_engine
 from trinity_like.errors import TrinityError
 from trinity_like.models.tiny import build_tiny_model
 from trinity_like.trainer.base import TrainEngine, with_normalisers
-from trinity_like.trainer.engines import build_engine
 from trinity_like.trainer.local_engine import LocalEngine
 from trinity_like.trainer.params import ModelParams, OptimParams
 
@@ -50,10 +50,38 @@ def test_engines_are_built_from_a_recipe_with_its_values(tiny_path):
     assert critic.optim_params.lr == cfg.trainer.critic_optimizer.lr
 
 
+def test_a_registered_train_engine_is_what_a_recipe_names(tiny_path):
+    """TRAIN_ENGINE: an entry registered through the public decorator is built for ``trainer.engine``;
+    an entry that builds something without the TrainEngine members is refused by name."""
+    from trinity_like.config.schema import Config
+    from trinity_like.registry import TRAIN_ENGINE
+    from trinity_like.trainer.engines import TrainEngineSpec, build_train_engine
+
+    built: list[TrainEngineSpec] = []
+
+    @TRAIN_ENGINE.register_module("test_recording_local", force=True)
+    def recording(spec: TrainEngineSpec) -> LocalEngine:
+        """The local engine, recording the spec it was built from."""
+        built.append(spec)
+        return LocalEngine(spec.model, spec.optim)
+
+    @TRAIN_ENGINE.register_module("test_not_an_engine", force=True)
+    def not_an_engine(spec: TrainEngineSpec) -> object:
+        """Something without the TrainEngine members."""
+        return object()
+
+    cfg = Config.model_validate({"trainer": {"engine": "test_recording_local", "micro_batch_size": 2}})
+    engine = build_engine(cfg, tiny_path)
+    assert isinstance(engine, LocalEngine) and len(built) == 1
+    assert built[0].model.micro_batch_size == 2 and built[0].model.path == tiny_path
+    with pytest.raises(TypeError, match="test_not_an_engine"):
+        build_train_engine("test_not_an_engine", built[-1])
+
+
 def test_engine_params_take_every_default_from_the_schema():
     """One default per value: the engines' parameter objects never disagree with a recipe's defaults."""
+    from trinity_like.config.engine_params import model_params, optim_params
     from trinity_like.config.schema import Config
-    from trinity_like.trainer.params import model_params, optim_params
 
     cfg = Config()
     assert optim_params(cfg) == dataclasses.replace(OptimParams(), total_steps=cfg.trainer.total_steps)

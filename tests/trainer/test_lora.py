@@ -12,6 +12,7 @@ from torch.func import functional_call
 from trainer_batches import make_batch, naive_outputs, nll_loss
 from transformers import AutoModelForCausalLM
 
+from trinity_like.config.engine_params import model_params
 from trinity_like.config.schema import Config
 from trinity_like.errors import TrinityError
 from trinity_like.models.tiny import build_tiny_model
@@ -19,7 +20,7 @@ from trinity_like.trainer import lora as lora_lib
 from trinity_like.trainer.base import with_normalisers
 from trinity_like.trainer.local_engine import LocalEngine
 from trinity_like.trainer.lora import LoraParams
-from trinity_like.trainer.params import ModelParams, OptimParams, model_params
+from trinity_like.trainer.params import ModelParams, OptimParams
 
 B, P, R = 6, 5, 4
 LORA = LoraParams(rank=4, alpha=8.0, seed=7)

@@ -360,7 +360,7 @@ class SamplingClient:
             context = getattr(model.config, "max_position_embeddings", None)
             ids = prompt_ids(prompt, model.get_input_embeddings().num_embeddings, context)
             sampling = engine_sampling(params, n, len(ids), context, engine.default_stop_ids)
-            # The seeds engine.generate would give this prompt alone: batching changes no sample.
+            # The seeds generate(engine, ...) would give this prompt alone: batching changes no sample.
             requests.append(Request(tuple(ids), tuple(sample_seed(sampling.seed, 0, s) for s in range(n))))
             prompt_lps.append(prompt_logprobs(model, ids, last_n) if with_prompt else None)
         groups = engine.run(requests, sampling)

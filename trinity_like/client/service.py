@@ -273,14 +273,11 @@ class ServiceClient:
         model = ModelParams(
             path=str(folder), micro_batch_size=self.micro_batch_size, dtype=self.dtype, device=self.device, lora=lora
         )
-        if self.train_engine == "local":
-            from trinity_like.trainer.local_engine import LocalEngine
+        from trinity_like.trainer.engines import TrainEngineSpec, build_train_engine
+        from trinity_like.trainer.verl_config import VerlParams
 
-            engine = LocalEngine(model, OptimParams())
-        else:
-            from trinity_like.trainer.verl_engine import VerlEngine, VerlParams
-
-            engine = VerlEngine(model, OptimParams(), VerlParams(num_workers=self.trainer_workers))
+        spec = TrainEngineSpec(model, OptimParams(), VerlParams(num_workers=self.trainer_workers))
+        engine = build_train_engine(self.train_engine, spec)  # the TRAIN_ENGINE entry, as a recipe's
         model_id = run_name or new_run_name(self.log_dir, base_model)
         client = TrainingClient(
             engine,

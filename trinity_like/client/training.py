@@ -131,9 +131,7 @@ class TrainingClient(TrainingAsyncSpellings):
         self.base_model = base_model
         self.model_id = model_id
         self._info = types.GetInfoResponse(
-            model_data=types.ModelData(
-                arch=type(getattr(engine, "model", None)).__name__, model_name=base_model, tokenizer_id=base_model
-            ),
+            model_data=types.ModelData(arch=engine.architecture, model_name=base_model, tokenizer_id=base_model),
             model_id=model_id,
             is_lora=lora is not None,
             lora_rank=lora.rank if lora else None,

@@ -21,7 +21,7 @@ from trinity_like.config.loader import Locator
 from trinity_like.config.schema import Config
 from trinity_like.config.slots import params_of, resolve_name
 from trinity_like.errors import ConfigError, DataError
-from trinity_like.registry import BUFFER_STORAGE, MONITOR, REWARD_FN, ROLLOUT_ENGINE, WORKFLOW
+from trinity_like.registry import BUFFER_STORAGE, MONITOR, REWARD_FN, ROLLOUT_ENGINE, TRAIN_ENGINE, WORKFLOW
 
 DATA_KEYS = ("tasks", "eval_tasks", "expert_data", "train_data", "eval_data")  # the buffer's data sets
 
@@ -71,6 +71,7 @@ def check_sections(cfg: Config, algo: AlgorithmType, loc: Locator) -> Any:
         resolve_name(MONITOR, backend, loc, ("monitor", "backends", i))
     reward_params = None
     resolve_name(ROLLOUT_ENGINE, cfg.explorer.engine, loc, ("explorer", "engine"))  # evaluation samples too
+    resolve_name(TRAIN_ENGINE, cfg.trainer.engine, loc, ("trainer", "engine"))
     if algo.use_rollout:
         workflow = resolve_name(WORKFLOW, cfg.explorer.workflow, loc, ("explorer", "workflow"))
         params_of(workflow, cfg.explorer.workflow_args, "explorer.workflow_args", loc)

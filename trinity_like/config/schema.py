@@ -1,6 +1,9 @@
 """The typed, immutable recipe schema: one class per section, one comment per field.
 
-Every field has exactly one default, here. Unknown keys, wrong types and out-of-range
+Every field has exactly one default: here, or -- for a field an engine's own params object
+carries too -- on that params object, which the field reads it from (:func:`param_default`:
+the trainer's and the explorer's params never read the recipe; it is turned into them in
+:mod:`trinity_like.config.engine_params`). Unknown keys, wrong types and out-of-range
 values are validation errors (the loader turns them into ``file:line: key.path: ...``).
 Values a recipe does not set but an algorithm needs come from the algorithm's preset
 (:mod:`trinity_like.config.resolve`), never from code that reads the config with a default.
@@ -8,21 +11,23 @@ Values a recipe does not set but an algorithm needs come from the algorithm's pr
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from typing import Annotated, Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from trinity_like.cpu_share import CpuThreads
+from trinity_like.trainer.lora import LoraParams
+from trinity_like.trainer.params import AttnImplementation, Dtype, ModelParams, OptimParams, Scheduler
+from trinity_like.trainer.verl_config import VerlParams
 
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]
 PosFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
 Prob = Annotated[float, Field(ge=0, le=1)]
-Dtype = Literal[
-    "auto", "float32", "bfloat16"
-]  # auto: by device (trinity_like/models/device.py); no fp16 (no CPU kernels worth using)
 Device = Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$")]  # auto: CUDA when torch sees one, else CPU
-Scheduler = Literal["constant", "cosine"]  # learning rate after warm-up
 NAME_PATTERN, NAME_MAX = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*"), 100  # a run or stage name: one folder name
 
 
@@ -51,8 +56,17 @@ RunPath = Annotated[str, AfterValidator(_check_run_path)]
 
 
 def field_default(section: type[BaseModel], name: str) -> Any:
-    """The default of ``section.name``: engines' own parameter objects take theirs from here."""
+    """The default of ``section.name`` (the client's settings take theirs from here)."""
     return section.model_fields[name].default
+
+
+def param_default(params: type, name: str) -> Any:
+    """The default of the field ``name`` of an engine's params dataclass: a recipe field that
+    the engine's params carry too takes its default from there."""
+    field = {f.name: f for f in dataclasses.fields(params)}[name]
+    if field.default is dataclasses.MISSING:
+        raise TypeError(f"{params.__name__}.{name} has no default")
+    return field.default
 
 
 class Section(BaseModel):
@@ -63,20 +77,30 @@ class Section(BaseModel):
 
 class ModelConfig(Section):
     path: str = "smollm2-135m-instruct"  # built-in id (see `trinity-like list models`) or a local HF folder
-    dtype: Dtype = "auto"  # train engines; auto: bf16 compute over fp32 weights on CUDA and bf16 CPUs, else fp32 (docs/precision.md)
+    dtype: Dtype = param_default(
+        ModelParams, "dtype"
+    )  # train engines; auto: bf16 compute over fp32 weights on CUDA and bf16 CPUs, else fp32 (docs/precision.md)
     max_prompt_tokens: PosInt = 256  # prompts longer than this are an error, not silently cut
     max_response_tokens: PosInt = 64  # upper bound on generated / trained response tokens
     critic_path: str | None = None  # initial weights of the value model (PPO); None: same as `path`
-    attn_implementation: Literal["sdpa", "eager"] = "sdpa"  # attention kernel for HF models
+    attn_implementation: AttnImplementation = param_default(
+        ModelParams, "attn_implementation"
+    )  # attention kernel for HF models
     lora_rank: NonNegInt = (
-        0  # LoRA adapter rank of the policy (Hu et al. 2021); 0: train every weight (a critic always does)
+        param_default(
+            LoraParams, "rank"
+        )  # LoRA adapter rank of the policy (Hu et al. 2021); 0: train every weight (a critic always does)
     )
     lora_alpha: PosFloat = (
-        32.0  # LoRA scale: updates are (alpha / rank) * B A; fixed 32 as Tinker, so lr barely moves with rank
+        param_default(
+            LoraParams, "alpha"
+        )  # LoRA scale: updates are (alpha / rank) * B A; fixed 32 as Tinker, so lr barely moves with rank
     )
-    lora_train_attn: bool = True  # LoRA on the attention projections (q, k, v, o)
-    lora_train_mlp: bool = True  # LoRA on the MLP projections (gate, up, down)
-    lora_train_unembed: bool = True  # LoRA on the output layer (lm_head); a tied one is untied in the merged weights
+    lora_train_attn: bool = param_default(LoraParams, "train_attn")  # LoRA on the attention projections (q, k, v, o)
+    lora_train_mlp: bool = param_default(LoraParams, "train_mlp")  # LoRA on the MLP projections (gate, up, down)
+    lora_train_unembed: bool = param_default(
+        LoraParams, "train_unembed"
+    )  # LoRA on the output layer (lm_head); a tied one is untied in the merged weights
 
 
 class DatasetConfig(Section):
@@ -164,14 +188,14 @@ class ExplorerConfig(Section):
 
 
 class OptimizerConfig(Section):
-    lr: PosFloat = 1e-5  # AdamW learning rate
-    betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas
-    eps: PosFloat = 1e-8  # AdamW epsilon
-    weight_decay: NonNegFloat = 0.0  # AdamW weight decay
-    grad_clip: NonNegFloat = 1.0  # max global grad norm; 0 disables clipping
-    warmup_steps: NonNegInt = 0  # linear warm-up steps
-    scheduler: Scheduler = "constant"  # LR after warm-up
-    min_lr_ratio: Prob = 0.0  # cosine floor as a fraction of lr
+    lr: PosFloat = param_default(OptimParams, "lr")  # AdamW learning rate
+    betas: tuple[float, float] = param_default(OptimParams, "betas")  # AdamW betas
+    eps: PosFloat = param_default(OptimParams, "eps")  # AdamW epsilon
+    weight_decay: NonNegFloat = param_default(OptimParams, "weight_decay")  # AdamW weight decay
+    grad_clip: NonNegFloat = param_default(OptimParams, "grad_clip")  # max global grad norm; 0 disables clipping
+    warmup_steps: NonNegInt = param_default(OptimParams, "warmup_steps")  # linear warm-up steps
+    scheduler: Scheduler = param_default(OptimParams, "scheduler")  # LR after warm-up
+    min_lr_ratio: Prob = param_default(OptimParams, "min_lr_ratio")  # cosine floor as a fraction of lr
 
 
 class SamplerGapConfig(Section):
@@ -189,16 +213,20 @@ class SamplerGapConfig(Section):
 
 
 class TrainerConfig(Section):
-    engine: Literal["verl", "local"] = (
-        "verl"  # train engine: "verl" (FSDP workers via Ray) | "local" (in-process torch)
-    )
+    engine: str = "verl"  # TRAIN_ENGINE name (`trinity-like list train_engine`): "verl" (FSDP workers via Ray) | "local" (in-process torch), or a plugin's
     total_steps: PosInt = 20  # training steps of this stage
-    micro_batch_size: PosInt = 8  # rows per forward/backward (gradient accumulation inside a step)
+    micro_batch_size: PosInt = param_default(
+        ModelParams, "micro_batch_size"
+    )  # rows per forward/backward (gradient accumulation inside a step)
     share_prompts: bool = (
-        True  # run each distinct prompt of a micro-batch once, its responses packed after it (same result)
+        param_default(
+            ModelParams, "share_prompts"
+        )  # run each distinct prompt of a micro-batch once, its responses packed after it (same result)
     )
     gradient_checkpointing: bool = (
-        False  # keep only each layer's input, recompute the rest in backward: less memory, ~1/3 more compute
+        param_default(
+            ModelParams, "gradient_checkpointing"
+        )  # keep only each layer's input, recompute the rest in backward: less memory, ~1/3 more compute
     )
     update_epochs: PosInt = 1  # passes over each batch (PPO epochs)
     optimizer: OptimizerConfig = OptimizerConfig()  # policy optimizer
@@ -254,16 +282,20 @@ class ClusterConfig(Section):
     """Where the `verl` workers and the explorer actor run. There is no node count: the nodes are
     the Ray cluster's (`ray_address`); `placement` says whether the workers share one or spread."""
 
-    device: Device = "auto"  # where every model of the run lives (train engine, explorer, env players, reward models): auto | cpu | cuda | cuda:N; the verl engine's GPUs are num_gpus
-    ray_address: str | None = None  # existing Ray cluster ("ray://host:10001" or "auto"); None: start locally
-    num_cpus: PosInt | None = None  # CPUs for a locally started Ray; None: all
+    device: Device = param_default(
+        ModelParams, "device"
+    )  # where every model of the run lives (train engine, explorer, env players, reward models): auto | cpu | cuda | cuda:N; the verl engine's GPUs are num_gpus
+    ray_address: str | None = param_default(
+        VerlParams, "ray_address"
+    )  # existing Ray cluster ("ray://host:10001" or "auto"); None: start locally
+    num_cpus: PosInt | None = param_default(VerlParams, "num_cpus")  # CPUs for a locally started Ray; None: all
     num_gpus: NonNegInt = 0  # GPUs of the `verl` engine's workers, one each (0 or trainer_workers); 0: CPU workers over gloo; more than the machine (or cluster) has: an error at start
     trainer_workers: PosInt | None = (
         None  # FSDP world size of the `verl` engine; None: num_gpus on GPUs, 1 on CPU (see `workers`)
     )
-    placement: Literal["pack", "spread"] = (
-        "pack"  # `verl` workers: pack: all on one node; spread: each on a node of its own (a multi-node cluster)
-    )
+    placement: Literal["pack", "spread"] = param_default(
+        VerlParams, "placement"
+    )  # `verl` workers: pack: all on one node; spread: each on a node of its own (a multi-node cluster)
     explorer_threads: PosInt | None = None  # torch threads of the explorer actor; None: auto (Config.cpu_threads)
     trainer_threads: PosInt | None = None  # torch threads of each CPU `verl` worker; None: auto (Config.cpu_threads)
 
@@ -326,23 +358,13 @@ class StageConfig(Section):
     monitor: dict[str, Any] = {}
 
 
-class CpuThreads(NamedTuple):
-    """Torch threads per process (:meth:`Config.cpu_threads`)."""
-
-    explorer: int  # the explorer actor's (when shared: while the trainer computes too)
-    trainer: int  # each CPU `verl` worker's (when shared: while the explorer computes too)
-    explorer_alone: int  # when shared: the explorer's while the trainer waits
-    trainer_alone: int  # when shared: each worker's while the explorer waits
-    shared: bool  # the two take turns at full width (trinity_like/cpu_share.py); False: fixed widths
-
-
 class Config(Section):
     """A whole recipe (one stage of it, after stage overrides are merged)."""
 
     name: RunPath = "run"  # run name (one folder name); the run directory is `<run_root>/<name>`
     run_root: str = "runs"  # parent folder of run directories, relative to the working directory
     mode: Literal["both", "explore", "train", "bench"] = "both"  # what this run does
-    seed: int = 42  # seeds sampling, data order and init
+    seed: int = param_default(VerlParams, "seed")  # seeds sampling, data order and init
     model: ModelConfig = ModelConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     buffer: BufferConfig = BufferConfig()

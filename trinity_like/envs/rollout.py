@@ -11,7 +11,7 @@ with the others'; results are still taken in episode order).
 
 Randomness: the action of episode ``(group g, env i)`` at turn ``t`` is drawn from its own
 seed, :func:`episode_seed`; it does not depend on which other episodes share the call. At
-turn 0 it is the seed ``engine.generate(..., SamplingParams(seed=seed))`` gives sample ``i``
+turn 0 it is the seed ``generate(engine, ..., SamplingParams(seed=seed))`` gives sample ``i``
 of prompt ``g``, so a single-turn env samples exactly what a workflow samples.
 
 Limits end an episode cleanly (it is kept, with ``Trajectory.end_reason``): ``max_turns``

@@ -94,8 +94,8 @@ class EnvWorkflow:
     def plan_text(cls, config: Config) -> str:
         """What ``--dry-run`` prints of this workflow: the env (its reward is its own, its
         params hold its action limits), the episode limits and the sampling -- built from the
-        params the explorer builds it with (:func:`~trinity_like.explorer.worker.workflow_params`)."""
-        from trinity_like.explorer.worker import workflow_params  # the explorer's own: what runs is what prints
+        params the explorer builds it with (:func:`~trinity_like.config.engine_params.workflow_params`)."""
+        from trinity_like.config.engine_params import workflow_params  # the explorer's own: what runs is what prints
 
         p = workflow_params(config, cls)
         env = ENV.get(p.env)
@@ -159,7 +159,7 @@ def check_step(config: Config, skipped: Sequence[SkippedTask], tasks: int, step:
     """A recipe's training step (``tasks`` explored, ``skipped`` of them) against the workflow's
     ``max_dropped_fraction``: more skipped stops the run with the first one's reason. A workflow
     whose params declare no such field (``math``) is not checked."""
-    from trinity_like.explorer.worker import workflow_params
+    from trinity_like.config.engine_params import workflow_params
 
     if not skipped:
         return

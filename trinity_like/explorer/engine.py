@@ -39,7 +39,7 @@ Example::
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -55,7 +55,10 @@ from trinity_like.explorer.engine_contract import (
     RolloutEngine,
     Sample,
     SamplingParams,
+    Weights,
+    generate,
     sample_seed,
+    weight_mapping,
 )
 from trinity_like.explorer.kv_cache import PrefillCache, SlotCache, use_attention
 from trinity_like.explorer.prefix_cache import PrefixCache
@@ -142,10 +145,9 @@ class NativeEngine:
         return next(self.model.parameters()).device
 
     # -- weights ----------------------------------------------------------------------
-    def update_weights(
-        self, weights: Mapping[str, torch.Tensor] | Borrowed, *, version: int | None = None, strict: bool = True
-    ) -> int:
-        """Copy ``weights`` into the model in place, or -- a :class:`Borrowed` -- use them as they
+    def update_weights(self, weights: Weights | Borrowed, *, version: int | None = None, strict: bool = True) -> int:
+        """Copy ``weights`` (a state dict or ``(name, tensor)`` pairs) into the model in place, or -- a
+        :class:`Borrowed` -- use them as they
         are (those of matching dtype, shape and device; the rest are copied); returns the new
         model version.
 
@@ -154,8 +156,7 @@ class NativeEngine:
         Parameters borrowed before and not now get memory of the engine's own again: the
         owner's is never written.
         """
-        borrow = isinstance(weights, Borrowed)
-        state_dict = weights.tensors if isinstance(weights, Borrowed) else weights
+        state_dict, borrow = weight_mapping(weights)
         arrived = fault_points.arriving_weights(
             state_dict, self.model.state_dict(), getattr(self.model, "name_or_path", None)
         )  # the sync path's fault injection (tests/faults/test_weight_identity.py); unset: `state_dict`
@@ -293,12 +294,8 @@ class NativeEngine:
 
     # -- public entry points ------------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Sample]]:
-        """``sampling.n`` samples for each prompt; sample (p, s) uses ``sample_seed(seed, p, s)``."""
-        requests = [
-            Request(tuple(int(t) for t in ids), tuple(sample_seed(sampling.seed, p, s) for s in range(sampling.n)))
-            for p, ids in enumerate(prompts)
-        ]
-        return self.run(requests, sampling)
+        """``sampling.n`` samples for each prompt: the contract's :func:`~.engine_contract.generate` over :meth:`run`."""
+        return generate(self, prompts, sampling)
 
     def run(self, requests: Sequence[Request], sampling: SamplingParams) -> list[list[Sample]]:
         """Samples for each request (one per seed), in request order; ``sampling.n`` is unused."""

@@ -14,16 +14,24 @@ workflows, the client's sampler, environments) needs only these types::
     samples = engine.run(requests, sampling)[0]          # list[Sample], one per seed
     samples[3].token_ids, samples[3].logprobs, samples[3].finish_reason
     samples[3].model_version, samples[3].weights_digest   # which weights sampled it
+    groups = generate(engine, [prompt_ids], sampling)    # the helper over run: seeds from sample_seed
     engine.update_weights(state_dict, version=1)         # copied in; Borrowed(state_dict): used as they are
+    engine.update_weights(model.named_parameters())      # (name, tensor) pairs, as verl streams them
+
+An engine writes :meth:`RolloutEngine.run` alone; :func:`generate` (``sampling.n`` samples
+per prompt, seeded by :func:`sample_seed`) is built on it here, once for every engine.
+New weights arrive as a mapping or as an iterable of ``(name, tensor)`` pairs (verl's seam,
+``verl/workers/rollout/base.py``, streams pairs); an engine turns either into a mapping with
+:func:`weight_mapping`, the one place they are told apart.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Union, runtime_checkable
 
 from trinity_like.errors import TrinityError
 
@@ -121,6 +129,10 @@ def sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
+# New weights: a state dict, or ``(name, tensor)`` pairs in any order (a generator is read once).
+Weights = Union["Mapping[str, torch.Tensor]", "Iterable[tuple[str, torch.Tensor]]"]
+
+
 @dataclass(frozen=True)
 class Borrowed:
     """Weights an engine may use as its own, without a copy, until its next ``update_weights``.
@@ -132,7 +144,24 @@ class Borrowed:
     borrow (other device, other dtype) copies.
     """
 
-    tensors: Mapping[str, torch.Tensor]
+    tensors: Weights
+
+
+def weight_mapping(weights: Weights | Borrowed) -> tuple[Mapping[str, torch.Tensor], bool]:
+    """The weights an engine's ``update_weights`` was given as a mapping (a given mapping as it is;
+    pairs gathered into a dict that refers to the same tensors, no copy), and whether they are
+    :class:`Borrowed`. A name given twice is an error: which tensor is meant would be a guess."""
+    borrowed = isinstance(weights, Borrowed)
+    given = weights.tensors if isinstance(weights, Borrowed) else weights
+    if isinstance(given, Mapping):
+        return given, borrowed
+    state: dict[str, torch.Tensor] = {}
+    for pair in given:
+        name, tensor = pair
+        if name in state:
+            raise TrinityError(f"update_weights: {name!r} given twice")
+        state[name] = tensor
+    return state, borrowed
 
 
 @dataclass(frozen=True)
@@ -159,20 +188,20 @@ class RolloutEngine(Protocol):
     # (trinity_like.models.weight_digest.model_digest), stamped on every sample
     weights_digest: str
     default_stop_ids: tuple[int, ...]  # stop tokens when a call names none (the model's eos ids)
-
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Sample]]:
-        """``sampling.n`` samples per prompt, in prompt order; sample (p, s) uses ``sample_seed(seed, p, s)``."""
+    # Called before every decode step when set (the explorer sets it to take its share of the CPU
+    # cores, trinity_like/cpu_share.py); None: nothing to call. Engines start with None.
+    pace: Callable[[], object] | None
 
     def run(self, requests: Sequence[Request], sampling: SamplingParams) -> list[list[Sample]]:
         """One sample per seed of each request, in request order (``sampling.n`` unused); a sample's
         tokens depend on its seed and the weights, not on what else the call holds."""
 
-    def update_weights(
-        self, weights: Mapping[str, torch.Tensor] | Borrowed, *, version: int | None = None, strict: bool = True
-    ) -> int:
-        """Sample with ``weights`` from now on (copied in; a :class:`Borrowed` may be used as it is);
-        returns the model version: ``version``, or the last one + 1. ``strict=False`` takes a partial
-        state dict (a tied output embedding may always be left out)."""
+    def update_weights(self, weights: Weights | Borrowed, *, version: int | None = None, strict: bool = True) -> int:
+        """Sample with ``weights`` -- a mapping or ``(name, tensor)`` pairs (:func:`weight_mapping`) --
+        from now on (copied in; a :class:`Borrowed` may be used as it is); returns the model version:
+        ``version``, or the last one + 1. ``strict=False`` takes a partial state dict (a tied output
+        embedding may always be left out). Then :attr:`weights_digest` is computed again from the
+        weights the engine holds."""
 
     def release_memory(self) -> None:
         """Free what the engine holds between calls (KV cache, captured graphs, kept prefixes), so
@@ -183,3 +212,13 @@ class RolloutEngine(Protocol):
 
     def close(self) -> None:
         """Free the model and everything else; the engine is not used again."""
+
+
+def generate(engine: RolloutEngine, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Sample]]:
+    """``sampling.n`` samples per prompt from ``engine``, in prompt order: sample (p, s) is drawn
+    with ``sample_seed(sampling.seed, p, s)`` -- one :class:`Request` per prompt through ``engine.run``."""
+    requests = [
+        Request(tuple(int(t) for t in ids), tuple(sample_seed(sampling.seed, p, s) for s in range(sampling.n)))
+        for p, ids in enumerate(prompts)
+    ]
+    return engine.run(requests, sampling)

@@ -5,8 +5,8 @@ weights with ``receive_weights``, and hand memory back between phases (``release
 ``resume_memory``: a trainer on the same GPU takes it meanwhile). The pipeline holds one
 and never asks which::
 
-    explorer = ExplorerWorker(config, model_folder)          # or RemoteExplorer(config, model_folder)
-    result = explorer.run(tasks, sampling_params(config, step=1))
+    explorer = ExplorerWorker(params, model_folder)          # or RemoteExplorer(params, model_folder)
+    result = explorer.run(tasks, sampling)
     explorer.receive_weights(actor.export_weights(), version=1)   # a state dict, shared weights, or a folder
 
 A crashed actor (OOM, a reward function that kills its process, a lost node) is not
@@ -14,8 +14,10 @@ restarted by Ray: the call raises :class:`~trinity_like.errors.WorkerDiedError`,
 restarts the stage -- this actor among its parts -- from its latest checkpoint
 (:mod:`trinity_like.pipeline.restart`), so the batch is explored again exactly as before.
 
-The engine is the recipe's ``explorer.engine`` (``ROLLOUT_ENGINE``, :mod:`.engines`) on
-``cluster.device`` in ``explorer.dtype``. Ray is imported only by :class:`RemoteExplorer`:
+An explorer is built from :class:`ExplorerParams`, never from the recipe (a recipe's are made
+by :func:`trinity_like.config.engine_params.explorer_params`): the ``ROLLOUT_ENGINE`` entry
+:attr:`ExplorerParams.engine` (:mod:`.engines`) on :attr:`~ExplorerParams.device` in
+:attr:`~ExplorerParams.dtype`, and the ``WORKFLOW`` entry :attr:`~ExplorerParams.workflow`. Ray is imported only by :class:`RemoteExplorer`:
 an in-process explorer runs where Ray is not installed (a GPU machine with a small image).
 """
 
@@ -25,12 +27,13 @@ import contextlib
 import dataclasses
 import functools
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from trinity_like import fault_points
 from trinity_like.components import build_params, params_type
-from trinity_like.config.schema import Config
 from trinity_like.cpu_share import EXPLORER, CoreShare
 from trinity_like.errors import WorkerDiedError
 from trinity_like.experience import Task
@@ -48,44 +51,35 @@ if TYPE_CHECKING:
 Weights = Union["dict[str, torch.Tensor]", SharedWeights, str, Path]
 
 
-def workflow_params(config: Config, cls: type, *, evaluation: bool = False) -> Any:
-    """The workflow's params: the explorer's reward settings it declares, and nothing else."""
-    from trinity_like.explorer.workflows import gold_reward
+@dataclass(frozen=True)
+class WorkflowSettings:
+    """What a workflow is built from, as plain data (it crosses to a Ray actor before plugins load there)."""
 
-    e = config.explorer
-    use_eval = evaluation and e.eval_reward_fn is not None
-    gold_fn, gold_args = ("", {}) if evaluation else gold_reward(e)  # evaluation scores with the gold reward itself
-    offered = {
-        "reward_fn": e.eval_reward_fn if use_eval else e.reward_fn,
-        "reward_params": dict(e.eval_reward_args if use_eval else e.reward_args),
-        "gold_reward_fn": gold_fn,
-        "gold_reward_params": gold_args,
-        "reward_timeout_s": e.reward_timeout_s,
-        "reward_retries": e.reward_retries,
-        "max_total_tokens": config.model.max_prompt_tokens + config.model.max_response_tokens,
-    }
+    offered: Mapping[str, Any]  # the explorer's reward settings; the workflow takes those its params declare
+    args: Mapping[str, Any]  # the workflow's own params (a recipe's explorer.workflow_args), over the offered ones
+
+
+def build_workflow_params(cls: type, settings: WorkflowSettings) -> Any:
+    """The params of the workflow class ``cls``: the offered settings it declares, then its own args."""
     ptype = params_type(cls)
     known = {f.name for f in dataclasses.fields(ptype)} if ptype else set()
-    values = {k: v for k, v in offered.items() if k in known}
-    return build_params(cls, {**values, **e.workflow_args}, where="explorer.workflow_args")
+    values = {k: v for k, v in settings.offered.items() if k in known}
+    return build_params(cls, {**values, **settings.args}, where="explorer.workflow_args")
 
 
-def sampling_params(config: Config, *, step: int, evaluation: bool = False) -> SamplingParams:
-    """The explorer's sampling for ``step``; seeds depend on (run seed, step) only."""
-    from trinity_like.explorer.engine_contract import SamplingParams
+@dataclass(frozen=True)
+class ExplorerParams:
+    """What an explorer is built from (a recipe's: :func:`trinity_like.config.engine_params.explorer_params`)."""
 
-    s = config.explorer.eval_sampling if evaluation else config.explorer.sampling
-    return SamplingParams(
-        n=1 if evaluation else config.explorer.group_size,
-        max_new_tokens=s.max_new_tokens or config.model.max_response_tokens,
-        temperature=s.temperature if s.temperature > 0 else 1.0,
-        greedy=s.temperature == 0,
-        top_k=s.top_k,
-        top_p=s.top_p,
-        seed=(config.seed * 1_000_003 + step) % 2**62,
-        stop_token_ids=tuple(s.stop_token_ids) or None,
-        stop_strings=tuple(s.stop),
-    )
+    engine: str  # ROLLOUT_ENGINE name
+    dtype: str  # rollout weights and KV cache: auto | float32 | bfloat16
+    device: str  # where every model of the process runs: auto | cpu | cuda | cuda:N
+    max_concurrent: int | None  # sequences decoded at once (cache slots); None: the engine sizes them
+    workflow: str  # WORKFLOW name
+    settings: WorkflowSettings  # the workflow's, for training batches
+    eval_settings: WorkflowSettings | None  # for held-out evaluation; None: the same workflow as training
+    threads: int | None = None  # torch threads of a Ray actor's process at a fixed width; None: leave them
+    threads_alone: int | None = None  # ... its full width when it shares the cores with the trainer (cpu_share)
 
 
 class Explorer(Protocol):
@@ -128,7 +122,7 @@ class ExplorerWorker:
     """Rollout engine + workflow over a model folder; in-process, or the body of the Ray actor."""
 
     def __init__(
-        self, config: Config, model_path: str, num_threads: int | None = None, cores: CoreShare | None = None
+        self, params: ExplorerParams, model_path: str, num_threads: int | None = None, cores: CoreShare | None = None
     ) -> None:
         """``num_threads``: torch threads of this process (None: leave them); ``cores``: the
         board shared with the trainer (:mod:`trinity_like.cpu_share`), which sets them before
@@ -141,29 +135,27 @@ class ExplorerWorker:
         from trinity_like.registry import WORKFLOW
 
         load_plugins()
-        set_run_device(config.cluster.device)  # in an actor too: env players and reward models follow it
+        set_run_device(params.device)  # in an actor too: env players and reward models follow it
         if num_threads:
             torch.set_num_threads(num_threads)
         # The prefix cache only for workflows whose later turns extend earlier ones: for single-turn
         # ones no prompt extends a finished sequence, and kept keys would only hold memory (up to
         # ~0.4 GB for SmolLM2) until the next sync.
-        wf_cls = WORKFLOW.get(config.explorer.workflow)
+        wf_cls = WORKFLOW.get(params.workflow)
         multi_turn = getattr(wf_cls, "reuses_prefixes", False)
-        params = EngineParams(
-            max_batch_size=config.explorer.max_concurrent,
+        capacity = EngineParams(
+            max_batch_size=params.max_concurrent,
             prefix_cache_tokens=EngineParams.prefix_cache_tokens if multi_turn else 0,
         )
-        self.engine = build_rollout_engine(
-            config.explorer.engine, model_path, dtype=config.explorer.dtype, params=params
-        )
-        self.workflow = wf_cls(params=workflow_params(config, wf_cls))
+        self.engine = build_rollout_engine(params.engine, model_path, dtype=params.dtype, params=capacity)
+        self.workflow = wf_cls(params=build_workflow_params(wf_cls, params.settings))
         self.eval_workflow = (
-            wf_cls(params=workflow_params(config, wf_cls, evaluation=True))
-            if config.explorer.eval_reward_fn
+            wf_cls(params=build_workflow_params(wf_cls, params.eval_settings))
+            if params.eval_settings is not None
             else self.workflow
         )
         self.cores = cores
-        if cores is not None and hasattr(self.engine, "pace"):  # our engine paces its decode steps
+        if cores is not None:  # the engine paces its decode steps by the board
             self.engine.pace = functools.partial(cores.fit, EXPLORER)
 
     def run(self, tasks: list[Task], sampling: SamplingParams, evaluation: bool = False) -> WorkflowResult:
@@ -202,16 +194,15 @@ class ExplorerWorker:
 class RemoteExplorer:
     """An :class:`ExplorerWorker` in a Ray actor; its death is a :class:`WorkerDiedError`."""
 
-    def __init__(self, config: Config, model_path: str, cores: CoreShare | None = None) -> None:
+    def __init__(self, params: ExplorerParams, model_path: str, cores: CoreShare | None = None) -> None:
         """``cores``: the board the actor shares the CPU cores through with the trainer (None: fixed width)."""
         import ray
 
         # Ray restarts no explorer: the run does, from its checkpoint (see the module doc)
         actor_cls = ray.remote(max_restarts=0, max_task_retries=0, num_cpus=0)(ExplorerWorker)
-        threads = config.cpu_threads()
-        width = threads.explorer_alone if cores is not None else threads.explorer
+        width = params.threads_alone if cores is not None else params.threads
         env = ray_runtime_env({"env_vars": fault_points.env()})
-        self.actor = actor_cls.options(runtime_env=env).remote(config, model_path, width, cores)
+        self.actor = actor_cls.options(runtime_env=env).remote(params, model_path, width, cores)
         self._mailbox: WeightMailbox | None = None  # where a state dict goes for the actor to read
         # Fail here, not mid-run, if the actor cannot start. The pid is kept: asking the actor
         # again would queue behind a batch it explores while the trainer trains.

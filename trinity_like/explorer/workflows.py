@@ -18,7 +18,7 @@ counted in ``metrics["workflow/skipped_tasks"]``.
 **The gold reward.** When the trained reward is not the task's verifier (a learned reward
 model, a shaped reward), every response is also scored by the verifier
 (``explorer.gold_reward_fn``, by default ``eval_reward_fn`` when it differs from
-``reward_fn``: :func:`gold_reward`). It is kept in ``info["gold_reward"]`` and logged as
+``reward_fn``: :func:`trinity_like.config.engine_params.gold_reward`). It is kept in ``info["gold_reward"]`` and logged as
 ``reward/gold_mean`` beside ``reward/mean``, with their Pearson correlation over the batch
 (``reward/gold_corr``); it never trains. A gold call that fails leaves that response's gold
 reward out (``workflow/gold_errors``) and skips nothing.
@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from trinity_like.components import build_params
 from trinity_like.errors import ConfigError, TrinityError
 from trinity_like.experience import Experience, Task
+from trinity_like.explorer.engine_contract import generate
 from trinity_like.explorer.rewards import (
     RewardCall,
     build_reward_fn,
@@ -50,7 +51,6 @@ from trinity_like.monitor.reward_stats import pearson
 from trinity_like.registry import REWARD_TRANSFORM, WORKFLOW, UnknownNameError
 
 if TYPE_CHECKING:  # the engine imports transformers: only when a workflow runs
-    from trinity_like.config.schema import ExplorerConfig
     from trinity_like.explorer.engine_contract import RolloutEngine, SamplingParams
 
 
@@ -69,16 +69,6 @@ class WorkflowResult:
     experiences: list[Experience]
     skipped: list[SkippedTask]
     metrics: dict[str, float]
-
-
-def gold_reward(explorer: ExplorerConfig) -> tuple[str, dict[str, Any]]:
-    """The gold reward fn's name and params (``""``: none): ``gold_reward_fn`` when set, else
-    ``eval_reward_fn`` when it is set and is not the trained ``reward_fn``."""
-    if explorer.gold_reward_fn is not None:
-        return explorer.gold_reward_fn, dict(explorer.gold_reward_args)
-    if explorer.eval_reward_fn is not None and explorer.eval_reward_fn != explorer.reward_fn:
-        return explorer.eval_reward_fn, dict(explorer.eval_reward_args)
-    return "", {}
 
 
 @dataclass(frozen=True)
@@ -140,7 +130,7 @@ class MathWorkflow:
         if tokenizer is None:
             raise TrinityError("MathWorkflow needs an engine with a tokenizer")
         prompts = [render_prompt(tokenizer, task.messages()) for task in tasks]
-        groups = engine.generate(prompts, sampling)
+        groups = generate(engine, prompts, sampling)
         experiences: list[Experience] = []
         skipped: list[SkippedTask] = []
         failures = {"timeout": 0, "error": 0, "gold": 0}

@@ -28,6 +28,7 @@ import torch
 
 from trinity_like.buffer.storage import open_storage
 from trinity_like.config import ResolvedStage
+from trinity_like.config.engine_params import build_engine, explorer_params, verl_params
 from trinity_like.config.schema import Config
 from trinity_like.cpu_share import CoreShare
 from trinity_like.errors import TrinityError
@@ -42,7 +43,6 @@ from trinity_like.pipeline.stage import Stage, Trainer
 from trinity_like.pipeline.weight_ledger import WeightLedger
 from trinity_like.registry import SAMPLE_STRATEGY
 from trinity_like.threads import describe as describe_threads
-from trinity_like.trainer.engines import build_engine
 from trinity_like.trainer.objective import Objective, objective_from_stage
 
 ROLES = ("both", "explore", "train", "offline")
@@ -77,7 +77,7 @@ def start_ray_for(spec: ResolvedStage, engines: int) -> bool:
         return False
     import ray
 
-    from trinity_like.trainer.verl_engine import start_ray, verl_params
+    from trinity_like.trainer.verl_engine import start_ray
 
     if ray.is_initialized():
         return False
@@ -151,7 +151,9 @@ def _build_explorer(stage: Stage) -> None:
             f"worker) while both compute (cluster.explorer_threads / trainer_threads fix them)"
         )
     stage.explorer = (
-        RemoteExplorer(cfg, model_path, stage.resources.cores) if remote else ExplorerWorker(cfg, model_path)
+        RemoteExplorer(explorer_params(cfg), model_path, stage.resources.cores)
+        if remote
+        else ExplorerWorker(explorer_params(cfg), model_path)
     )
     stage.reward_watch = RewardWatch.for_stage(cfg, stage.run_dir, stage.model_path, stage.role, stage.run.logger.write)
 
@@ -190,7 +192,7 @@ def build_stage(spec: ResolvedStage, role: str, run: RunDir | None = None) -> St
         if role == "offline":
             add_self_pairs(stage)  # the starting model answers before any train engine takes memory
             if data.eval_tasks and stage.explorer is None:
-                stage.explorer = ExplorerWorker(cfg, str(model_path))
+                stage.explorer = ExplorerWorker(explorer_params(cfg), str(model_path))
         if objective is not None:
             _build_trainer(stage, objective, needs)
             if spec.algorithm.use_rollout and role != "offline":  # every trained row names its weights

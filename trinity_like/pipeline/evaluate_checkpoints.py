@@ -8,6 +8,7 @@ from pathlib import Path
 
 from trinity_like.config import ResolvedStage
 from trinity_like.config.data_checks import system_prompt_of
+from trinity_like.config.engine_params import explorer_params
 from trinity_like.errors import TrinityError
 from trinity_like.explorer.worker import ExplorerWorker
 from trinity_like.monitor.evals import EVALS_FILE
@@ -59,7 +60,7 @@ def run_bench(spec: ResolvedStage) -> dict[str, float]:
                 tokenizer=load_tokenizer(model),
                 data=data,
                 run=run,
-                explorer=ExplorerWorker(cfg, str(model)),
+                explorer=ExplorerWorker(explorer_params(cfg), str(model)),
             )
             step = int(CheckpointManager.read_state(path)["step"])
             last = stage.evaluate(step)

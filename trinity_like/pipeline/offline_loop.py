@@ -30,6 +30,7 @@ import torch
 
 from trinity_like.atomic import write_atomic
 from trinity_like.config import ResolvedStage
+from trinity_like.config.engine_params import build_engine
 from trinity_like.errors import TrinityError
 from trinity_like.monitor.evals import TRAINED_PAIRS_FILE, append_evals
 from trinity_like.monitor.logger import PhaseTimer
@@ -38,7 +39,6 @@ from trinity_like.pipeline.batching import experience_batch, pair_batch, split_r
 from trinity_like.pipeline.restart import run_restartable
 from trinity_like.pipeline.rl_loop import LoopState, end_step, update
 from trinity_like.pipeline.stage import Stage
-from trinity_like.trainer.engines import build_engine
 
 Batch = dict[str, torch.Tensor]
 

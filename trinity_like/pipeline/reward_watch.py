@@ -1,7 +1,7 @@
 """Watching a learned reward against the gold one (issue 22), in a stage whose rollouts get both.
 
 Only when the workflow scores each answer with a gold reward beside the trained one
-(:func:`~trinity_like.explorer.workflows.gold_reward`), a :class:`RewardWatch` does two things:
+(:func:`~trinity_like.config.engine_params.gold_reward`), a :class:`RewardWatch` does two things:
 
 - before the first step of a fresh run (``monitor.rm_check_tasks``), :meth:`RewardWatch.check_at_start`:
   the explorer's own workflow answers held-out tasks, and the AUCs of the learned reward
@@ -26,10 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trinity_like.config.engine_params import gold_reward, sampling_params
 from trinity_like.config.schema import Config
 from trinity_like.experience import Task
-from trinity_like.explorer.worker import sampling_params
-from trinity_like.explorer.workflows import gold_reward
 from trinity_like.monitor.reward_hacking import BEST_DIR, RewardHackingGuard, RewardHackingStop, learned_mean
 from trinity_like.monitor.reward_stats import auc, fmt, grouped_auc
 

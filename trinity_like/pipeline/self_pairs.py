@@ -42,9 +42,10 @@ from pathlib import Path
 from typing import Any
 
 from trinity_like.atomic import write_atomic
+from trinity_like.config.engine_params import explorer_params, sampling_params
 from trinity_like.config.schema import DatasetConfig
 from trinity_like.errors import TrinityError
-from trinity_like.explorer.worker import ExplorerWorker, sampling_params
+from trinity_like.explorer.worker import ExplorerWorker
 from trinity_like.pipeline.data_sources import offline_rows
 
 CHUNK = 32  # tasks per explorer call (progress and memory)
@@ -222,7 +223,7 @@ def add_self_pairs(stage: Any) -> None:
     """Turn the stage's ``pairs_from_samples`` sources into pair rows (sampled once, by the starting
     model), and count them in ``stage.data.summary``. Runs before any train engine exists."""
     data, cfg = stage.data, stage.config
-    explorer = functools.cache(lambda: ExplorerWorker(cfg, str(stage.model_path)))
+    explorer = functools.cache(lambda: ExplorerWorker(explorer_params(cfg), str(stage.model_path)))
     resuming = cfg.checkpoint.resume and stage.run.checkpoints.latest() is not None
     for key, tasks in data.pair_tasks.items():
         source = getattr(cfg.buffer, key)

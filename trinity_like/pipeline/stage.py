@@ -38,13 +38,14 @@ import psutil
 from trinity_like import fault_points
 from trinity_like.buffer.base import ExperienceSource, SampleStrategy
 from trinity_like.config import ResolvedStage
+from trinity_like.config.engine_params import sampling_params
 from trinity_like.config.schema import Config
 from trinity_like.cpu_share import TRAINER, CoreShare
 from trinity_like.envs.rollout import eval_env_metrics
 from trinity_like.envs.workflow import check_step
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Experience, rollout_group_id, rollout_id
-from trinity_like.explorer.worker import Explorer, RemoteExplorer, sampling_params
+from trinity_like.explorer.worker import Explorer, RemoteExplorer
 from trinity_like.models.device import DEVICE_TURN
 from trinity_like.monitor.evals import answer_items, append_evals
 from trinity_like.pipeline.data_sources import StageData
@@ -171,9 +172,8 @@ class Stage:
     def _one_gpu(self) -> bool:
         """The trainer and an in-process explorer share a GPU (``cluster.device`` on CUDA, the
         ``local`` engine): memory changes hands around every rollout (:meth:`_rollout_phase`)."""
-        device = getattr(self.trainer.actor, "device", None) if self.trainer is not None else None
         in_process = self.explorer is not None and not isinstance(self.explorer, RemoteExplorer)
-        return in_process and getattr(device, "type", "cpu") == "cuda"
+        return in_process and self.trainer is not None and self.trainer.actor.device.type == "cuda"
 
     @contextmanager
     def _rollout_phase(self) -> Iterator[None]:
@@ -369,7 +369,7 @@ class Stage:
         gb = 1024**3
         out = {"memory/driver_gb": resident_bytes([os.getpid()]) / gb}
         engines = self.trainer.engines() if self.trainer is not None else []
-        pids = [pid for engine in engines for pid in getattr(engine, "pids", [])]
+        pids = [pid for engine in engines for pid in engine.pids]
         if pids:
             out["memory/trainer_workers_gb"] = resident_bytes(pids) / gb
         if isinstance(self.explorer, RemoteExplorer):

@@ -105,7 +105,8 @@ def check_setup(
 def sample_policy(setup: CheckSetup, samples: int, seed_step: int = CHECK_SEED_STEP) -> list[tuple[Task, Any]]:
     """``samples`` responses per task from the starting policy, scored by the verifier:
     (task, experience) pairs; the experience's ``reward`` is the verifier's."""
-    from trinity_like.explorer.worker import ExplorerWorker, sampling_params
+    from trinity_like.config.engine_params import explorer_params, sampling_params
+    from trinity_like.explorer.worker import ExplorerWorker
     from trinity_like.models.resolve import resolve_model_path
 
     cfg = setup.config
@@ -122,7 +123,7 @@ def sample_policy(setup: CheckSetup, samples: int, seed_step: int = CHECK_SEED_S
         }
     )
     cfg = cfg.model_copy(update={"explorer": explorer_cfg})
-    worker = ExplorerWorker(cfg, str(resolve_model_path(cfg.model.path)))
+    worker = ExplorerWorker(explorer_params(cfg), str(resolve_model_path(cfg.model.path)))
     try:
         sampling = dataclasses.replace(sampling_params(cfg, step=seed_step), n=samples)
         result = worker.run(setup.tasks, sampling)

@@ -1,48 +1,58 @@
-"""The one train-engine factory: a recipe's ``trainer.engine`` over a model folder.
+"""The one train-engine factory: a ``TRAIN_ENGINE`` entry over a :class:`TrainEngineSpec`.
 
 Example::
 
-    actor = build_engine(config, "/path/to/hf_folder")                       # the policy
-    reference = build_engine(config, path, forward_only=True)                 # frozen
-    critic = build_engine(config, path, kind="value", critic=True)           # PPO's value model
+    spec = TrainEngineSpec(ModelParams(path="/path/to/hf_folder"), OptimParams(lr=1e-4))
+    actor = build_train_engine("local", spec)
 
-``local`` is an in-process torch engine; ``verl`` starts verl's FSDP workers through Ray
-(``cluster.trainer_workers`` of them, on GPUs when ``cluster.num_gpus`` is set). verl and
-Ray are imported only for the ``verl`` engine, so the ``local`` one starts without them.
-
-``model.lora_rank > 0`` trains the policy as a LoRA adapter on either engine
-(:mod:`~trinity_like.trainer.lora`); the explorer then samples from the merged weights.
+Every engine is an entry of the ``TRAIN_ENGINE`` registry (``trinity-like list train_engine``):
+a callable that takes a :class:`TrainEngineSpec` and returns a
+:class:`~trinity_like.trainer.base.TrainEngine`. Ours are registered below through the same
+public decorator a plugin uses: ``local`` is an in-process torch engine; ``verl`` starts
+verl's FSDP workers through Ray (:attr:`TrainEngineSpec.cluster`). verl and Ray are imported
+only when the ``verl`` engine is built, so the ``local`` one starts without them. A recipe's
+``trainer.engine`` is built by :func:`trinity_like.config.engine_params.build_engine`.
 """
 
 from __future__ import annotations
 
-from trinity_like.config.schema import Config
-from trinity_like.cpu_share import CoreShare
+from dataclasses import dataclass
+
+from trinity_like.registry import TRAIN_ENGINE
 from trinity_like.trainer.base import TrainEngine
-from trinity_like.trainer.params import model_params, optim_params
+from trinity_like.trainer.params import ModelParams, OptimParams
+from trinity_like.trainer.verl_config import VerlParams
 
 
-def build_engine(
-    config: Config,
-    path: str,
-    *,
-    kind: str = "lm",
-    forward_only: bool = False,
-    critic: bool = False,
-    cores: CoreShare | None = None,
-) -> TrainEngine:
-    """A train engine of kind ``config.trainer.engine`` holding the model folder ``path``.
+@dataclass(frozen=True)
+class TrainEngineSpec:
+    """What a registered train-engine factory builds an engine from."""
 
-    ``kind``: "lm" (logprobs), "value" (a critic's values) or "reward" (a reward model's
-    scores); ``critic`` takes the optimiser from ``trainer.critic_optimizer``; ``cores``: the
-    board the `verl` workers share the CPU cores through with the explorer (:mod:`trinity_like.cpu_share`).
-    """
-    model = model_params(config, path, kind=kind, forward_only=forward_only)
-    optim = optim_params(config, critic=critic)
-    if config.trainer.engine == "local":
-        from trinity_like.trainer.local_engine import LocalEngine
+    model: ModelParams  # the model folder, its kind and how it runs
+    optim: OptimParams = OptimParams()  # the optimiser and its schedule
+    cluster: VerlParams = VerlParams()  # where an engine's workers run (the `verl` engine's; in-process ones ignore it)
 
-        return LocalEngine(model, optim)
-    from trinity_like.trainer.verl_engine import VerlEngine, verl_params
 
-    return VerlEngine(model, optim, verl_params(config, cores))
+def build_train_engine(name: str, spec: TrainEngineSpec) -> TrainEngine:
+    """The ``TRAIN_ENGINE`` entry ``name`` built from ``spec``."""
+    factory = TRAIN_ENGINE.get(name)  # an unknown name fails first, listing the known ones
+    engine = factory(spec)
+    if not isinstance(engine, TrainEngine):
+        raise TypeError(f"train engine {name!r} built a {type(engine).__name__}, which lacks the TrainEngine members")
+    return engine
+
+
+@TRAIN_ENGINE.register_module("local")
+def local_engine(spec: TrainEngineSpec) -> TrainEngine:
+    """In-process torch: one process, the model on the run's device (quick prototypes, the client, tests)."""
+    from trinity_like.trainer.local_engine import LocalEngine
+
+    return LocalEngine(spec.model, spec.optim)
+
+
+@TRAIN_ENGINE.register_module("verl")
+def verl_engine(spec: TrainEngineSpec) -> TrainEngine:
+    """verl's FSDP workers through Ray: nccl on GPUs, gloo on CPUs."""
+    from trinity_like.trainer.verl_engine import VerlEngine
+
+    return VerlEngine(spec.model, spec.optim, spec.cluster)

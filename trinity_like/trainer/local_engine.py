@@ -59,19 +59,21 @@ from trinity_like.malloc import retain_freed_memory
 from trinity_like.models.device import resolve_device, train_dtypes
 from trinity_like.trainer import lora as lora_lib
 from trinity_like.trainer.base import (
-    OPTIMIZER_FILE,
-    RNG_FILE,
     Batch,
     LossCallable,
+    mean_metrics,
+    with_normalisers,
+)
+from trinity_like.trainer.checkpoint_files import (
+    OPTIMIZER_FILE,
+    RNG_FILE,
     check_no_legacy_optimizer,
     conform_param_groups,
     load_optimizer_state,
-    mean_metrics,
     read_trainer_state,
     rng_state,
     save_optimizer_state,
     set_rng_state,
-    with_normalisers,
     write_trainer_state,
 )
 from trinity_like.trainer.forward import model_outputs, packing_metrics, sorted_micro_batches
@@ -117,6 +119,7 @@ class LocalEngine:
         self.params = model
         self.optim_params = optim
         self.device = resolve_device(model.device)
+        self.pids: list[int] = []  # no workers: the model lives in this process
         self.compute_dtype = train_dtypes(model.dtype, self.device)[1]  # bf16 autocast where precision() says
         self.model = load_model(model.path, model, self.device)
         if model.adapter is not None:
@@ -127,6 +130,10 @@ class LocalEngine:
         self.model.train(not model.forward_only)
 
     # -- construction --------------------------------------------------------------
+    @property
+    def architecture(self) -> str:
+        return type(self.model).__name__
+
     @property
     def hf_model(self) -> nn.Module:
         """The transformers model itself (with peft's LoRA layers inside when an adapter trains)."""

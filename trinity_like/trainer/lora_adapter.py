@@ -21,26 +21,25 @@ from typing import Any
 import torch
 from torch import nn
 
-from trinity_like.config.schema import Config, ModelConfig
-from trinity_like.config.schema import field_default as _default
 from trinity_like.errors import TrinityError
 
 PEFT_PREFIX = "base_model.model."  # what peft puts before the wrapped model's own names
 ADAPTER_NAME = "default"  # peft's name of the one adapter (in memory; files leave it out)
 ATTENTION_WORDS = ("attn", "attention")  # a linear layer under a module so named is an attention projection
 MLP_WORDS = ("mlp", "feed_forward", "ffn")  # ... an MLP projection
+DEFAULT_SEED = 42  # a recipe's default ``seed`` (the schema takes it from here): LoRA's and a new head's start
 
 
 @dataclass(frozen=True)
 class LoraParams:
     """Which layers get a LoRA adapter, its rank, scale and initial seed."""
 
-    rank: int = _default(ModelConfig, "lora_rank")  # adapter rank r; 0: no adapter, every weight trains
-    alpha: float = _default(ModelConfig, "lora_alpha")  # scale numerator: the update is (alpha / rank) * B A
-    train_attn: bool = _default(ModelConfig, "lora_train_attn")  # adapters on the attention projections
-    train_mlp: bool = _default(ModelConfig, "lora_train_mlp")  # adapters on the MLP projections
-    train_unembed: bool = _default(ModelConfig, "lora_train_unembed")  # an adapter on the output layer
-    seed: int = _default(Config, "seed")  # seeds A's initialisation (B starts at 0)
+    rank: int = 0  # adapter rank r; 0: no adapter, every weight trains
+    alpha: float = 32.0  # scale numerator: the update is (alpha / rank) * B A
+    train_attn: bool = True  # adapters on the attention projections
+    train_mlp: bool = True  # adapters on the MLP projections
+    train_unembed: bool = True  # an adapter on the output layer
+    seed: int = DEFAULT_SEED  # seeds A's initialisation (B starts at 0)
 
     def __post_init__(self) -> None:
         if self.rank < 0:

@@ -1,10 +1,10 @@
 """Typed parameters shared by every train engine, and the learning-rate schedule.
 
 Both engines read the same :class:`ModelParams` and :class:`OptimParams`, so a recipe
-switches engines without touching its optimiser settings. Their fields carry the recipe
-schema's names and take their defaults from it (:mod:`trinity_like.config.schema`): a
-value has one default, there. :func:`optim_params` and :func:`model_params` build them
-from a recipe's config. The schedule below is the
+switches engines without touching its optimiser settings. A value has one default, here:
+the recipe schema's matching fields take theirs from these classes
+(``param_default`` in :mod:`trinity_like.config.schema`), and :mod:`trinity_like.config.engine_params` builds them from a
+recipe -- the trainer never reads the recipe itself. The schedule below is the
 one verl's FSDP engine applies (``verl.utils.torch_functional``'s warmup + constant /
 cosine ``LambdaLR``; the test compares the two), so both engines step with the same
 learning rate at every step.
@@ -14,20 +14,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import get_args
+from typing import Literal, get_args
 
-from trinity_like.config.schema import (
-    ClusterConfig,
-    Config,
-    Dtype,
-    ModelConfig,
-    OptimizerConfig,
-    Scheduler,
-    TrainerConfig,
-)
-from trinity_like.config.schema import field_default as _default
 from trinity_like.errors import TrinityError
 from trinity_like.trainer.lora import LoraParams
+from trinity_like.trainer.lora_adapter import DEFAULT_SEED
+
+Dtype = Literal[
+    "auto", "float32", "bfloat16"
+]  # auto: by device (trinity_like/models/device.py); no fp16 (no CPU kernels worth using)
+Scheduler = Literal["constant", "cosine"]  # learning rate after warm-up
+AttnImplementation = Literal["sdpa", "eager"]  # transformers attention kernels
 
 MODEL_KINDS = ("lm", "value", "reward")
 SCHEDULES = get_args(Scheduler)
@@ -40,18 +37,16 @@ class ModelParams:
 
     path: str  # Hugging Face folder (config, safetensors, tokenizer) to start from
     kind: str = "lm"  # "lm": logprobs of the response; "value": values [B, R]; "reward": scores [B]
-    micro_batch_size: int = _default(TrainerConfig, "micro_batch_size")  # rows per forward/backward (per verl worker)
-    share_prompts: bool = _default(
-        TrainerConfig, "share_prompts"
-    )  # each distinct prompt once per micro-batch (trainer/forward.py)
-    dtype: str = _default(
-        ModelConfig, "dtype"
-    )  # auto: by device (models/device.py); local bfloat16: the parameters; verl: compute over fp32 masters
-    device: str = _default(ClusterConfig, "device")  # the local engine's device: auto | cpu | cuda | cuda:N
-    attn_implementation: str = _default(ModelConfig, "attn_implementation")  # transformers attention kernel
+    micro_batch_size: int = 8  # rows per forward/backward (per verl worker)
+    share_prompts: bool = True  # each distinct prompt once per micro-batch (trainer/forward.py)
+    dtype: str = (
+        "auto"  # auto: by device (models/device.py); local bfloat16: the parameters; verl: compute over fp32 masters
+    )
+    device: str = "auto"  # the local engine's device: auto | cpu | cuda | cuda:N
+    attn_implementation: str = "sdpa"  # transformers attention kernel
     forward_only: bool = False  # a frozen model (the reference policy): no optimiser, no grads
     gradient_checkpointing: bool = False  # recompute activations in backward to save memory
-    head_seed: int = _default(Config, "seed")  # seed of the scalar head's initialisation when the folder has none
+    head_seed: int = DEFAULT_SEED  # seed of the scalar head's initialisation when the folder has none
     lora: LoraParams | None = None  # LoRA adapters on a trainable LM (rank 0 or None: every weight trains)
 
     def __post_init__(self) -> None:
@@ -75,15 +70,15 @@ class ModelParams:
 class OptimParams:
     """AdamW, gradient clipping and the learning-rate schedule (``trainer.optimizer`` of a recipe)."""
 
-    lr: float = _default(OptimizerConfig, "lr")  # peak learning rate
-    betas: tuple[float, float] = _default(OptimizerConfig, "betas")  # AdamW moment decay rates
-    weight_decay: float = _default(OptimizerConfig, "weight_decay")  # AdamW decoupled weight decay
-    eps: float = _default(OptimizerConfig, "eps")  # AdamW denominator epsilon
-    grad_clip: float = _default(OptimizerConfig, "grad_clip")  # max global gradient L2 norm; 0: no clipping
-    warmup_steps: int = _default(OptimizerConfig, "warmup_steps")  # linear warmup from 0 to ``lr``, in optimiser steps
-    scheduler: str = _default(OptimizerConfig, "scheduler")  # after warmup: "constant" or "cosine" decay
+    lr: float = 1e-5  # peak learning rate
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW moment decay rates
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    eps: float = 1e-8  # AdamW denominator epsilon
+    grad_clip: float = 1.0  # max global gradient L2 norm; 0: no clipping
+    warmup_steps: int = 0  # linear warmup from 0 to ``lr``, in optimiser steps
+    scheduler: str = "constant"  # after warmup: "constant" or "cosine" decay
     total_steps: int = -1  # optimiser steps of the whole run (derived: cosine only)
-    min_lr_ratio: float = _default(OptimizerConfig, "min_lr_ratio")  # cosine floor as a fraction of ``lr``
+    min_lr_ratio: float = 0.0  # cosine floor as a fraction of ``lr``
 
     def __post_init__(self) -> None:
         if self.scheduler not in SCHEDULES:
@@ -132,50 +127,3 @@ def lr_factor(step: int, params: OptimParams) -> float:
     progress = (step - params.warmup_steps) / max(1, params.total_steps - params.warmup_steps)
     coef, intercept = (1 - params.min_lr_ratio) * 0.5, (1 + params.min_lr_ratio) * 0.5
     return max(params.min_lr_ratio, math.cos(math.pi * progress) * coef + intercept)
-
-
-def optim_params(config: Config, *, critic: bool = False) -> OptimParams:
-    """The policy's (or the critic's) optimiser of a recipe: ``trainer.optimizer`` / ``trainer.critic_optimizer``."""
-    t = config.trainer
-    o = t.critic_optimizer if critic else t.optimizer
-    values = {k: getattr(o, k) for k in OptimizerConfig.model_fields}
-    return OptimParams(**values, total_steps=t.total_steps * t.update_epochs)
-
-
-def model_params(config: Config, path: str, *, kind: str = "lm", forward_only: bool = False) -> ModelParams:
-    """How a train engine holds the model folder ``path`` for a recipe.
-
-    ``model.lora_rank > 0`` puts a LoRA adapter (seeded by the recipe's ``seed``) on the
-    trained policy; a frozen reference is the base model itself and a critic trains every
-    weight. A reward model with LoRA is an error rather than a silently full fine-tune.
-    """
-    m = config.model
-    lora = None
-    if m.lora_rank > 0:
-        if kind == "reward":
-            raise TrinityError(
-                "model.lora_rank: LoRA adapts a language-model policy; a reward model trains "
-                "every weight here (set model.lora_rank: 0)"
-            )
-        if kind == "lm" and not forward_only:
-            lora = LoraParams(
-                rank=m.lora_rank,
-                alpha=m.lora_alpha,
-                train_attn=m.lora_train_attn,
-                train_mlp=m.lora_train_mlp,
-                train_unembed=m.lora_train_unembed,
-                seed=config.seed,
-            )
-    return ModelParams(
-        path=path,
-        kind=kind,
-        micro_batch_size=config.trainer.micro_batch_size,
-        share_prompts=config.trainer.share_prompts,
-        gradient_checkpointing=config.trainer.gradient_checkpointing,
-        dtype=m.dtype,
-        device=config.cluster.device,
-        attn_implementation=m.attn_implementation,
-        forward_only=forward_only,
-        head_seed=config.seed,
-        lora=lora,
-    )

@@ -1,5 +1,5 @@
-"""The ``verl`` engine's parameters (:class:`VerlParams`: where and how wide its workers run, from
-a recipe's ``cluster``) and verl's worker configuration for them (``TrainingWorkerConfig``).
+"""The ``verl`` engine's parameters (:class:`VerlParams`: where and how wide its workers run; a
+recipe's ``cluster``, turned into them by :mod:`trinity_like.config.engine_params`) and verl's worker configuration for them (``TrainingWorkerConfig``).
 
 Precision: verl keeps fp32 master weights and optimiser state and computes in the
 mixed-precision ``param_dtype``: bf16 where :func:`~trinity_like.models.device.train_dtypes`
@@ -13,12 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
-from trinity_like.config.schema import ClusterConfig, Config
-from trinity_like.config.schema import field_default as _default
 from trinity_like.cpu_share import CoreShare
 from trinity_like.errors import TrinityError
 from trinity_like.models.device import train_dtypes
 from trinity_like.trainer import lora as lora_lib
+from trinity_like.trainer.lora_adapter import DEFAULT_SEED
 from trinity_like.trainer.params import ModelParams, OptimParams
 
 PLACEMENTS = {"pack": "STRICT_PACK", "spread": "STRICT_SPREAD"}  # cluster.placement -> Ray placement group strategy
@@ -26,15 +25,15 @@ PLACEMENTS = {"pack": "STRICT_PACK", "spread": "STRICT_SPREAD"}  # cluster.place
 
 @dataclass(frozen=True)
 class VerlParams:
-    """Where and how wide the verl workers run (``cluster`` of a recipe: :func:`verl_params`)."""
+    """Where and how wide the verl workers run (``cluster`` of a recipe)."""
 
     num_workers: int = 1  # data-parallel FSDP ranks (one Ray actor each); a recipe's: cluster.workers
-    ray_address: str | None = _default(ClusterConfig, "ray_address")  # an existing Ray cluster; None starts one here
-    num_cpus: int | None = _default(ClusterConfig, "num_cpus")  # CPUs for a locally started Ray; None: Ray counts them
+    ray_address: str | None = None  # an existing Ray cluster; None starts one here
+    num_cpus: int | None = None  # CPUs for a locally started Ray; None: Ray counts them
     use_gpu: bool = False  # one GPU per worker (nccl); False: CPU workers (gloo)
-    placement: str = _default(ClusterConfig, "placement")  # "pack": every worker on one node; "spread": one node each
+    placement: str = "pack"  # "pack": every worker on one node; "spread": one node each
     strategy: str = "fsdp2"  # verl's FSDP flavour: "fsdp2" (fully_shard) or "fsdp"
-    seed: int = _default(Config, "seed")  # verl's engine seed
+    seed: int = DEFAULT_SEED  # verl's engine seed
     threads: int | None = None  # torch threads of each CPU worker; None: the node's cores // num_workers
     cores: CoreShare | None = None  # the board the CPU workers share the cores through with the explorer
 
@@ -45,21 +44,6 @@ class VerlParams:
             raise TrinityError(f"placement {self.placement!r} unknown; expected one of {', '.join(PLACEMENTS)}")
         if self.strategy not in ("fsdp", "fsdp2"):
             raise TrinityError(f"verl strategy {self.strategy!r} unknown; expected fsdp2 or fsdp (fsdp2 on CPU)")
-
-
-def verl_params(config: Config, cores: CoreShare | None = None) -> VerlParams:
-    """A recipe's ``cluster`` section as verl worker placement (``cores``: :mod:`trinity_like.cpu_share`)."""
-    c, threads = config.cluster, config.cpu_threads()
-    return VerlParams(
-        num_workers=c.workers,
-        ray_address=c.ray_address,
-        num_cpus=c.num_cpus,
-        use_gpu=c.num_gpus > 0,
-        placement=c.placement,
-        seed=config.seed,
-        threads=threads.trainer_alone if cores is not None else threads.trainer,
-        cores=cores,
-    )
 
 
 def lora_target_modules(model: ModelParams) -> list[str]:

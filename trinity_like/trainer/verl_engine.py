@@ -58,7 +58,7 @@ from trinity_like.trainer.base import (
 from trinity_like.trainer.forward import packing_metrics
 from trinity_like.trainer.params import AdamStep, ModelParams, OptimParams
 from trinity_like.trainer.shared_weights import SharedWeights, WeightMailbox
-from trinity_like.trainer.verl_config import VerlParams, verl_params, worker_config
+from trinity_like.trainer.verl_config import VerlParams, worker_config
 from trinity_like.trainer.verl_ray import check_free_resources, check_reachable, placement_group_for, start_ray
 from trinity_like.trainer.verl_watch import gather
 
@@ -72,7 +72,6 @@ __all__ = [
     "pad_rows",
     "split_over_workers",
     "start_ray",
-    "verl_params",
 ]
 
 
@@ -158,6 +157,7 @@ class VerlEngine:
             device_name="cuda" if self.use_gpu else "cpu",
         )
         self.group.reset()  # verl builds the model, FSDP wrapping, optimiser and scheduler here
+        self.device = torch.device("cpu")  # the weights reach the driver in shared memory (export_weights)
         self.pids: list[int] = []
         self.pids = list(self._call("trinity_pid", "start-up"))  # the workers' processes (memory metrics, errors)
         if model.adapter is not None:
@@ -166,6 +166,14 @@ class VerlEngine:
             )  # the local engine's seeded start, in place of verl's own draw
         self._loss_fn: LossCallable | None = None
         self.mailbox = WeightMailbox()  # export_weights writes here (rank 0 on the driver's machine)
+
+    @property
+    def architecture(self) -> str:
+        """The class the folder's ``config.json`` names (the model itself lives in the workers)."""
+        from transformers import AutoConfig
+
+        names = AutoConfig.from_pretrained(self.params.path).architectures or []
+        return names[0] if names else ""
 
     def _call(self, method: str, what: str, *args: Any) -> list[Any]:
         """``method`` on every worker; a worker that dies meanwhile stops the run at once (:mod:`.verl_watch`)."""

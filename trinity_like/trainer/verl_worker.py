@@ -54,10 +54,10 @@ from trinity_like.cpu_share import TRAINER, CoreShare  # noqa: E402
 from trinity_like.errors import TrinityError  # noqa: E402
 from trinity_like.malloc import release_freed_memory, retain_freed_memory  # noqa: E402
 from trinity_like.trainer import lora as lora_lib  # noqa: E402
-from trinity_like.trainer.base import (  # noqa: E402
+from trinity_like.trainer.base import LossCallable  # noqa: E402
+from trinity_like.trainer.checkpoint_files import (  # noqa: E402
     OPTIMIZER_FILE,
     RNG_FILE,
-    LossCallable,
     check_no_legacy_optimizer,
     conform_param_groups,
     load_optimizer_state,

@@ -3,7 +3,8 @@ rollout-engine contract -- the example of a plugin engine (a vLLM or SGLang one 
 way) and the peer our ``native`` engine is measured against.
 
 ``explorer.engine: hf_generate`` in a recipe (with this plugin loaded) makes the explorer, and
-``build_rollout_engine("hf_generate", path)`` anyone else, sample through it. What the contract
+``build_rollout_engine("hf_generate", path)`` anyone else, sample through it. An engine writes
+``run`` (the contract's ``generate`` helper is built on it for every engine). What the contract
 asks and how ``generate`` gives it:
 
 - one sample per seed, a sample's tokens a function of its seed: every sample is its own row
@@ -13,17 +14,18 @@ asks and how ``generate`` gives it:
   same tokens as the native engine, up to float rounding of the logits;
 - per-token logprobs under the sampling distribution: recorded by the same processor;
 - stop tokens (``eos_token_id``), stop strings (``stop_strings`` with the tokenizer), the cap;
-- ``update_weights``: copied in (a :class:`Borrowed` too: this engine never borrows).
+- ``update_weights``: a state dict or ``(name, tensor)`` pairs (``weight_mapping``), copied in (a
+  :class:`Borrowed` too: this engine never borrows).
 
 Example::
 
     engine = build_rollout_engine("hf_generate", "tiny-random", device="cpu")
-    groups = engine.generate([prompt_ids], SamplingParams(n=4, max_new_tokens=16, seed=1))
+    groups = generate(engine, [prompt_ids], SamplingParams(n=4, max_new_tokens=16, seed=1))
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -34,7 +36,8 @@ from trinity_like.explorer.engine_contract import (
     Request,
     Sample,
     SamplingParams,
-    sample_seed,
+    Weights,
+    weight_mapping,
 )
 from trinity_like.explorer.sampling import greedy_tokens, sample_tokens, seed_bits, uniforms
 from trinity_like.models.weight_digest import model_digest
@@ -44,13 +47,15 @@ from trinity_like.registry import ROLLOUT_ENGINE
 class _Draw:
     """A ``generate`` logits processor: each row's token from its own seeded stream, its logprob kept."""
 
-    def __init__(self, seeds_R: torch.Tensor, prompt_width: int, sampling: SamplingParams) -> None:
-        self.seeds_R, self.width, self.sampling = seeds_R, prompt_width, sampling
+    def __init__(self, seeds_R: torch.Tensor, prompt_width: int, sampling: SamplingParams, pace=None) -> None:
+        self.seeds_R, self.width, self.sampling, self.pace = seeds_R, prompt_width, sampling, pace
         self.tokens: list[torch.Tensor] = []  # [R] per step
         self.logprobs: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         sp = self.sampling
+        if self.pace is not None:  # between decode steps: the engine's pace (the explorer's CPU share)
+            self.pace()
         if sp.greedy:
             token_R, logprob_R = greedy_tokens(scores)
         else:
@@ -85,6 +90,7 @@ class GenerateEngine:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.model_version = 0
+        self.pace = None  # called before each decode step when the explorer sets it
         self.weights_digest = model_digest(self.model)  # what each sample names its weights by
         eos = self.model.generation_config.eos_token_id
         ids = {eos} if isinstance(eos, int) else set(eos or ())
@@ -92,13 +98,6 @@ class GenerateEngine:
             ids.add(tokenizer.eos_token_id)
         self.default_stop_ids = tuple(sorted(int(i) for i in ids))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.default_stop_ids[0]
-
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[list[Sample]]:
-        requests = [
-            Request(tuple(p), tuple(sample_seed(sampling.seed, i, s) for s in range(sampling.n)))
-            for i, p in enumerate(prompts)
-        ]
-        return self.run(requests, sampling)
 
     def run(self, requests: Sequence[Request], sampling: SamplingParams) -> list[list[Sample]]:
         rows = [(r, s) for r, req in enumerate(requests) for s in range(len(req.seeds))]
@@ -115,7 +114,7 @@ class GenerateEngine:
         from transformers import GenerationConfig, LogitsProcessorList
 
         stop_ids = list(sampling.stop_token_ids if sampling.stop_token_ids is not None else self.default_stop_ids)
-        draw = _Draw(seeds, width, sampling)
+        draw = _Draw(seeds, width, sampling, self.pace)
         # A config of our own, not the model's defaults: no stop token means none (not the model's eos),
         # and no warper of the model's (top-k 50, ...) touches the scores before ours.
         config = GenerationConfig(
@@ -156,10 +155,8 @@ class GenerateEngine:
                     return i + 1, "stop"
         return len(tokens), "length"
 
-    def update_weights(
-        self, weights: Mapping[str, torch.Tensor] | Borrowed, *, version: int | None = None, strict: bool = True
-    ) -> int:
-        state = weights.tensors if isinstance(weights, Borrowed) else weights
+    def update_weights(self, weights: Weights | Borrowed, *, version: int | None = None, strict: bool = True) -> int:
+        state, _ = weight_mapping(weights)  # a mapping or (name, tensor) pairs; borrowed ones are copied in too
         with torch.no_grad():
             result = self.model.load_state_dict(dict(state), strict=False)
         tied = {"lm_head.weight"} if self.model.config.tie_word_embeddings else set()
