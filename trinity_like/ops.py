@@ -27,6 +27,7 @@ in every mode (verl passes its global batch info to ``agg_loss`` for the same re
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -183,17 +184,40 @@ def group_stats(values_B: torch.Tensor, group_index_B: torch.Tensor) -> tuple[to
     return mean_G[inverse], std_G[inverse], count_G[inverse]
 
 
-def groups_with_signal(rewards_B: torch.Tensor, group_index_B: torch.Tensor) -> torch.Tensor:
-    """Bool ``[B]``: rows whose group's rewards are not all equal (DAPO dynamic sampling keeps these).
+def groups_with_signal(
+    values_B: torch.Tensor, group_index_B: torch.Tensor, *, baseline: float | None = None
+) -> torch.Tensor:
+    """Bool ``[B]``: rows whose group carries a signal, the one test of every loop's group filter.
 
     A group whose samples all scored the same has zero group-relative advantage and teaches
-    nothing; DAPO (arXiv:2503.14476, sec. 3.2) drops it and samples more.
+    nothing; DAPO (arXiv:2503.14476, sec. 3.2) drops it and samples more. With ``baseline``
+    None a group carries a signal when its ``values`` (rewards) are not all equal (the recipe
+    loop's dynamic sampling, before advantages); with a ``baseline`` when they are not all
+    equal to it (the client loop, on the advantages its estimator gave: 0 is nothing to learn;
+    a NaN there is not 0).
     """
     _, inverse = torch.unique(group_index_B, return_inverse=True)
     num_groups = int(inverse.max()) + 1 if inverse.numel() else 0
-    hi = rewards_B.new_full((num_groups,), -torch.inf).scatter_reduce(0, inverse, rewards_B, "amax")
-    lo = rewards_B.new_full((num_groups,), torch.inf).scatter_reduce(0, inverse, rewards_B, "amin")
-    return (hi > lo)[inverse]
+    hi = values_B.new_full((num_groups,), -torch.inf).scatter_reduce(0, inverse, values_B, "amax")
+    lo = values_B.new_full((num_groups,), torch.inf).scatter_reduce(0, inverse, values_B, "amin")
+    signal_G = hi > lo if baseline is None else (hi != baseline) | (lo != baseline)
+    return signal_G[inverse]
+
+
+def kept_groups(groups: Sequence[Sequence[float]], *, baseline: float | None = None) -> list[bool]:
+    """:func:`groups_with_signal` over groups given as lists of values: one flag per group (an
+    empty group carries none).
+
+    >>> kept_groups([[1.0, 1.0], [0.0, 1.0], []]), kept_groups([[0.0, 0.0], [0.5, 0.5]], baseline=0.0)
+    ([False, True, False], [False, True])
+    """
+    values = torch.tensor([v for group in groups for v in group], dtype=torch.float64)
+    index_B = torch.tensor([g for g, group in enumerate(groups) for _ in group], dtype=torch.long)
+    signal_B = groups_with_signal(values, index_B, baseline=baseline).tolist()
+    keep = [False] * len(groups)
+    for g, signal in zip(index_B.tolist(), signal_B, strict=True):
+        keep[g] = signal
+    return keep
 
 
 def last_token_index(mask_BT: torch.Tensor) -> torch.Tensor:

@@ -39,7 +39,7 @@ from trinity_like.errors import ConfigError
 from trinity_like.experience import Task
 from trinity_like.monitor.jsonl import JsonlAppender
 from trinity_like.monitor.sinks import read_jsonl_metrics
-from trinity_like.ops import ratio_metrics
+from trinity_like.ops import kept_groups, ratio_metrics
 from trinity_like.plugins import load_plugins
 
 RL_LOSSES = tuple(name for name, loss in CLIENT_LOSSES.items() if loss.inputs == RL_INPUTS)
@@ -267,13 +267,13 @@ def episode_rows(groups: Sequence[Sequence[Episode]], config: RLTrainConfig) -> 
     zero, and every episode's shaped return."""
     rewards = [[ep.shaped_rewards(config.kl_penalty_coef) for ep in episodes] for episodes in groups]
     advantages = group_advantages(rewards, config.estimator(), per_turn=config.advantage_per_turn) if groups else []
+    flat = [[a for adv in group for a in adv] for group in advantages]
+    keep = kept_groups(flat, baseline=0.0) if config.skip_zero_advantage_groups else [True] * len(flat)
     rows: list[_Row] = []
-    skipped = 0
-    for episodes, group in zip(groups, advantages, strict=True):
-        if config.skip_zero_advantage_groups and not any(a for adv in group for a in adv):
-            skipped += 1
-            continue
-        rows += [episode_datum(ep, adv) for ep, adv in zip(episodes, group, strict=True)]
+    for episodes, group, kept in zip(groups, advantages, keep, strict=True):
+        if kept:
+            rows += [episode_datum(ep, adv) for ep, adv in zip(episodes, group, strict=True)]
+    skipped = keep.count(False)
     return rows, skipped, [sum(r) for group in rewards for r in group]
 
 

@@ -117,6 +117,18 @@ def test_groups_with_signal_matches_a_naive_loop():
     )
 
 
+def test_the_group_filter_against_a_baseline_matches_a_naive_loop():
+    """The client loop's filter (advantages all 0) and the recipe loop's (rewards all equal) are
+    one function; with a baseline a group of equal non-zero values carries a signal, a NaN too."""
+    groups = [[0.0, 0.0, -0.0], [0.5, 0.5], [0.0, 1e-12], [], [float("nan"), 0.0], [2.0, 2.0]]
+    naive_zero = [any(v for v in g) for g in groups]
+    naive_equal = [len(set(g)) > 1 for g in groups]
+    assert ops.kept_groups(groups, baseline=0.0) == naive_zero == [False, True, True, False, True, True]
+    equal = ops.kept_groups([g for g in groups if not any(math.isnan(v) for v in g)])
+    assert equal == [e for g, e in zip(groups, naive_equal, strict=True) if not any(math.isnan(v) for v in g)]
+    assert equal == [False, False, True, False, False]
+
+
 def test_last_token_helpers_match_a_naive_loop():
     mask = torch.tensor([[0, 1, 1, 1, 0], [1, 1, 0, 0, 0], [0, 0, 0, 0, 0], [1, 0, 1, 0, 1]])
     last = [max((j for j in range(5) if mask[i, j]), default=0) for i in range(4)]

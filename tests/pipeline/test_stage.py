@@ -17,7 +17,8 @@ from trinity_like.errors import ConfigError, TrinityError
 from trinity_like.experience import Experience
 from trinity_like.pipeline.batching import experience_batch
 from trinity_like.pipeline.rl_loop import drop_uninformative_groups
-from trinity_like.pipeline.stage import Stage, StageVerbs
+from trinity_like.pipeline.stage import Stage
+from trinity_like.pipeline.verbs import StageVerbs
 from trinity_like.runner import run_plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -161,10 +162,90 @@ def test_the_stage_implements_each_verb_of_the_protocol_as_declared():
     """:class:`StageVerbs` is the loops' contract (a protocol, no base class): the stage has every
     verb with the same signature, and each verb's contract is one line."""
     verbs = {name: fn for name, fn in vars(StageVerbs).items() if inspect.isfunction(fn) and not name.startswith("_")}
-    assert {"explore", "put", "sync_weights", "evaluate", "save_checkpoint", "load_checkpoint", "log", "close"} <= set(
-        verbs
-    )
+    assert {
+        "explore",
+        "put",
+        "next_batch",
+        "learner",
+        "sync_weights",
+        "evaluate",
+        "save_checkpoint",
+        "load_checkpoint",
+        "log",
+        "note",
+        "span",
+        "close",
+    } <= set(verbs)
     assert StageVerbs not in Stage.__mro__
     for name, verb in verbs.items():
         assert inspect.signature(getattr(Stage, name)) == inspect.signature(verb), name
         assert verb.__doc__ and "\n" not in verb.__doc__.strip(), name
+
+
+LOOPS = ("rl_loop", "async_loop", "offline_loop", "explorer_process", "steps")
+
+
+def _stage_reads(module: str) -> list[tuple[int, str]]:
+    """``(line, member)`` of every ``stage.<member>`` / ``self.stage.<member>`` in a loop module's code."""
+    import ast
+
+    tree = ast.parse((REPO / "trinity_like" / "pipeline" / f"{module}.py").read_text())
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            owner = node.value
+            if (isinstance(owner, ast.Name) and owner.id == "stage") or (
+                isinstance(owner, ast.Attribute) and owner.attr == "stage"
+            ):
+                out.append((node.lineno, node.attr))
+    return out
+
+
+def test_the_loops_reach_a_stage_only_through_the_protocol():
+    """The loops are typed against :class:`StageVerbs`, not the concrete stage: none imports
+    ``Stage``, and every member they use on a stage is one the protocol declares. Of those,
+    only the recipe (``config``, ``spec``) is read as data; the rest are verbs."""
+    declared = {name for name in vars(StageVerbs) if not name.startswith("_")}
+    for module in LOOPS:
+        source = (REPO / "trinity_like" / "pipeline" / f"{module}.py").read_text()
+        assert "pipeline.stage import" not in source, module
+        reads = _stage_reads(module)
+        assert reads, module
+        assert not [(line, m) for line, m in reads if m not in declared], module
+        assert {m for _, m in reads if not callable(getattr(StageVerbs, m, None))} <= {"config", "spec"}, module
+
+
+def test_a_step_is_taken_through_hooks_without_patching_the_stage(tmp_path):
+    """One :func:`.rl_loop.step` at a time, as a benchmark takes it: hooks that skip the
+    checkpoint and the evaluation change the step, the stage object stays as built."""
+    from trinity_like.pipeline.build import build_stage
+    from trinity_like.pipeline.rl_loop import InTurn, step
+    from trinity_like.pipeline.steps import LoopState
+
+    class Bench(InTurn):
+        evaluated: list[int] = []
+
+        def evaluate(self, stage, at):
+            self.evaluated.append(at)
+            return {}
+
+        def checkpoint(self, stage, loop, at):
+            pass
+
+    spec = load_plan(
+        REPO / "examples" / "grpo_arith.yaml",
+        [f"run_root={tmp_path}", *TINY, "trainer.total_steps=2", "monitor.eval_interval=1"],
+    ).stages[0]
+    stage = build_stage(spec, "both")
+    try:
+        before = dict(vars(stage))
+        loop = LoopState.resume(stage)
+        hooks = Bench()
+        first, second = step(stage, loop, hooks), step(stage, loop, hooks)
+        assert loop.step == 2 and loop.model_version == 2
+        assert "time/update" in first and "time/rollout" in second and second["reward/mean"] >= 0
+        assert hooks.evaluated == [1]  # the last step is left to the loop's final evaluation
+        assert not stage.run.checkpoints.list()
+        assert vars(stage) == before
+    finally:
+        stage.close()

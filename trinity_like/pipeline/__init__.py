@@ -1,15 +1,19 @@
 """The loops that drive a recipe: explorer -> buffer -> trainer -> weight sync.
 
 Start with :mod:`.rl_loop`: one GRPO step reads top to bottom there, and the verbs it calls
-on the stage (explore, put, sync_weights, evaluate, save/load_checkpoint, log) are in
-:mod:`.stage` -- with the loss in :mod:`trinity_like.trainer.objective`, the whole step.
+on the stage (explore, put, next_batch, sync_weights, evaluate, save/load_checkpoint, log)
+are declared in :mod:`.verbs` -- with the loss in :mod:`trinity_like.trainer.objective`, the
+whole step.
 
 - :mod:`.rl_loop` -- the online loop in turn (mode ``both``) and the trainer alone (mode
-  ``train``), and what a loop owns (:class:`.rl_loop.LoopState`): sample a batch, dynamic
-  sampling, advantages, update, end of step. :func:`.rl_loop.update` and
-  :func:`.rl_loop.end_step` serve every loop.
-- :mod:`.stage` -- :class:`.stage.StageVerbs`, the verbs a loop calls, each with its one-line
-  contract, and :class:`.stage.Stage`, which holds one stage's parts and implements them.
+  ``train``): :func:`.rl_loop.step`, one step every online loop (and a benchmark) takes
+  with hooks of its own; sample a batch, dynamic sampling, advantages.
+- :mod:`.steps` -- what every loop's step shares: :class:`.steps.LoopState`,
+  :class:`.steps.StepHooks`, :func:`.steps.update` and :func:`.steps.end_step`.
+- :mod:`.verbs` -- :class:`.verbs.StageVerbs`, the protocol the loops are typed against,
+  each verb with its one-line contract; :mod:`.stage` -- :class:`.stage.Stage`, which holds
+  one stage's parts and implements it (its train side and machine resources:
+  :mod:`.resources`).
 - :mod:`.build` -- :func:`.build.build_stage`, the one way a stage is set up for any role
   (``both``, ``explore``, ``train``, ``offline``).
 - :mod:`.async_loop` -- mode ``both`` with ``synchronizer.offset >= 1``: the explorer

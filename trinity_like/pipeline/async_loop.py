@@ -42,7 +42,7 @@ Exactly once: only the driver writes the buffer and draws nothing; the explorer 
 draws tasks. A checkpoint (and an evaluation) first pauses the explorer at a batch
 boundary and puts every finished batch into the buffer, so the task position saved with
 the checkpoint matches the rows in the buffer, and the next batch's step is saved with it
-(``explorer_next_step``, in the loop's own state: :class:`.rl_loop.LoopState`). A run
+(``explorer_next_step``, in the loop's own state: :class:`.steps.LoopState`). A run
 killed anywhere resumes from its checkpoint like the reference loop: rows not yet committed
 come back, batches not yet in the buffer are explored again. After a resume only the
 checkpoint's weights exist, so ``fixed`` samples the first batches with them (newer than
@@ -54,15 +54,17 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
+from typing import Any
 
 from trinity_like.errors import TrinityError, WorkerDiedError
 from trinity_like.experience import Experience
 from trinity_like.models.device import DEVICE_TURN
-from trinity_like.monitor.logger import PhaseTimer
 from trinity_like.monitor.timeline import Span
-from trinity_like.pipeline.rl_loop import begin, end_step, finish, learn
-from trinity_like.pipeline.stage import Stage
+from trinity_like.pipeline.rl_loop import begin, finish, step
+from trinity_like.pipeline.steps import LoopState, StepHooks, StepRecord
+from trinity_like.pipeline.verbs import StageVerbs
 from trinity_like.pipeline.weight_ledger import needed_version
 from trinity_like.trainer.shared_weights import SharedWeights, WeightMailbox
 
@@ -116,7 +118,7 @@ class Snapshots:
 class BackgroundExplorer:
     """The explorer thread and what it shares with the driver, under one condition variable."""
 
-    def __init__(self, stage: Stage, first_step: int, version: int) -> None:
+    def __init__(self, stage: StageVerbs, first_step: int, version: int) -> None:
         """Explore from batch ``first_step`` on, with the explorer holding the weights of ``version``."""
         cfg = stage.config
         self.stage = stage
@@ -142,7 +144,7 @@ class BackgroundExplorer:
         with self._cond:
             box = self._snapshots.spare()
         with DEVICE_TURN:  # outside the condition: the explorer goes on meanwhile (but captures no graph)
-            weights = self.stage.trainer.actor.export_weights(box)
+            weights = self.stage.learner().actor.export_weights(box)
         self.stage.name_weights(version, weights)
         with self._cond:
             self._snapshots.hold(box)
@@ -182,7 +184,7 @@ class BackgroundExplorer:
             if self._published:
                 newest = max(self._published)
                 if newest > self.version:
-                    self.stage.explorer.receive_weights(self._published[newest], newest)
+                    self.stage.receive_weights(self._published[newest], newest)
                     self.version, self._holds = newest, self._published[newest]
                     self._prune()
 
@@ -223,7 +225,6 @@ class BackgroundExplorer:
         self._snapshots.keep_only([*self._published.values(), self._holds, self._loading])
 
     def _loop(self) -> None:
-        timeline = self.stage.run.timeline
         try:
             while True:
                 waited = time.time()
@@ -237,8 +238,8 @@ class BackgroundExplorer:
                     self._loading = weights if version != self.version else None
                     self._busy = True
                 try:
-                    if timeline is not None and time.time() - waited > 1e-3:
-                        timeline.add(Span("explorer", "wait", step, waited, time.time()))
+                    if time.time() - waited > 1e-3:
+                        self.stage.add_span(Span("explorer", "wait", step, waited, time.time()))
                     self._explore(step, version, weights)
                 finally:
                     with self._cond:
@@ -252,13 +253,13 @@ class BackgroundExplorer:
     def _explore(self, step: int, version: int, weights: SharedWeights | None) -> None:
         stage = self.stage
         if version != self.version:
-            with stage.run.span("explorer", "sync", step):
-                stage.explorer.receive_weights(weights, version)
+            with stage.span("explorer", "sync", step):
+                stage.receive_weights(weights, version)
             with self._cond:
                 self.version, self._holds, self._loading = version, weights, None
                 self._prune()
         t0 = time.perf_counter()
-        with stage.run.span("explorer", "rollout", step):
+        with stage.span("explorer", "rollout", step):
             rows, metrics = stage.explore(step)  # this thread alone draws tasks: exactly once
         seconds = time.perf_counter() - t0
         with self._cond:
@@ -268,68 +269,72 @@ class BackgroundExplorer:
             self._cond.notify_all()
 
 
-def run_concurrent(stage: Stage) -> dict[str, float]:
-    """Mode ``both``, ``synchronizer.offset >= 1``, ``synchronizer.concurrent``: see the module doc.
-    The start, each step's :func:`.rl_loop.learn` and :func:`.rl_loop.end_step`, and the end are the
-    reference loop's; what differs is who explores when."""
-    total = stage.config.trainer.total_steps
-    loop = begin(stage)
-    first = int(loop.extra.get(NEXT_STEP_KEY, loop.step + 1))
-    explorer = BackgroundExplorer(stage, first, loop.model_version)
-    in_buffer = first - 1  # the last batch's step that is in the buffer
-    pending: dict[str, float] = {}  # metrics of batches put into the buffer outside a step's wait
-    last: dict[str, float] = {}
+class Concurrent(StepHooks):
+    """The concurrent loop's step: its batch comes from the explorer thread, the update holds the
+    device (:data:`~trinity_like.models.device.DEVICE_TURN`: the thread captures its CUDA graphs
+    between steps, never during one) and marks the trainer busy on the CPU board, a sync
+    publishes a snapshot, and an evaluation or a checkpoint first pauses the thread."""
 
-    def put(batches: list[Explored], metrics: dict[str, float]) -> None:
-        nonlocal in_buffer
+    def __init__(self, explorer: BackgroundExplorer, loop: LoopState) -> None:
+        self.explorer, self.loop = explorer, loop
+        self.pending: dict[str, float] = {}  # metrics of batches put into the buffer outside a step's wait
+
+    def put(self, stage: StageVerbs, loop: LoopState, batches: list[Explored], metrics: dict[str, float]) -> None:
         for b in batches:
-            with stage.run.span("trainer", "buffer_write", b.step):
+            with stage.span("trainer", "buffer_write", b.step):
                 stage.put(b.rows, b.step)
-            in_buffer = b.step
+            loop.explored = b.step
             metrics.update(b.metrics)
             metrics["explorer/rollout_s"] = metrics.get("explorer/rollout_s", 0.0) + b.seconds
             metrics["explorer/model_version"] = float(b.version)
 
-    def quiesce(step: int) -> None:
-        """Before a checkpoint: every batch the explorer drew is in the buffer."""
-        put(explorer.pause(), pending)
-        loop.extra[NEXT_STEP_KEY] = explorer.next_step
+    def feed(self, stage: StageVerbs, loop: LoopState, rec: StepRecord) -> None:
+        rec.metrics.update(self.pending)
+        self.pending = {}
+        with rec.timer("rollout"):  # what the trainer waits for the explorer, not the explorer's time
+            while loop.explored < rec.step:
+                with stage.span("trainer", "wait", rec.step):
+                    batch = self.explorer.take()
+                self.put(stage, loop, [batch], rec.metrics)
 
-    def evaluate(step: int) -> dict[str, float]:
-        put(explorer.pause(), pending)
+    def training(self, stage: StageVerbs) -> AbstractContextManager[Any]:
+        both = ExitStack()
+        both.enter_context(stage.trainer_computing())
+        both.enter_context(DEVICE_TURN)
+        return both
+
+    def sync(self, stage: StageVerbs, version: int) -> None:
+        self.explorer.publish(version)
+
+    def evaluate(self, stage: StageVerbs, step: int) -> dict[str, float]:
+        self.put(stage, self.loop, self.explorer.pause(), self.pending)
         try:
-            explorer.load_newest()
+            self.explorer.load_newest()
             return stage.evaluate(step)
         finally:
-            explorer.resume()
+            self.explorer.resume()
 
+    def before_checkpoint(self, stage: StageVerbs, loop: LoopState, step: int) -> None:
+        """Every batch the explorer drew is in the buffer before the checkpoint."""
+        self.put(stage, loop, self.explorer.pause(), self.pending)
+        loop.extra[NEXT_STEP_KEY] = self.explorer.next_step
+
+
+def run_concurrent(stage: StageVerbs) -> dict[str, float]:
+    """Mode ``both``, ``synchronizer.offset >= 1``, ``synchronizer.concurrent``: see the module doc.
+    The start, each :func:`.rl_loop.step` and the end are the reference loop's; what differs is
+    who explores when (:class:`Concurrent`)."""
+    total = stage.config.trainer.total_steps
+    loop = begin(stage)
+    first = int(loop.extra.get(NEXT_STEP_KEY, loop.step + 1))
+    loop.explored = first - 1  # the last batch's step that is in the buffer
+    explorer = BackgroundExplorer(stage, first, loop.model_version)
+    hooks = Concurrent(explorer, loop)
+    last: dict[str, float] = {}
     try:
-        for step in range(loop.step + 1, total + 1):
-            timer, t0 = PhaseTimer(), time.perf_counter()
-            metrics, pending = pending, {}
-            with timer("rollout"):  # what the trainer waits for the explorer, not the explorer's time
-                while in_buffer < step:
-                    with stage.run.span("trainer", "wait", step):
-                        batch = explorer.take()
-                    put([batch], metrics)
-            # DEVICE_TURN: the explorer thread captures its CUDA graphs between steps, never during one.
-            with stage.run.span("trainer", "update", step), stage.resources.trainer_computing(), DEVICE_TURN:
-                learned, tokens = learn(stage, loop, step, timer)
-            metrics.update(learned)
-            end_step(
-                stage,
-                loop,
-                step,
-                timer,
-                t0,
-                metrics,
-                tokens,
-                evaluate=evaluate,
-                sync=explorer.publish,
-                before_checkpoint=quiesce,
-            )
+        while loop.step < total:
+            last = step(stage, loop, hooks)
             explorer.resume()
-            last = metrics
         explorer.pause()
         explorer.load_newest()
         explorer.close()

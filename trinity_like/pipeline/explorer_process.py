@@ -31,7 +31,7 @@ from typing import Any
 
 from trinity_like.atomic import write_atomic
 from trinity_like.monitor.logger import PhaseTimer
-from trinity_like.pipeline.stage import Stage
+from trinity_like.pipeline.verbs import StageVerbs
 from trinity_like.pipeline.weight_channel import WeightChannel
 from trinity_like.pipeline.weight_ledger import needed_version
 
@@ -55,10 +55,10 @@ class ExplorerState:
 class ExplorerProcess:
     """The explorer process's loop over the weight channel and the buffer."""
 
-    def __init__(self, stage: Stage, poll_s: float = 0.2) -> None:
+    def __init__(self, stage: StageVerbs, poll_s: float = 0.2) -> None:
         self.stage = stage
-        self.channel = WeightChannel(stage.run_dir)
-        self.state = ExplorerState(stage.run_dir)
+        self.channel = WeightChannel(stage.file(""))
+        self.state = ExplorerState(stage.file(""))
         self.version = 0  # the weights the explorer samples with (0: the initial model)
         self.poll_s = poll_s
 
@@ -72,13 +72,13 @@ class ExplorerProcess:
                 return time.perf_counter() - t0
             if latest is not None and latest >= version and latest > self.version:
                 try:
-                    self.stage.explorer.receive_weights(self.channel.folder(latest), latest)
+                    self.stage.receive_weights(self.channel.folder(latest), latest)
                 except FileNotFoundError:  # pruned while we read it: take the newest again
                     continue
                 self.version = latest
                 return time.perf_counter() - t0
             if time.perf_counter() >= notice:
-                self.stage.run.logger.write(
+                self.stage.note(
                     f"waiting for trainer weights v{version} in {self.channel.root} "
                     f"(newest: {'none' if latest is None else f'v{latest}'})"
                 )
@@ -99,28 +99,27 @@ class ExplorerProcess:
         saved = self.state.load() if cfg.checkpoint.resume else None
         if saved is not None:
             start = int(saved["step"])
-            stage.data.train.load_state_dict(saved["tasks"])
-            stage.run.logger.write(f"explorer resumed after step {start}")
-            if stage.run.logger.bar is not None:
-                stage.run.logger.bar.update(start)
-        elif cfg.monitor.eval_at_start and stage.data.eval_tasks:
-            self.evaluate(0)
+            stage.restore_task_position(saved["tasks"])
+            stage.note(f"explorer resumed after step {start}")
+            stage.advance(start)
+        elif cfg.monitor.eval_at_start:
+            self.evaluate(0)  # nothing without held-out tasks
         last: dict[str, float] = {}
         for step in range(start + 1, total + 1):
             timer = PhaseTimer()
             t0 = time.perf_counter()
             before = self.version
-            with timer("wait_weights"), stage.run.span("explorer", "wait", step):
+            with timer("wait_weights"), stage.span("explorer", "wait", step):
                 self.wait_for(needed_version(step, offset, interval))
             every = cfg.monitor.eval_interval
             if every and self.version // every != before // every and self.version != total:
                 with timer("eval"):  # the first version of each eval interval the explorer loads
                     self.evaluate(self.version)
-            with timer("rollout"), stage.run.span("explorer", "rollout", step):
+            with timer("rollout"), stage.span("explorer", "rollout", step):
                 rows, metrics = stage.explore(step)
             with timer("buffer_write"):
                 stage.put(rows, step)
-            self.state.save({"step": step, "tasks": stage.data.train.state_dict(), "version": self.version})
+            self.state.save({"step": step, "tasks": stage.task_position(), "version": self.version})
             rewards = [float(r.reward or 0.0) for r in rows]
             metrics.update(timer.metrics())
             metrics.update(
@@ -132,15 +131,15 @@ class ExplorerProcess:
                 }
             )
             stage.log(step, metrics)
-            stage.run.logger.advance()
+            stage.advance()
             last = metrics
-        stage.storage.mark_writer_done()
-        if stage.data.eval_tasks:
+        stage.writer_done()
+        if stage.has_eval():
             self.wait_for(total)  # the trainer publishes its final weights
             last.update(self.evaluate(total))
         return last
 
 
-def run_explore(stage: Stage) -> dict[str, float]:
+def run_explore(stage: StageVerbs) -> dict[str, float]:
     """``explore`` mode: roll out and write experiences for a trainer process (see module doc)."""
     return ExplorerProcess(stage).run()

@@ -2,8 +2,8 @@
 
 No explorer samples training data. Each step takes the next ``train_batch_size`` rows of
 the training set (resumable, seeded order) and takes one optimiser step
-(:func:`.rl_loop.update`), then ends the step as the RL loop does (:func:`.rl_loop.end_step`),
-with the same loop state (:class:`.rl_loop.LoopState`):
+(:func:`.steps.update`), then ends the step as the RL loop does (:func:`.steps.end_step`),
+with the same loop state (:class:`.steps.LoopState`):
 
 - SFT: masked NLL on assistant tokens;
 - DPO: the reference logprobs of each pair are computed once, the first time the pair is
@@ -22,7 +22,6 @@ effect of the offline objective on the task itself, whichever way it goes.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +29,12 @@ import torch
 
 from trinity_like.atomic import write_atomic
 from trinity_like.config import ResolvedStage
-from trinity_like.config.engine_params import build_engine
 from trinity_like.errors import TrinityError
-from trinity_like.monitor.evals import TRAINED_PAIRS_FILE, append_evals
-from trinity_like.monitor.logger import PhaseTimer
 from trinity_like.ops import normalizers
-from trinity_like.pipeline.batching import experience_batch, pair_batch, split_rows
+from trinity_like.pipeline.batching import split_rows
 from trinity_like.pipeline.restart import run_restartable
-from trinity_like.pipeline.rl_loop import LoopState, end_step, update
-from trinity_like.pipeline.stage import Stage
+from trinity_like.pipeline.steps import LoopState, StepHooks, StepRecord, end_step, update
+from trinity_like.pipeline.verbs import StageVerbs
 
 Batch = dict[str, torch.Tensor]
 
@@ -67,13 +63,11 @@ def _row_keys(rows: list[Any]) -> list[str]:
     return [r.task_id or r.eid for r in rows]
 
 
-def _pair_ref_logprob(stage: Stage, rows: list[Any], batch: Batch, cache: RefCache) -> torch.Tensor:
+def _pair_ref_logprob(stage: StageVerbs, rows: list[Any], batch: Batch, cache: RefCache) -> torch.Tensor:
     """``ref_logprob [2B, R]`` of a pair batch, from the cache or one reference forward."""
     keys = _row_keys(rows)
     if cache.missing(keys):
-        if stage.trainer.reference is None:
-            stage.trainer.reference = build_engine(stage.config, str(stage.model_path), forward_only=True)
-        ref = stage.trainer.reference.compute_logprobs(batch)["logprob"]
+        ref = stage.reference().compute_logprobs(batch)["logprob"]
         lengths = (batch["response_mask"] > 0).sum(-1)
         for i, key in enumerate(keys):  # pair i: chosen in row 2i, rejected in row 2i + 1
             cache.values[f"{key}/c"] = ref[2 * i, : lengths[2 * i]].clone()
@@ -90,30 +84,27 @@ def _pair_ref_logprob(stage: Stage, rows: list[Any], batch: Batch, cache: RefCac
 class OfflineTrainer:
     """Batches of dataset rows, their cached reference logprobs, and held-out evaluation."""
 
-    def __init__(self, stage: Stage) -> None:
+    def __init__(self, stage: StageVerbs) -> None:
         self.stage = stage
-        needs_ref = "ref_logprob" in stage.trainer.needs
-        self.cache = RefCache(stage.run_dir / "ref_cache.safetensors") if needs_ref else None
+        self.trainer = stage.learner()
+        self.cache = RefCache(stage.file("ref_cache.safetensors")) if "ref_logprob" in self.trainer.needs else None
         self.batch_size = stage.spec.train_batch_size
+        self.pairs = stage.spec.algorithm.schema == "pair"
 
     def batch(self, rows: list[Any]) -> Batch:
         stage = self.stage
-        batch = (
-            pair_batch(rows, stage.pad_id)
-            if stage.spec.algorithm.schema == "pair"
-            else experience_batch(rows, stage.pad_id)
-        )
+        batch = stage.collate(rows)
         if self.cache is not None:
             batch["ref_logprob"] = _pair_ref_logprob(stage, rows, batch, self.cache)
         return batch
 
     def free_reference(self) -> None:
         """Every training pair's reference logprobs are cached: the reference model can go."""
-        trainer = self.stage.trainer
+        trainer = self.trainer
         if (
             self.cache is not None
             and trainer.reference is not None
-            and not self.cache.missing(_row_keys(self.stage.data.train.rows))
+            and not self.cache.missing(_row_keys(self.stage.training_rows()))
         ):
             trainer.reference.close()
             trainer.reference = None
@@ -122,22 +113,22 @@ class OfflineTrainer:
     def held_out(self, step: int) -> dict[str, float]:
         """Held-out loss (SFT), or preference accuracy and margin (DPO, RM), over ``buffer.eval_data``.
 
-        Each held-out pair, with what the loss reports for it alone, goes to the stage's ``eval_log``."""
-        stage = self.stage
-        rows_all = stage.data.eval_rows
+        Each held-out pair, with what the loss reports for it alone, goes to the stage's ``evals.jsonl``."""
+        stage, trainer = self.stage, self.trainer
+        rows_all = stage.held_out_rows()
         metrics: dict[str, list[float]] = {}
         items: list[dict[str, Any]] = []
         for i in range(0, len(rows_all), self.batch_size):
             rows = rows_all[i : i + self.batch_size]
             batch = self.batch(rows)
-            outputs = stage.trainer.actor.compute_logprobs(batch)
-            _, m = stage.trainer.objective(outputs, batch)
+            outputs = trainer.actor.compute_logprobs(batch)
+            _, m = trainer.objective(outputs, batch)
             for k, v in m.items():
                 metrics.setdefault(k, []).append(float(v) * len(rows))
-            if stage.spec.algorithm.schema == "pair" and stage.run.eval_log is not None:
+            if self.pairs:
                 items += [self.pair_item(row, j, outputs, batch) for j, row in enumerate(rows)]
         if items:
-            append_evals(stage.run.eval_log, step, items)
+            stage.write_evals(step, items)
         return {f"eval/{k}": sum(v) / len(rows_all) for k, v in metrics.items()}
 
     def pair_item(self, row: Any, j: int, outputs: Batch, batch: Batch) -> dict[str, Any]:
@@ -146,7 +137,7 @@ class OfflineTrainer:
         alone = split_rows(batch, two)
         alone.update(normalizers(alone["response_mask"]))
         mine = split_rows(outputs, two)
-        _, m = self.stage.trainer.objective(mine, alone)
+        _, m = self.trainer.objective(mine, alone)
         m.update(
             {
                 f"{k}_{side}": float(v[i])
@@ -155,9 +146,7 @@ class OfflineTrainer:
                 for i, side in enumerate(("chosen", "rejected"))
             }
         )
-        prompt, chosen, rejected = self.stage.tokenizer.batch_decode(
-            [row.prompt_tokens, row.chosen_tokens, row.rejected_tokens], skip_special_tokens=True
-        )
+        prompt, chosen, rejected = self.stage.decode([row.prompt_tokens, row.chosen_tokens, row.rejected_tokens])
         return {
             "kind": "pair",
             "task_id": row.task_id or row.eid,
@@ -170,18 +159,24 @@ class OfflineTrainer:
     def record(self, step: int, rows: list[Any], batch: Batch, outputs: Batch) -> None:
         """Each training pair of ``step`` with what the loss saw of it, to ``trained_pairs.jsonl``
         (:mod:`trinity_like.monitor.evals`): the outputs of the step's own forward, no extra pass."""
-        append_evals(
-            self.stage.run_dir / TRAINED_PAIRS_FILE,
-            step,
-            [self.pair_item(row, j, outputs, batch) for j, row in enumerate(rows)],
+        self.stage.write_evals(
+            step, [self.pair_item(row, j, outputs, batch) for j, row in enumerate(rows)], trained=True
         )
 
     def evaluate(self, step: int, version: int) -> dict[str, float]:
         """Held-out rows, and answer accuracy on held-out tasks with the current weights (``version``)."""
-        stage = self.stage
-        if stage.explorer is not None:
-            stage.explorer.receive_weights(stage.trainer.actor.export_weights(), version)
-        return {**self.held_out(step), **stage.evaluate(step)}
+        self.stage.lend_weights(version)
+        return {**self.held_out(step), **self.stage.evaluate(step)}
+
+
+class HeldOut(StepHooks):
+    """An offline step ends with the held-out loss (:meth:`OfflineTrainer.held_out`) as its evaluation."""
+
+    def __init__(self, trainer: OfflineTrainer) -> None:
+        self.trainer = trainer
+
+    def evaluate(self, stage: StageVerbs, step: int) -> dict[str, float]:
+        return self.trainer.held_out(step)
 
 
 def run_offline(spec: ResolvedStage) -> dict[str, float]:
@@ -194,35 +189,35 @@ def run_offline(spec: ResolvedStage) -> dict[str, float]:
     return run_restartable(spec, "offline", train_offline)  # a dead verl worker: again, from the checkpoint
 
 
-def train_offline(stage: Stage) -> dict[str, float]:
+def train_offline(stage: StageVerbs) -> dict[str, float]:
     """The offline loop on a built stage, from its latest checkpoint to ``trainer.total_steps``."""
-    cfg, total = stage.config, stage.config.trainer.total_steps
+    cfg = stage.config
+    total = cfg.trainer.total_steps
     loop = LoopState.resume(stage)
-    pair_metrics = stage.data.summary
+    pair_metrics = stage.data_summary()
     trainer = OfflineTrainer(stage)
-    has_eval = bool(stage.data.eval_rows or stage.data.eval_tasks)
+    hooks = HeldOut(trainer)
+    has_eval = stage.has_eval()
     if loop.step == 0 and (pair_metrics or (has_eval and cfg.monitor.eval_at_start)):
         at_start = trainer.evaluate(0, loop.model_version) if has_eval and cfg.monitor.eval_at_start else {}
         stage.log(0, {**pair_metrics, **at_start})
     last: dict[str, float] = {}
-    for step in range(loop.step + 1, total + 1):
-        timer, t0 = PhaseTimer(), time.perf_counter()
-        rows = stage.data.train.next_batch(trainer.batch_size)
-        if not rows:
-            raise TrinityError("the training set is empty")
-        with timer("reference"):
+    while loop.step < total:
+        rec = StepRecord(loop.step + 1)
+        rows, _ = stage.next_batch(rec.step, loop.model_version)
+        with rec.timer("reference"):
             batch = trainer.batch(rows)
-        outputs: Batch | None = {} if stage.spec.algorithm.schema == "pair" else None
-        with stage.run.span("trainer", "update", step):
-            last = update(stage, loop, step, batch, timer, outputs=outputs)
+        outputs: Batch | None = {} if trainer.pairs else None
+        with stage.span("trainer", "update", rec.step):
+            rec.metrics = last = update(stage, loop, rec.step, batch, rec.timer, outputs=outputs)
         trained = "skipped/nan_loss" not in last
         if outputs and trained:
-            with timer("record"):
-                trainer.record(step, rows, batch, outputs)
+            with rec.timer("record"):
+                trainer.record(rec.step, rows, batch, outputs)
         trainer.free_reference()
-        loop.model_version = step
-        tokens = int(batch["attention_mask"].sum()) if trained else 0
-        end_step(stage, loop, step, timer, t0, last, tokens, evaluate=trainer.held_out)
+        loop.model_version = rec.step
+        rec.tokens = int(batch["attention_mask"].sum()) if trained else 0
+        end_step(stage, loop, rec, hooks)
     if has_eval:
         final = trainer.evaluate(total, loop.model_version)
         stage.log(total, final)

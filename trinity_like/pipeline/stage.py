@@ -1,12 +1,11 @@
-"""What a loop asks of a stage (:class:`StageVerbs`), and the stage that answers (:class:`Stage`).
+"""The stage that answers a loop's verbs (:class:`Stage`; the verbs: :class:`.verbs.StageVerbs`).
 
 A stage is one recipe stage set up for one role by :func:`.build.build_stage`: its data,
 engines, buffer and run directory. The loops (:mod:`.rl_loop`, :mod:`.async_loop`,
-:mod:`.explorer_process`, :mod:`.offline_loop`) drive it through the few verbs of
-:class:`StageVerbs`, each with a one-line contract, and keep what is theirs to themselves:
-which step they are at, their NaN streak, what they save beside the stage's state in a
-checkpoint (:class:`.rl_loop.LoopState`). Like torchtune's recipe interface, the protocol is
-a contract to read and to check against (``tests/pipeline/test_stage.py``), not a base class.
+:mod:`.explorer_process`, :mod:`.offline_loop`) are typed against the protocol
+:class:`.verbs.StageVerbs`, each verb with a one-line contract, and keep what is theirs to
+themselves: which step they are at, their NaN streak, what they save beside the stage's
+state in a checkpoint (:class:`.steps.LoopState`).
 
 What a stage holds, grouped by what needs it:
 
@@ -28,28 +27,28 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
-
-import psutil
+from typing import TYPE_CHECKING, Any
 
 from trinity_like import fault_points
-from trinity_like.buffer.base import ExperienceSource, SampleStrategy
+from trinity_like.buffer.base import ExperienceSource, SampleStrategy, TrainingRecorder
 from trinity_like.config import ResolvedStage
-from trinity_like.config.engine_params import sampling_params
+from trinity_like.config.engine_params import build_engine, sampling_params
 from trinity_like.config.schema import Config
-from trinity_like.cpu_share import TRAINER, CoreShare
 from trinity_like.envs.rollout import eval_env_metrics
 from trinity_like.envs.workflow import check_step
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Experience, rollout_group_id, rollout_id
 from trinity_like.explorer.worker import Explorer, RemoteExplorer
 from trinity_like.models.device import DEVICE_TURN
-from trinity_like.monitor.evals import answer_items, append_evals
+from trinity_like.monitor.evals import TRAINED_PAIRS_FILE, answer_items, append_evals
+from trinity_like.monitor.timeline import Span
+from trinity_like.pipeline.batching import experience_batch, pair_batch
 from trinity_like.pipeline.data_sources import StageData
 from trinity_like.pipeline.disk_full import disk_full_as_error
+from trinity_like.pipeline.resources import Resources, Trainer, resident_bytes
 from trinity_like.pipeline.reward_watch import RewardWatch
 from trinity_like.pipeline.run_dir import RunDir
 from trinity_like.pipeline.weight_channel import WeightChannel
@@ -57,90 +56,18 @@ from trinity_like.pipeline.weight_ledger import KEY as WEIGHTS_SENT
 from trinity_like.pipeline.weight_ledger import WeightLedger
 from trinity_like.registry import REWARD_FN
 from trinity_like.trainer.base import TrainEngine
-from trinity_like.trainer.objective import Objective
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedTokenizerBase
 
 # what a checkpoint's state holds for the stage itself
 STAGE_KEYS = ("step", "tasks", "strategy", "expert", WEIGHTS_SENT)
 
 
-class StageVerbs(Protocol):
-    """The verbs a loop calls on a stage. Each docstring is the verb's whole contract."""
-
-    def explore(self, step: int) -> tuple[list[Experience], dict[str, float]]:
-        """Draw the next ``explorer.batch_size`` tasks, answer each ``group_size`` times, score: rows, metrics."""
-
-    def put(self, rows: list[Experience], step: int) -> None:
-        """Write step ``step``'s rows into the buffer under their rollout ids (explored again: kept once)."""
-
-    def sync_weights(self, version: int) -> None:
-        """The trainer's weights to the explorer as ``version`` (mode ``train``: published for its process)."""
-
-    def evaluate(self, step: int) -> dict[str, float]:
-        """Held-out answer accuracy of the explorer's weights, answers logged under ``step`` ({}: no tasks)."""
-
-    def save_checkpoint(self, step: int, loop_state: dict[str, Any]) -> Path:
-        """Weights, optimiser, data positions, RNG, ``loop_state`` after ``step``; then the buffer commits ``step``."""
-
-    def load_checkpoint(self) -> tuple[int, dict[str, Any]]:
-        """Restore the latest checkpoint, explorer weights too: ``(step, loop_state)``; ``(0, {})`` if none."""
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        """Step ``step``'s metrics to every monitor (``metrics.jsonl``, TensorBoard, the progress bar)."""
-
-    def memory(self) -> dict[str, float]:
-        """Memory (GB) of this process, the trainer's workers and the explorer actor, and their total."""
-
-    def close(self) -> None:
-        """Free engines, explorer, Ray, CPU board, buffer and run directory (also after a partial build)."""
-
-
-@dataclass
-class Trainer:
-    """The train side of a stage: the actor and its loss; a reference and a critic where a component asks for them."""
-
-    actor: TrainEngine
-    objective: Objective  # the actor's loss (:mod:`~trinity_like.trainer.objective`)
-    needs: frozenset[str]  # batch fields some component asks for (ref_logprob, old_logprob, values, ...)
-    reference: TrainEngine | None = None  # reference logprobs (offline: only while a pair is not cached)
-    critic: TrainEngine | None = None  # values, for algorithms with a critic
-    value_objective: Objective | None = None  # the critic's loss
-
-    def engines(self) -> list[TrainEngine]:
-        return [e for e in (self.actor, self.reference, self.critic) if e is not None]
-
-    def close(self) -> None:
-        for engine in self.engines():
-            engine.close()
-
-
-@dataclass
-class Resources:
-    """What a stage started on this machine besides its engines, freed when it closes: Ray (if this
-    stage started it) and the board through which the explorer actor and the trainer's workers
-    share the CPU cores (:mod:`~trinity_like.cpu_share`)."""
-
-    owns_ray: bool = False
-    cores: CoreShare | None = None
-
-    def trainer_computing(self) -> AbstractContextManager[None]:
-        """Mark the trainer busy on the board for the body (the explorer then takes its share only)."""
-        return self.cores.computing(TRAINER) if self.cores is not None else nullcontext()
-
-    def close(self) -> None:
-        if self.cores is not None:
-            self.cores.close()
-        if self.owns_ray:
-            import ray
-
-            ray.shutdown()
-
-
 @dataclass
 class Stage:
-    """One stage's parts (see the module doc) and the verbs of :class:`StageVerbs`."""
+    """One stage's parts (see the module doc) and the verbs of :class:`.verbs.StageVerbs`."""
 
     spec: ResolvedStage
     role: str  # both | explore | train | offline (:data:`.build.ROLES`)
@@ -387,6 +314,122 @@ class Stage:
             self.storage.close()
         self.run.close()
 
+    # -- the trainer side: its handle and the batch source -----------------------------------
+    def learner(self) -> Trainer:
+        if self.trainer is None:
+            raise TrinityError(f"a stage in role {self.role!r} has no trainer")
+        return self.trainer
+
+    def next_batch(self, step: int, model_version: int) -> tuple[list[Any], dict[str, float]]:
+        """Offline: the training set's next rows. Online: the sample strategy's pick, each row
+        checked against the weights sent (:mod:`.weight_ledger`); a stage that explored every
+        row itself (``both``) takes what the buffer holds (waiting for more would hang)."""
+        size = self.spec.train_batch_size
+        if self.role == "offline":
+            rows = self.data.train.next_batch(size)
+            if not rows:
+                raise TrinityError("the training set is empty")
+            return rows, {}
+        short: dict[str, float] = {}
+        if self.role == "both":
+            available = self.storage.count("available")
+            if available == 0:
+                self.note(f"step {step}: exploration produced no rows (every task skipped); step skipped")
+                return [], {"skipped/empty_batch": 1.0}
+            if available < size:
+                self.note(
+                    f"step {step}: {available} rows explored for a batch of {size} "
+                    f"(buffer.train_batch_size); training on them"
+                )
+                size, short = available, {"skipped/short_batch_rows": float(size - available)}
+        rows = self.strategy.sample(
+            experiences=self.storage, batch_size=size, model_version=model_version, expert=self.data.expert
+        )
+        if not rows:
+            raise TrinityError(f"step {step}: the buffer gave no experiences (explorer produced none?)")
+        if self.ledger is not None:
+            self.ledger.check(step, rows, model_version)
+        return rows, short
+
+    def collate(self, rows: list[Any]) -> dict[str, torch.Tensor]:
+        pairs = self.spec.algorithm.schema == "pair"
+        return pair_batch(rows, self.pad_id) if pairs else experience_batch(rows, self.pad_id)
+
+    def recorder(self) -> TrainingRecorder | None:
+        return self.storage if isinstance(self.storage, TrainingRecorder) else None
+
+    def trainer_computing(self) -> AbstractContextManager[None]:
+        return self.resources.trainer_computing()
+
+    def lend_weights(self, version: int) -> None:
+        if self.explorer is not None:
+            self.explorer.receive_weights(self.learner().actor.export_weights(), version)
+
+    # -- the explorer side -------------------------------------------------------------------
+    def receive_weights(self, weights: Any, version: int) -> None:
+        self.explorer.receive_weights(weights, version)
+
+    def check_rewards(self, tasks: int) -> dict[str, float] | None:
+        if self.reward_watch is None:
+            return None
+        metrics, line = self.reward_watch.check_at_start(self.explorer, (self.data.eval_tasks or [])[:tasks])
+        self.note(line)
+        return metrics
+
+    def task_position(self) -> dict[str, Any]:
+        return self.data.train.state_dict()
+
+    def restore_task_position(self, state: dict[str, Any]) -> None:
+        self.data.train.load_state_dict(state)
+
+    def writer_done(self) -> None:
+        self.storage.mark_writer_done()
+
+    # -- offline data ------------------------------------------------------------------------
+    def held_out_rows(self) -> list[Any]:
+        return self.data.eval_rows
+
+    def training_rows(self) -> list[Any]:
+        return self.data.train.rows
+
+    def data_summary(self) -> dict[str, float]:
+        return self.data.summary
+
+    def reference(self) -> TrainEngine:
+        trainer = self.learner()
+        if trainer.reference is None:
+            trainer.reference = build_engine(self.config, str(self.model_path), forward_only=True)
+        return trainer.reference
+
+    def decode(self, token_lists: list[list[int]]) -> list[str]:
+        return self.tokenizer.batch_decode(token_lists, skip_special_tokens=True)
+
+    # -- the run directory ---------------------------------------------------------------------
+    def note(self, line: str) -> None:
+        self.run.logger.write(line)
+
+    def advance(self, steps: int = 1) -> None:
+        if self.run.logger.bar is not None:
+            self.run.logger.bar.update(steps)
+
+    def span(self, actor: str, phase: str, step: int) -> AbstractContextManager[None]:
+        return self.run.span(actor, phase, step)
+
+    def add_span(self, span: Span) -> None:
+        if self.run.timeline is not None:
+            self.run.timeline.add(span)
+
+    def file(self, name: str) -> Path:
+        return self.run.path / name
+
+    def write_evals(self, step: int, items: list[dict[str, Any]], trained: bool = False) -> None:
+        path = self.file(TRAINED_PAIRS_FILE) if trained else self.run.eval_log
+        if path is not None:
+            append_evals(path, step, items)
+
+    def has_eval(self) -> bool:
+        return bool(self.data.eval_rows or self.data.eval_tasks)
+
     # -- helpers ---------------------------------------------------------------------------
     def _save_weights(self, folder: str) -> dict[str, Any]:
         """The actor's weights alone (no optimiser state): what an explorer loads."""
@@ -409,24 +452,3 @@ def _first_line(exc: BaseException) -> str:
 
 def _state(x: Any) -> Any:
     return x.state_dict() if x is not None else None
-
-
-def resident_bytes(pids: list[int]) -> int:
-    """Memory the processes ``pids`` of this machine hold, summed (gone or foreign ones: 0).
-
-    Proportional set size where the OS reports it (Linux): a page shared by n processes
-    counts 1/n in each, so weights in Ray's shared-memory object store, mapped by the
-    trainer worker and the explorer alike, count once in the total. Elsewhere the resident
-    set size, which counts them in each process.
-    """
-    total = 0
-    for pid in pids:
-        try:
-            process = psutil.Process(pid)
-            try:
-                total += process.memory_full_info().pss
-            except (AttributeError, psutil.AccessDenied):
-                total += process.memory_info().rss
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return total
