@@ -56,18 +56,16 @@ _FORWARDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class _Norms:
-    """RMSNorm with the model's arithmetic order (float32 statistics, the weight applied after the
-    cast back to the input's dtype), in as few operations as the device allows."""
+    """RMSNorm (float32 statistics) in as few operations as the device allows; on the CPU with the
+    model's order (the weight applied after the cast back to the input's dtype)."""
 
     def __init__(self) -> None:
         self.consts: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, x: torch.Tensor, module: torch.nn.Module) -> torch.Tensor:
         n, eps = x.shape[-1], module.variance_epsilon
-        if x.is_cuda:  # rms_norm is one fused kernel there
-            if x.dtype == torch.float32:
-                return F.rms_norm(x, (n,), module.weight, eps)
-            return module.weight * F.rms_norm(x.float(), (n,), None, eps).to(x.dtype)
+        if x.is_cuda:  # one fused kernel there (float32 statistics)
+            return F.rms_norm(x, (n,), module.weight, eps)
         # x / sqrt(mean(x^2) + eps) == x * sqrt(n) / sqrt(|x|^2 + n * eps): a 2-norm and a hypot
         # in place of pow, mean, add, rsqrt (one pass over x instead of two).
         key = (n, eps, x.device)
