@@ -200,7 +200,9 @@ def _cpu_attention(
     scores_XGL = torch.baddbmm(
         mask_X1L, query_BHGD.view(b * h, g, d), keys_XLD.transpose(1, 2), alpha=1.0 if scaling is None else scaling
     )
-    probs_XGL = torch.softmax(scores_XGL, dim=-1, dtype=torch.float32).to(value_BHLD.dtype)
+    # In the scores' dtype: the CPU's bf16 softmax accumulates in float32 and rounds once, as
+    # softmax(dtype=float32).to(bf16) does, without the two casts.
+    probs_XGL = torch.softmax(scores_XGL, dim=-1)
     return torch.bmm(probs_XGL, values_XLD).view(b, h, g, d)
 
 
