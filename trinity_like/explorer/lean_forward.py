@@ -74,7 +74,7 @@ class _Norms:
             consts = tuple(torch.tensor(v, dtype=torch.float32, device=x.device) for v in (0.0, math.sqrt(n * eps)))
             self.consts[key] = consts
         zero, floor = consts
-        stats = torch.promote_types(x.dtype, torch.float32)  # float32, or float64 for a float64 model
+        stats = torch.float64 if x.dtype == torch.float64 else torch.float32  # never narrower than x
         norm_B1 = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=stats)
         y = torch.addcdiv(zero, x, torch.hypot(norm_B1, floor), value=math.sqrt(n))  # in `stats`
         return (y if y.dtype == x.dtype else y.to(x.dtype)).mul_(module.weight)
