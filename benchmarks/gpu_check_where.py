@@ -14,7 +14,8 @@ keys 192 long: a 64-token prompt plus half of 256 new tokens), the engine's own 
 - ``profile``: one warm eager step under ``torch.profiler``: aten operations (top-level and all),
   device kernels and GPU-busy time, the step's wall time;
 - ``step_ops``: ``trinity_like.explorer.step_ops.count_decode_step_ops``, the project's own count
-  of operations per warm decode step (absent from a tree that lacks it: recorded as unavailable).
+  of operations and kernels per warm decode step (absent from a tree that lacks it: recorded as
+  unavailable); ``smollm2-135m/step_ops_cpu`` counts the 30-layer shape on the CPU in every mode.
 
 On the CPU (``--tiny``) the tiny shape runs what a CPU can: backends, operations, step time.
 """
@@ -43,13 +44,30 @@ SHAPES = {"smollm2-135m": (512, 192), "qwen2.5-1.5b": (256, 192)}
 TINY = {"tiny": (16, 48)}
 HEADROOM = 48  # steps a harness may take: its rows start this far below the key length
 STEP_OPS = "trinity_like.explorer.step_ops"
+CPU_OPS_SHAPE = (64, 256)  # rows, key length of the CPU count at the 30-layer shape (docs/gpu.md)
 
 
 def entries(check: Check) -> list[Entry]:
     out: list[Entry] = []
     for shape, (rows, keys) in (TINY if check.tiny else SHAPES).items():
         out += shape_entries(check, shape, rows, keys)
-    return out
+    return [*out, Entry("smollm2-135m/step_ops_cpu", check.limit(20), cpu_step_ops)]
+
+
+def cpu_step_ops() -> dict:
+    """The count at SmolLM2-135M's shape on the CPU in float32 (64 rows, 256 keys), in every mode:
+    the CPU's own operations (its norms and attention are more of them than CUDA's fused ones)."""
+    from trinity_like.explorer.step_ops import count_decode_step_ops
+
+    rows, key_length = CPU_OPS_SHAPE
+    model = shaped_model("smollm2-135m", device=torch.device("cpu"), dtype=torch.float32)
+    counted = count_decode_step_ops(model, rows=rows, key_length=key_length)
+    out = {"device": "cpu", "dtype": "float32", "rows": rows, "key_length": key_length}
+    return {**out, "total": counted["total"], "kernels": counted["kernels"], "by_op": top_ops(counted)}
+
+
+def top_ops(counted: dict) -> dict:
+    return dict(Counter(counted["by_op"]).most_common(12))
 
 
 class Harness:
@@ -140,7 +158,7 @@ def shape_entries(check: Check, shape: str, rows: int, key_length: int) -> list[
                 raise
             return {"status": "unavailable", "error": f"{type(exc).__name__}: {exc}"}
         counted = count_decode_step_ops(model(), rows=rows, key_length=key_length)
-        return {"total": int(counted["total"]), "by_op": dict(Counter(counted["by_op"]).most_common(12))}
+        return {"total": counted["total"], "kernels": counted["kernels"], "by_op": top_ops(counted)}
 
     return [
         Entry(f"{shape}/attention", check.limit(15), attention),

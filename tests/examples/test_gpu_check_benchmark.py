@@ -55,9 +55,15 @@ def test_the_cpu_mode_runs_every_section_and_reports_the_targets(tmp_path):
     assert tests["returncode"] == 0 and tests["skipped"] > 0 and tests["passed"] == 0
     ops = where["tiny/step_ops"]  # trinity_like.explorer.step_ops, where the tree has it
     assert ops.get("total", 0) > 0 or "trinity_like.explorer.step_ops" in ops["error"]
+    cpu_ops = where["smollm2-135m/step_ops_cpu"]  # the 30-layer shape, counted on the CPU in every mode
+    assert cpu_ops["rows"] == 64 and 0 < cpu_ops["kernels"] < cpu_ops["total"]
     text = out.with_suffix(".md").read_text()
     assert "| train step >= plain torch at equal work |" in text and "not measured (tiny mode)" in text
-    assert "operations per decode step" in text and "| where_time | 225 |" in text  # the plan, in the report
+    assert (
+        "smollm2-135m's shape on the CPU" in text
+        and "operations per decode step" in text
+        and "| where_time | 225 |" in text
+    )  # the plan, in the report
 
 
 def test_a_raising_a_hanging_and_a_crashing_contender_cost_only_their_own_entries(tmp_path):

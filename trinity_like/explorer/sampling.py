@@ -43,7 +43,7 @@ def uniforms(seeds_B: torch.Tensor, draws_B: torch.Tensor) -> torch.Tensor:
     CUDA graph: nothing leaves the device. ``seeds_B``: int64 bit patterns of 64-bit seeds;
     ``draws_B``: int64 draw indices (the sample's tokens so far).
     """
-    z = seeds_B + (draws_B + 1) * _GOLDEN
+    z = torch.add(seeds_B, draws_B + 1, alpha=_GOLDEN)  # seeds + (draws + 1) * golden, one operation
     z = (z ^ _shift_right(z, 30)) * _MIX1
     z = (z ^ _shift_right(z, 27)) * _MIX2
     z = z ^ _shift_right(z, 31)
@@ -53,6 +53,9 @@ def uniforms(seeds_B: torch.Tensor, draws_B: torch.Tensor) -> torch.Tensor:
 def seed_bits(seed: int) -> int:
     """A Python seed as the int64 :func:`uniforms` takes: its low 64 bits, as a signed value."""
     return _signed(seed % 2**64)
+
+
+_BELOW_ONE = 1.0 - 2.0**-24  # the largest float32 below 1
 
 
 def _inverse_cdf(scores_BK: torch.Tensor, u_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,7 +71,9 @@ def _inverse_cdf(scores_BK: torch.Tensor, u_B: torch.Tensor) -> tuple[torch.Tens
     # Target strictly below the total so `searchsorted(right=True)` lands on an index
     # whose weight is positive (c[i-1] <= t < c[i] implies w[i] > 0).
     target_B1 = (u_B.unsqueeze(1) * total_B1.double()).to(cdf_BK.dtype)
-    target_B1 = torch.minimum(target_B1, torch.nextafter(total_B1, torch.zeros_like(total_B1)))
+    # The float32 just below the total, nextafter(total, 0), as one multiplication: total >= 1 (the
+    # maximum's weight is exp(0)), and total * (1 - 2**-24) rounds to total - ulp (exactly so at a power of two).
+    target_B1 = torch.minimum(target_B1, total_B1 * _BELOW_ONE)
     # Clamped: NaN logits (a broken model) must not index past the candidates -- the NaN logprob
     # that comes with the draw is what reports them.
     index_B1 = torch.searchsorted(cdf_BK, target_B1, right=True).clamp_(max=scores_BK.shape[-1] - 1)

@@ -36,9 +36,16 @@ if TYPE_CHECKING:  # transformers' model layer costs ~1.6 s to import: only when
 DEFAULT_SAMPLING = SamplingParams()  # frozen: one shared default
 
 
+_NO_KERNEL = (
+    torch.ops.aten._unsafe_view.default,
+    torch.ops.aten.empty.memory_format,
+    torch.ops.aten.empty_strided.default,
+)
+
+
 class _Count(TorchDispatchMode):
-    """Every aten operation dispatched; apart, the views among them (an output that aliases an
-    input without writing it, and ``_unsafe_view``), which launch no kernel."""
+    """Every aten operation dispatched; apart, those that launch no kernel: the views (an output
+    that aliases an input without writing it, and ``_unsafe_view``) and uninitialised allocations."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -49,7 +56,7 @@ class _Count(TorchDispatchMode):
         self.ops[str(func)] += 1
         returns = func._schema.returns
         alias = returns[0].alias_info if returns else None
-        if (alias is not None and not alias.is_write) or func is torch.ops.aten._unsafe_view.default:
+        if (alias is not None and not alias.is_write) or func in _NO_KERNEL:
             self.views += 1
         return func(*args, **(kwargs or {}))
 
@@ -63,7 +70,8 @@ def count_decode_step_ops(
 ) -> dict:
     """``{"total": n, "kernels": k, "by_op": {aten op name: count}}`` for one warm decode step of
     ``rows`` rows whose keys reach ``key_length`` (each row writes its new key at column
-    ``key_length - 1``). ``total`` counts every aten operation, ``kernels`` those that are not views.
+    ``key_length - 1``). ``total`` counts every aten operation, ``kernels`` those that are neither
+    views nor ``empty`` allocations.
 
     The step runs under ``no_grad`` rather than the engine's ``inference_mode``: the same
     kernels run, but composite operations (``linear``, ``matmul``, ``rms_norm`` on the CPU)
