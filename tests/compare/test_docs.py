@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from compare_testlib import ROOT, TINY_SETS, compare, doc_blocks, doc_commands, report
+from _lib.compare_testlib import ROOT, TINY_SETS, compare, doc_blocks, doc_commands, report
 
 from trinity_like.buffer.task_sources import task_source
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tiny_runs import TINY
+from _lib.tiny_runs import TINY
 
 from trinity_like.monitor.timeline import TIMELINE_FILE, read_spans
 

@@ -13,7 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tiny_runs import run
+from _lib.tiny_runs import run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,7 +42,7 @@ def test_doc_view_report_and_plot_commands_run_as_written(tmp_path, compare_dir)
 
 
 def test_compare_docs_view_and_report_commands_run_as_written(tmp_path, compare_dir):
-    from compare_testlib import doc_commands as compare_doc_commands
+    from _lib.compare_testlib import doc_commands as compare_doc_commands
 
     commands = [c for c in compare_doc_commands() if c[1] in ("view", "report")]
     assert [c[1:3] for c in commands] == [["view", "runs/compare_add2"], ["report", "runs/compare_add2"]]
