@@ -37,8 +37,34 @@ SIGNALS = (
     ("integration", "another process (wandb's service)", r"\bwandb\b"),
 )
 # Folders whose every test is at least this tier: tests/pipeline runs whole recipes (the orchestration
-# layer: explorer, trainer, buffer and their threads or Ray actors), 10-50 s each (measured on 2 cores).
-FOLDERS = {"pipeline": ("integration", "whole recipe runs")}
+# layer: explorer, trainer, buffer and their threads or Ray actors), 10-50 s each; tests/rm trains reward
+# models and runs recipes on them, 13-100 s each (measured on 2 cores, pytest -n 2, a busy machine).
+FOLDERS = {"pipeline": ("integration", "whole recipe runs"), "rm": ("integration", "reward-model runs")}
+# In-process tests measured at 5 s or more on 2 cores (pytest -n 2 --durations, a busy machine): out of
+# the fast loop, into integration. A test id here is "folder/file.py::test name" without parameters.
+MEASURED_SLOW = {
+    "cookbook/test_calculator.py::test_a_model_that_learnt_to_call_the_calculator_reads_its_result",  # 38 s
+    "compare/test_trackers.py::test_wandb_holds_every_step_of_the_jsonl_offline",  # 21 s
+    "envs/test_rollout.py::test_seeds_are_per_episode_and_turn",  # 8 s
+    "envs/test_env_workflow.py::test_a_recipe_trains_on_two_turn_episodes_with_only_the_policy_tokens_in_the_loss",
+    "core/test_expert_data.py::test_a_plugin_strategy_that_declares_expert_data_gets_it_without_core_changes",
+    "buffer/test_rows_jsonl.py::test_both_codecs_round_trip_exactly",  # 6 s
+    "cookbook/test_arithmetic.py::test_a_failing_reward_drops_the_group_like_the_workflow_skips_it",  # 6 s
+    "cookbook/test_rl_train.py::test_the_loop_logs_kl_to_the_base_and_each_stage",  # 5 s
+    "explorer/test_engine.py::test_greedy_matches_full_recompute_with_ragged_prompts_and_stops",  # 27 s
+    "explorer/test_engine.py::test_continuous_batching_does_not_change_results",  # 10 s
+    "explorer/test_engine.py::test_stop_strings_and_max_tokens",  # 8 s
+    "explorer/test_engine.py::test_sampled_logprobs_match_full_forward_under_the_sampling_distribution",  # 5 s
+    "explorer/test_decode_device.py::test_looking_every_16_steps_gives_the_samples_of_looking_every_step",  # 22 s
+    "explorer/test_step_ops.py::test_the_count_sees_every_projection_and_does_not_depend_on_rows_or_keys",  # 16 s
+    "explorer/test_step_ops.py::test_a_decode_step_at_the_30_layer_shape_stays_lean",  # 11 s
+    "explorer/test_token_parity.py::test_a_sample_of_other_uniforms_is_caught",  # 14 s
+    "explorer/test_token_parity.py::test_a_greedy_token_that_trails_the_argmax_is_caught",  # 6 s
+    "explorer/test_token_parity.py::test_fp32_samples_agree_with_the_float64_oracle",  # 5 s
+    "explorer/test_prefix_cache.py::test_a_group_whose_prompt_extends_a_kept_sequence",  # 10 s
+    "explorer/test_prefix_cache.py::test_eviction_under_a_small_budget_stays_correct",  # 6 s
+    "explorer/test_step_graphs.py::test_in_a_concurrent_run_captures_and_trainer_steps_take_turns",  # 8 s
+}
 LIB = Path(__file__).resolve().parent
 
 
@@ -97,6 +123,8 @@ def tier_of(item: pytest.Item) -> tuple[str, str]:
             return tier, "marked"
     if item.get_closest_marker("gpu") is not None:
         return "system", "a GPU"
+    if f"{item.path.parent.name}/{item.path.name}::{getattr(item, 'originalname', item.name)}" in MEASURED_SLOW:
+        return "integration", "measured slow"
     folder = FOLDERS.get(item.path.parent.name) if item.path.parent.parent.name == "tests" else None
     module = getattr(item, "module", None)
     text = (_module_text(module.__name__) if module is not None else "") + "\n" + _fixture_text(item)

@@ -152,7 +152,6 @@ def test_calculator_tasks_are_three_digit_additions():
     assert not held_out & {t.info["expression"] for t in calculator_tasks("train", 500)}
 
 
-@pytest.mark.integration  # fits the tiny model to a conversation first: about 40 s on 2 cores (docs/contributing.md)
 def test_a_model_that_learnt_to_call_the_calculator_reads_its_result(tok):
     """A tiny model fitted to one tool-using conversation replays it through the engine:
     the calculator's reply is an observation (mask 0), the model's call and answer are actions."""
