@@ -34,8 +34,10 @@ def pytest_in(argv: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
 
 
-def collected(out: str) -> list[str]:
-    return [line for line in out.splitlines() if "::" in line]
+def collected(out: str) -> int:
+    """Tests listed by ``--collect-only``: one a line (``-q``) or a count per file (``-qq``)."""
+    per_file = re.findall(r"^tests/\S+\.py: (\d+)$", out, flags=re.M)
+    return sum(map(int, per_file)) + sum("::" in line for line in out.splitlines())
 
 
 def test_the_page_shows_the_fast_loop_with_coverage_and_every_tier():
@@ -48,11 +50,12 @@ def test_the_page_shows_the_fast_loop_with_coverage_and_every_tier():
 def test_each_command_selects_its_tier(command):
     """Collected (not run) on one file of each tier: the command's mark takes its tier's file and no other."""
     argv = [a for a in shlex.split(command) if not a.startswith("--cov")]
-    tier = argv[argv.index("-m") + 1] if "-m" in argv[3:] else None
+    options = argv[3:]  # after python -m pytest
+    tier = options[options.index("-m") + 1] if "-m" in options else None
     paths = [a for a in argv if a.startswith("tests/")]
     argv = [a for a in argv if a not in paths]
     for want, file in FILES.items():
-        done = pytest_in([*argv, "--collect-only", "-q", file])
+        done = pytest_in([*argv, "--collect-only", file])
         assert done.returncode in (0, 5), done.stdout[-3000:] + done.stderr[-3000:]
         assert bool(collected(done.stdout)) == (tier in (None, want)), (command, file, done.stdout[-2000:])
 
