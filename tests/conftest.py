@@ -15,6 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRINITY_LIKE_CPU_BF16", "off")
 
 import pytest  # noqa: E402
+from _lib.tiers import mark_tiers  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -34,10 +35,12 @@ def _plugins_env_restored():
 RAY_START = {"test_two_node_ray_cluster.py", "test_existing_ray_cluster.py", "test_existing_cluster.py"}
 
 
+@pytest.hookimpl(tryfirst=True)  # the tier marks are in place before ``-m unit`` selects by them
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group tests for ``pytest -n 2 --dist loadgroup`` (the README's command) by module, so a
-    module's fixtures (a Ray instance, a verl engine) start once on one worker, slow modules first;
-    skip GPU tests without a GPU."""
+    """Mark each test's tier (unit, integration, system: tests/_lib/tiers.py); group tests for
+    ``pytest -n 2 --dist loadgroup`` (the README's command) by module, so a module's fixtures (a Ray
+    instance, a verl engine) start once on one worker, slow modules first; skip GPU tests without a GPU."""
+    mark_tiers(items)
     for item in items:
         name = item.path.name
         item.add_marker(pytest.mark.xdist_group("ray_start" if name in RAY_START else str(item.path)))

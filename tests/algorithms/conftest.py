@@ -1,10 +1,5 @@
-"""Make the shared helper module ``algo_testlib`` importable under ``--import-mode=importlib``."""
+"""The first-party algorithm pack registered, as its entry point does in an installed run."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-import algorithms  # noqa: E402,F401  (registers the pack, as the entry point does)
+import algorithms  # noqa: F401  (registers the pack, as the entry point does)

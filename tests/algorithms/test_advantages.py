@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from algo_testlib import DT, rand_mask
+from _lib.algo_testlib import DT, rand_mask
 
 from trinity_like import ops
 from trinity_like.components import build_params, call_component

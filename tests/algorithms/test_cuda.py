@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from algo_testlib import DT, rand_batch
+from _lib.algo_testlib import DT, rand_batch
 
 from trinity_like import ops
 from trinity_like.components import build_params, call_component

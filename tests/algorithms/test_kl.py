@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from algo_testlib import DT
+from _lib.algo_testlib import DT
 
 from trinity_like.registry import KL_FN
 

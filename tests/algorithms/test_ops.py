@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from algo_testlib import DT, rand_batch, rand_mask
+from _lib.algo_testlib import DT, rand_batch, rand_mask
 
 from trinity_like import ops
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from algo_testlib import DT, autograd_grad
+from _lib.algo_testlib import DT, autograd_grad
 
 from trinity_like.components import build_params, call_component
 from trinity_like.registry import POLICY_LOSS_FN

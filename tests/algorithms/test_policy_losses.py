@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from algo_testlib import DT, autograd_grad, rand_batch
+from _lib.algo_testlib import DT, autograd_grad, rand_batch
 
 from trinity_like import ops
 from trinity_like.components import build_params, call_component

@@ -18,7 +18,7 @@ import math
 
 import pytest
 import torch
-from algo_testlib import DT, autograd_grad
+from _lib.algo_testlib import DT, autograd_grad
 
 from trinity_like.components import ComponentSpec, build_params, call_component
 from trinity_like.errors import ConfigError

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from algo_testlib import ListExpert, ListSource, experience
+from _lib.algo_testlib import ListExpert, ListSource, experience
 
 from trinity_like.buffer.base import ExperienceSource, ExpertSource
 from trinity_like.components import build_params

@@ -11,7 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from algo_testlib import DT, autograd_grad, rand_batch
+from _lib.algo_testlib import DT, autograd_grad, rand_batch
 
 import trinity_like.client as tinker
 from trinity_like.client.losses import loss_inputs, loss_spec

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from algo_testlib import DT, rand_batch, rand_mask
+from _lib.algo_testlib import DT, rand_batch, rand_mask
 
 from trinity_like import ops
 from trinity_like.components import build_params, call_component

@@ -159,4 +159,4 @@ def test_the_export_sizes_are_smollm2s_parameters_times_bytes():
 
 def test_every_example_in_the_table_is_a_script_of_the_repo():
     commands = re.findall(r"^\| `python (examples/client/\w+\.py)[^`]*` \|", DOC, flags=re.M)
-    assert len(commands) >= 4 and all((ROOT / c).is_file() for c in commands)
+    assert commands and all((ROOT / c).is_file() for c in commands)

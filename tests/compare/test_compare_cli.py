@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from compare_testlib import ROOT, TINY_SETS, compare, doc_commands, metrics, report, set_flags, tiny_compare
+from _lib.compare_testlib import ROOT, TINY_SETS, compare, doc_commands, metrics, report, set_flags, tiny_compare
 
 from trinity_like.compare.stats import paired
 

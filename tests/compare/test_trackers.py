@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from compare_testlib import ROOT, TINY_SETS
+from _lib.compare_testlib import ROOT, TINY_SETS
 
 from trinity_like.cli import main
 from trinity_like.config import load_plan

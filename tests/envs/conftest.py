@@ -1,24 +1,3 @@
-"""A tiny real model and its rollout engine, shared by the env tests."""
+"""A tiny real model and its rollout engine, shared by the env tests (tests/_lib/tiny_engine.py)."""
 
-from __future__ import annotations
-
-import pytest
-
-from trinity_like.explorer.engine import NativeEngine
-from trinity_like.models.tiny import build_tiny_model
-
-
-@pytest.fixture(scope="package")
-def tiny():
-    return build_tiny_model(seed=0)
-
-
-@pytest.fixture(scope="package")
-def engine(tiny):
-    model, tok = tiny
-    return NativeEngine(model, tok)
-
-
-@pytest.fixture(scope="package")
-def tok(tiny):
-    return tiny[1]
+from _lib.tiny_engine import engine, tiny, tok  # noqa: F401  (fixtures)

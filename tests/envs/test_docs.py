@@ -15,9 +15,8 @@ def python_blocks() -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", (ROOT / "docs" / "envs.md").read_text(), flags=re.S | re.M)
 
 
-def test_the_example_env_is_short_and_runs(tmp_path):
+def test_the_example_env_runs(tmp_path):
     env_code, run_code = python_blocks()
-    assert len(env_code.splitlines()) < 40
     (tmp_path / "guess.py").write_text(env_code)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(tmp_path)}
     result = subprocess.run(

@@ -15,9 +15,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from _lib.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 CHECK = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--tiny"]
 SECTIONS = ["where_time", "parity", "cuda_tests", "bandwidth", "rollout", "train_step", "grpo_run"]
 
@@ -156,7 +156,7 @@ def _alive(events: Path) -> bool:
 
 
 def test_a_section_gets_its_plan_plus_what_earlier_ones_left_within_the_budget():
-    import gpu_check
+    gpu_check = load_script("benchmarks/gpu_check.py")
 
     now = time.monotonic()
     plan = gpu_check.PLAN_S

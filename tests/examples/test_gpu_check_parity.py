@@ -7,13 +7,13 @@ passes by its own measured tolerance and fails by fp32's."""
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import pytest
+from _lib.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+load_script("benchmarks/gpu_check.py")  # the check's entry point: it makes its sibling modules importable
 
 from gpu_check_parity import Errors, errors, judge, one_step, tolerance  # noqa: E402
 from gpu_check_train import grpo_batch, grpo_objective  # noqa: E402

@@ -11,19 +11,15 @@ promises). tests/explorer/test_token_parity.py checks the same judgement on the 
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from _lib.token_parity import check_sample, fp32_logit_error
 
 from trinity_like.explorer.engine import EngineParams, NativeEngine, SamplingParams
 from trinity_like.explorer.engine_contract import sample_seed
 from trinity_like.explorer.engines import build_rollout_engine
 from trinity_like.models.tiny import build_tiny_model
-
-sys.path.insert(0, str(Path(__file__).parent))
-from token_parity import check_sample, fp32_logit_error  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

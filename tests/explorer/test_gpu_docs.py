@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from _lib.scripts import load_script
 
 from trinity_like.config.schema import Config
 from trinity_like.models.device import precision
@@ -66,16 +67,14 @@ def test_the_device_command_is_the_one_the_wheel_script_prints_and_loses_nothing
     argv = shlex.split(block.split("python3 benchmarks/gpu_check.py", 1)[1].split("2>&1")[0])
     assert argv == ["--commit", "<sha>", "--out", "$OUT/gpu_check"]
     assert block.strip().endswith("| tee $OUT/gpu_check.log")
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import gpu_check
+    gpu_check = load_script("benchmarks/gpu_check.py")
 
     args = gpu_check.build_parser().parse_args(argv)  # the check takes them as written
     assert (args.commit, str(args.out), args.device) == ("<sha>", "$OUT/gpu_check", "auto")
 
 
 def test_the_documented_plan_is_the_checks():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import gpu_check
+    gpu_check = load_script("benchmarks/gpu_check.py")
 
     rows = re.findall(r"^\| `(\w+)` \| (\d+) \| ", DOC, flags=re.M)
     assert {name: float(seconds) for name, seconds in rows} == gpu_check.PLAN_S

@@ -120,11 +120,7 @@ def test_a_failed_capture_turns_graphs_off_with_its_own_error_and_drops_the_pool
 def test_in_a_concurrent_run_captures_and_trainer_steps_take_turns(tmp_path, monkeypatch):
     """A real run, mode both, offset 1, the explorer in a thread beside the trainer: every capture and
     every trainer step holds the device turn, and no trainer step starts or ends inside a capture."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipeline"))
-    from tiny_runs import run
+    from _lib.tiny_runs import run
 
     from trinity_like.trainer.local_engine import LocalEngine
 

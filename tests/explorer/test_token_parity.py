@@ -6,18 +6,14 @@ takes a clearly worse token, does not."""
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from _lib.token_parity import check_sample, fp32_logit_error
 
 from trinity_like.explorer.engine import NativeEngine, SamplingParams
 from trinity_like.explorer.engine_contract import sample_seed
 from trinity_like.models.tiny import build_tiny_model
-
-sys.path.insert(0, str(Path(__file__).parent))
-from token_parity import check_sample, fp32_logit_error  # noqa: E402
 
 TEXTS = ["What is 23 + 5?", "Hello", "The capital of France is Paris and the answer is", "7 * 8 =", "add"]
 STOPS = (300, 301, 302, 303, 304, 305, 306, 307)

@@ -1,16 +1,11 @@
-"""Make the shared helper module ``faultlib`` importable under ``--import-mode=importlib``;
-the uninterrupted run every resumed run is compared with (once per session)."""
+"""The uninterrupted run every resumed run is compared with (once per session)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from faultlib import STEPS, command, run
+from _lib.faultlib import STEPS, command, run
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ import json
 import time
 
 import pytest
-from faultlib import (
+from _lib.faultlib import (
     FAULT_ENV,
     STEPS,
     check_resumed,

@@ -15,7 +15,7 @@ import shutil
 import time
 
 import pytest
-from faultlib import FAULT_ENV, STEPS, check_resumed, command, one_line_error, record, run
+from _lib.faultlib import FAULT_ENV, STEPS, check_resumed, command, one_line_error, record, run
 
 from trinity_like.fault_points import CHECKPOINT_POINTS
 from trinity_like.pipeline.checkpoint import CheckpointManager

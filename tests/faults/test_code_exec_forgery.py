@@ -18,7 +18,7 @@ import time
 
 import psutil
 import pytest
-from faultlib import record
+from _lib.faultlib import record
 
 from trinity_like.explorer import code_exec
 from trinity_like.explorer.code_exec import CodeExecParams, CodeExecReward

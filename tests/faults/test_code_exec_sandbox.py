@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from faultlib import command, record, run
+from _lib.faultlib import command, record, run
 
 from trinity_like.errors import TrinityError
 from trinity_like.explorer.code_exec import (

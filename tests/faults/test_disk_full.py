@@ -14,7 +14,7 @@ import sqlite3
 import time
 
 import pytest
-from faultlib import (
+from _lib.faultlib import (
     FAULT_ENV,
     STEPS,
     check_resumed,

@@ -24,7 +24,7 @@ import time
 
 import psutil
 import pytest
-from faultlib import BATCH, GROUP, command, record, rows_by_step, start
+from _lib.faultlib import BATCH, GROUP, command, record, rows_by_step, start
 
 RUN_ACTORS = {"TrinityVerlWorker", "ExplorerWorker"}
 

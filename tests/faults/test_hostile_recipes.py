@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from faultlib import child_env, record
+from _lib.faultlib import child_env, record
 
 GRPO = """\
 name: bad

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import torch
-from faultlib import RECIPE, command, one_line_error, record, run
+from _lib.faultlib import RECIPE, command, one_line_error, record, run
 from safetensors.torch import save_file
 
 from trinity_like.pipeline.checkpoint import write_manifest

@@ -23,7 +23,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from faultlib import record
+from _lib.faultlib import record
 
 from trinity_like.buffer.sqlite_storage import SqliteParams, SqliteStorage
 from trinity_like.experience import Experience

@@ -22,7 +22,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from faultlib import BATCH, GROUP, child_env, command, record, rows_by_step, step_metrics
+from _lib.faultlib import BATCH, GROUP, child_env, command, record, rows_by_step, step_metrics
 
 SPIN_S, TIMEOUT_S, BUSY = 0.1, 0.25, 3  # CPU seconds per reward call, its limit, processes beside the run
 STEPS = 2

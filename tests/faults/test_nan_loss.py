@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import torch
-from faultlib import (
+from _lib.faultlib import (
     BATCH,
     GROUP,
     command,

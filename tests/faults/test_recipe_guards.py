@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from faultlib import child_env, record
+from _lib.faultlib import child_env, record
 
 RECIPE = """\
 name: guarded

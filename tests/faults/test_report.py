@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from _lib.scripts import load_script
 
-sys.path.insert(0, str(Path(__file__).parent))
-import report  # noqa: E402
+report = load_script("tests/faults/report.py")
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
 <testcase classname="a" name="test_bad_input_is_one_line_and_writes_nothing[x]"/>

@@ -13,7 +13,7 @@ versions, rewards) against an uninterrupted run does.
 
 from __future__ import annotations
 
-from faultlib import FAULT_ENV, STEPS, command, consumed_batches, record, run, split_groups
+from _lib.faultlib import FAULT_ENV, STEPS, command, consumed_batches, record, run, split_groups
 
 
 def test_each_step_trains_the_batch_an_uninterrupted_run_trains(tmp_path, straight, record_property):

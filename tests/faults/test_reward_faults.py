@@ -11,7 +11,7 @@ import time
 
 import psutil
 import pytest
-from faultlib import RECIPE, TINY, record
+from _lib.faultlib import RECIPE, TINY, record
 
 from trinity_like.config import load_plan
 from trinity_like.errors import TrinityError

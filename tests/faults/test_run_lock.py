@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from faultlib import BATCH, GROUP, command, kill, one_line_error, record, rows_by_step, run, start, wait_for
+from _lib.faultlib import BATCH, GROUP, command, kill, one_line_error, record, rows_by_step, run, start, wait_for
 
 from trinity_like.pipeline.run_lock import RunInUseError, RunLock
 
@@ -80,7 +80,7 @@ PROBE = textwrap.dedent("""
 
 def test_the_recipes_run_directory_is_probed_before_plugins_and_models_load(tmp_path):
     """What ``trinity-like run`` can check first: the recipe's text names the run directory."""
-    from faultlib import RECIPE
+    from _lib.faultlib import RECIPE
 
     holder = take_in_child(tmp_path / "grpo_arith", "both", 60)
     try:

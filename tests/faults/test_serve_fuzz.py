@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
 import schemathesis
-from faultlib import record
+from _lib.faultlib import record
+from _lib.serve_helpers import LOCAL_KEY, running_server
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
@@ -26,11 +25,8 @@ from schemathesis import GenerationMode
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "serve"))  # the serve tests' helpers
-from serve_helpers import LOCAL_KEY, running_server  # noqa: E402
-
-from trinity_like.client.serve.app import BODIES, json_safe  # noqa: E402
-from trinity_like.models.tiny import build_tiny_model  # noqa: E402
+from trinity_like.client.serve.app import BODIES, json_safe
+from trinity_like.models.tiny import build_tiny_model
 
 pytestmark = pytest.mark.slow
 os.environ["TINKER_API_KEY"] = LOCAL_KEY

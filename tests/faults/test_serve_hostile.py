@@ -15,23 +15,20 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 import tinker
-from faultlib import record
+from _lib.faultlib import record
+from _lib.serve_helpers import LOCAL_KEY, TEXTS, running_server, sft_data
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
 from tinker.proto.response_conv import deserialize_forward_backward_output, deserialize_sample_response
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "serve"))  # the serve tests' helpers
-from serve_helpers import LOCAL_KEY, TEXTS, running_server, sft_data  # noqa: E402
-
-import trinity_like.client as ours  # noqa: E402
-from trinity_like.client.data import DataError  # noqa: E402
-from trinity_like.models.tiny import build_tiny_model  # noqa: E402
+import trinity_like.client as ours
+from trinity_like.client.data import DataError
+from trinity_like.models.tiny import build_tiny_model
 
 os.environ["TINKER_API_KEY"] = LOCAL_KEY
 MAX_DATUMS, MAX_SAMPLES = 4, 16  # the server's --max-batch-datums and --max-num-samples here

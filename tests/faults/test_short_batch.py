@@ -13,7 +13,7 @@ import json
 import textwrap
 
 import pytest
-from faultlib import BATCH, GROUP, command, record, rows_by_step, run, split_groups
+from _lib.faultlib import BATCH, GROUP, command, record, rows_by_step, run, split_groups
 
 PLUGIN = textwrap.dedent('''
     from trinity_like.registry import REWARD_FN

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from faultlib import (
+from _lib.faultlib import (
     BATCH,
     FAULT_ENV,
     GROUP,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from faultlib import command, record, run, start, wait_for
+from _lib.faultlib import command, record, run, start, wait_for
 
 from trinity_like.pipeline.checkpoint import CheckpointManager
 

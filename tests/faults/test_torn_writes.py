@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from faultlib import command, record, run
+from _lib.faultlib import command, record, run
 
 from trinity_like.monitor.jsonl import JsonlAppender, cut_torn_tail, read_records
 from trinity_like.monitor.sinks import read_jsonl_metrics

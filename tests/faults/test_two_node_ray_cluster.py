@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from faultlib import BATCH, GROUP, command, record, rows_by_step, run, start
+from _lib.faultlib import BATCH, GROUP, command, record, rows_by_step, run, start
 
 RUN_ACTORS = {"TrinityVerlWorker", "ExplorerWorker"}
 

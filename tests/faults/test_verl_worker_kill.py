@@ -24,7 +24,7 @@ import time
 
 import psutil
 import pytest
-from faultlib import (
+from _lib.faultlib import (
     BATCH,
     FAULT_ENV,
     GROUP,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from faultlib import command, kill, one_line_error, record, run, start
+from _lib.faultlib import command, kill, one_line_error, record, run, start
 from safetensors.torch import load_file
 
 from trinity_like.models.resolve import load_model

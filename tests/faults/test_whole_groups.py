@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from faultlib import record
+from _lib.faultlib import record
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

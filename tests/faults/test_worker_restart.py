@@ -18,7 +18,7 @@ import json
 import re
 import time
 
-from faultlib import FAULT_ENV, check_resumed, command, record, run
+from _lib.faultlib import FAULT_ENV, check_resumed, command, record, run
 
 from trinity_like.fault_points import ONCE_VAR
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tiny_runs import TINY
+from _lib.tiny_runs import TINY
 
 from trinity_like.monitor.timeline import TIMELINE_FILE, read_spans
 
@@ -28,14 +28,14 @@ def call(argv: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def test_the_doc_shows_these_commands():
-    assert [c[:2] for c in doc_commands()] == [
-        ["trinity-like", "run"],
-        ["trinity-like", "run"],
-        ["trinity-like", "plot"],
-        ["python", "benchmarks/async_client.py"],
-        ["python", "benchmarks/async.py"],
-    ]  # the client's: tests/client
+def test_every_command_the_doc_shows_is_one_these_tests_run():
+    """run and plot run below, benchmarks/async.py below, benchmarks/async_client.py in
+    tests/cookbook/test_rl_stream_docs.py; a command of another kind would be run by none."""
+    kinds = {("trinity-like", "run"), ("trinity-like", "plot"), ("python", "benchmarks/async.py")}
+    kinds.add(("python", "benchmarks/async_client.py"))
+    for argv in doc_commands():
+        assert tuple(argv[:2]) in kinds, argv
+        assert argv[0] != "python" or (ROOT / argv[1]).is_file(), argv
 
 
 def test_the_run_and_plot_commands_run(tmp_path):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_runs import final_weights, run
+from _lib.tiny_runs import final_weights, run
 
 from trinity_like.buffer.rows import STATUSES, unpack
 from trinity_like.errors import ConfigError

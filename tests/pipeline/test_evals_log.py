@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tiny_runs import REPO, run
+from _lib.tiny_runs import REPO, run
 
 from trinity_like.config import load_plan
 from trinity_like.monitor.evals import append_evals, read_jsonl

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tiny_runs import TINY
+from _lib.tiny_runs import TINY
 
 from trinity_like.config import load_plan
 from trinity_like.pipeline.build import build_stage

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tiny_runs import RECIPE, TINY, final_weights, run
+from _lib.tiny_runs import RECIPE, TINY, final_weights, run
 
 from trinity_like.config import load_plan
 from trinity_like.errors import WorkerDiedError

@@ -6,7 +6,7 @@ import json
 import sqlite3
 
 import pytest
-from tiny_runs import RECIPE, TINY, final_weights, run
+from _lib.tiny_runs import RECIPE, TINY, final_weights, run
 
 from trinity_like.buffer.rows import unpack
 from trinity_like.config import load_plan

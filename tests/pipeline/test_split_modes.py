@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from tiny_runs import RECIPE, TINY, final_weights, run
+from _lib.tiny_runs import RECIPE, TINY, final_weights, run
 
 from trinity_like.pipeline.weight_channel import WeightChannel
 from trinity_like.pipeline.weight_ledger import needed_version

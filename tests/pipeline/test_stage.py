@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_runs import TINY, run
+from _lib.tiny_runs import TINY, run
 
 from trinity_like.config import load_plan
 from trinity_like.errors import ConfigError, TrinityError

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_runs import REPO, run
+from _lib.tiny_runs import REPO, run
 from transformers import AutoModelForCausalLM
 
 from trinity_like.buffer.rows import unpack

@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))  # serve_helpers, under --import-mode=importlib
-
-from serve_helpers import LOCAL_KEY, running_server
+from _lib.serve_helpers import LOCAL_KEY, running_server
 
 from trinity_like.models.tiny import build_tiny_model
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from serve_helpers import free_port, running_server
+from _lib.serve_helpers import free_port, running_server
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "serve.md").read_text()

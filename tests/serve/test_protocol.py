@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tinker
 import uvicorn
-from serve_helpers import TEXTS, free_port, running_server, sft_data
+from _lib.serve_helpers import TEXTS, free_port, running_server, sft_data
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import tinker
-from serve_helpers import TEXTS, running_server, sft_data
+from _lib.serve_helpers import TEXTS, running_server, sft_data
 from tinker import types
 
 from trinity_like.fault_points import WEIGHT_ENV_VAR

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import tinker
 import torch
+from _lib.serve_helpers import TEXTS, sft_data
 from safetensors.torch import load_file
-from serve_helpers import TEXTS, sft_data
 from tinker import types
 
 import trinity_like.client as ours

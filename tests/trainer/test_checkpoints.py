@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
+from _lib.trainer_batches import ClippedPPOLoss, make_batch
 from safetensors import safe_open
-from trainer_batches import ClippedPPOLoss, make_batch
 
 from trinity_like.errors import TrinityError
 from trinity_like.models.tiny import build_tiny_model

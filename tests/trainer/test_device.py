@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _lib.trainer_batches import ClippedPPOLoss, make_batch
 from torch.overrides import TorchFunctionMode
-from trainer_batches import ClippedPPOLoss, make_batch
 
 from trinity_like.config.engine_params import explorer_params
 from trinity_like.config.schema import Config

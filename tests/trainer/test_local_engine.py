@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 import torch
+from _lib.trainer_batches import ClippedPPOLoss, make_batch, naive_outputs, nll_loss, value_mse_loss
 from safetensors.torch import load_file
-from trainer_batches import ClippedPPOLoss, make_batch, naive_outputs, nll_loss, value_mse_loss
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
 from trinity_like.config.engine_params import build_engine

@@ -8,8 +8,8 @@ import json
 
 import pytest
 import torch
+from _lib.trainer_batches import make_batch, naive_outputs, nll_loss
 from torch.func import functional_call
-from trainer_batches import make_batch, naive_outputs, nll_loss
 from transformers import AutoModelForCausalLM
 
 from trinity_like.config.engine_params import model_params

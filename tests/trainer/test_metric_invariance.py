@@ -29,7 +29,7 @@ import sys
 
 import pytest
 import torch
-from trainer_batches import make_batch
+from _lib.trainer_batches import make_batch
 
 import algorithms  # noqa: F401  (registers the pack, as the entry point does)
 from trinity_like.components import build_params

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 import torch
-from trainer_batches import make_batch, nll_loss
+from _lib.trainer_batches import make_batch, nll_loss
 
 from trinity_like.errors import TrinityError
 from trinity_like.explorer.engine import SamplingParams

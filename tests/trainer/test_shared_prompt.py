@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _lib.trainer_batches import ClippedPPOLoss, make_batch, nll_loss
 
 from trinity_like.models.tiny import build_tiny_model
 from trinity_like.trainer.base import micro_batches
@@ -18,8 +19,6 @@ from trinity_like.trainer.forward import (
 )
 from trinity_like.trainer.local_engine import LocalEngine
 from trinity_like.trainer.params import ModelParams, OptimParams
-
-from .trainer_batches import ClippedPPOLoss, make_batch, nll_loss
 
 
 def grouped_batch(vocab: int, groups: list[int], prompt_len: int, response_len: int, seed: int) -> dict:

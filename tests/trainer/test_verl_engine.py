@@ -18,8 +18,8 @@ import pytest
 import ray
 import ray.cloudpickle
 import torch
-import trainer_batches
-from trainer_batches import ClippedPPOLoss, make_batch, nll_loss, value_mse_loss
+from _lib import trainer_batches
+from _lib.trainer_batches import ClippedPPOLoss, make_batch, nll_loss, value_mse_loss
 
 from trinity_like.cpu_share import EXPLORER, CoreShare
 from trinity_like.errors import TrinityError

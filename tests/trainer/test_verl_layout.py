@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainer_batches import make_batch
+from _lib.trainer_batches import make_batch
 
 from trinity_like.errors import TrinityError
 from trinity_like.trainer.base import micro_batches, with_normalisers

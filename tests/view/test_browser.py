@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tiny_runs import run
+from _lib.tiny_runs import run
 
 from trinity_like.buffer.rows import unpack, unpack_floats
 from trinity_like.models.resolve import load_tokenizer
@@ -301,7 +301,7 @@ def test_a_trained_step_is_coloured_by_logprob_ratio_and_advantage(page, server,
 @pytest.fixture(scope="module")
 def pair_runs(tmp_path_factory) -> list[Path]:
     """A tiny DPO run and a tiny reward-model run, 2 steps of 4 pairs each."""
-    from tiny_runs import REPO
+    from _lib.tiny_runs import REPO
 
     from trinity_like.config import load_plan
     from trinity_like.runner import run_plan
@@ -522,7 +522,7 @@ def test_a_comparison_draws_each_entrys_mean_and_band_beside_its_verdict(page, c
     """The page of ``trinity-like view COMPARE_DIR``: one chart per metric, one colour per entry, each entry's
     line at its mean over seeds and its band between the interval's ends (the oracle's, from the runs' own
     metrics), its verdict line beside; a click on an entry's legend hides its line and its band."""
-    from compare_oracle import oracle
+    from _lib.compare_oracle import oracle
 
     proc, url = serve(compare_dir)
     try:
@@ -586,7 +586,7 @@ def test_a_comparison_draws_each_entrys_mean_and_band_beside_its_verdict(page, c
 
 
 def test_a_comparisons_report_draws_the_same_bands(browser, compare_dir, tmp_path):
-    from compare_oracle import oracle
+    from _lib.compare_oracle import oracle
 
     out = tmp_path / "compare.html"
     done = subprocess.run(

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from compare_oracle import oracle
+from _lib.compare_oracle import oracle
 
 from trinity_like.compare.report import OK
 from trinity_like.errors import TrinityError
