@@ -15,7 +15,7 @@ import re
 
 import pytest
 import torch
-from faultlib import record
+from _lib.faultlib import record
 
 import trinity_like.client as tinker
 from trinity_like import fault_points

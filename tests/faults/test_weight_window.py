@@ -19,7 +19,7 @@ import re
 
 import pytest
 import torch
-from faultlib import record
+from _lib.faultlib import record
 
 from trinity_like.errors import TrinityError
 from trinity_like.experience import Experience
