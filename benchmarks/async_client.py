@@ -32,8 +32,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import argparse
-import json
-import platform
 import shutil
 import statistics
 import sys
@@ -43,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ROOT, git_commit
+from harness import RESULTS, cpu_name, git_commit, interleaved, write_results
 
 import trinity_like.client as tinker
 from cookbook.rl.train import RLTrainConfig, train
@@ -134,13 +132,8 @@ def main() -> None:
     unknown = [n for n in names if n not in VARIANTS]
     if unknown or not names:
         raise SystemExit(f"--variants: unknown {unknown or names}; choose from {', '.join(VARIANTS)}")
-    out = (
-        Path(args.out)
-        if args.out
-        else ROOT / "benchmarks" / "results" / ("async_client_tiny" if args.tiny else "async_client")
-    )
+    out = Path(args.out) if args.out else RESULTS / ("async_client_tiny" if args.tiny else "async_client")
     scratch = Path(tempfile.mkdtemp(prefix="async-client-bench-"))
-    runs: dict[str, list[dict]] = {n: [] for n in names}
     try:
         if args.warmup > 0:
             r = run_variant(
@@ -153,16 +146,17 @@ def main() -> None:
                 f"warm-up ({names[0]}, {args.warmup} iterations, not counted): {r['iterations_per_hour']:.0f} it/h",
                 flush=True,
             )
-        for rep in range(args.reps):
-            order = names[rep % len(names) :] + names[: rep % len(names)]  # who goes first rotates
-            for name in order:
-                r = run_variant(args, model, VARIANTS[name], scratch / f"{name}-{rep}")
-                runs[name].append(r)
-                print(
-                    f"round {rep + 1}/{args.reps} {name}: {r['iterations_per_hour']:.0f} it/h, "
-                    f"reward {statistics.fmean(r['rewards']):.3f}, overlap {statistics.median(r['overlap']):.2f}",
-                    flush=True,
-                )
+
+        def run(name: str, rep: int) -> dict:
+            r = run_variant(args, model, VARIANTS[name], scratch / f"{name}-{rep}")
+            print(
+                f"round {rep + 1}/{args.reps} {name}: {r['iterations_per_hour']:.0f} it/h, "
+                f"reward {statistics.fmean(r['rewards']):.3f}, overlap {statistics.median(r['overlap']):.2f}",
+                flush=True,
+            )
+            return r
+
+        runs = interleaved(run, names, args.reps, rotate=True)  # who goes first rotates
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     sync = runs.get("sync")
@@ -180,11 +174,9 @@ def main() -> None:
         "lr": args.lr,
         "commit": git_commit(),
         "cpus": os.cpu_count(),
-        "machine": platform.machine(),
+        "machine": cpu_name(),
         "load_avg": os.getloadavg(),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     streaming = f", num_minibatches {args.stream} in every variant" if args.stream else ""
     title = f"# Client RL loop: sync (K = 0) vs off-by-K ({model}, {args.iterations} iterations, {args.reps} rounds"
     lines = [
@@ -201,7 +193,7 @@ def main() -> None:
             f"{r['overlap_median']:.2f} | {r['discarded_median']:.0f} |"
         )
     lines += ["", f"Medians over rounds; commit {meta['commit']}, load average {meta['load_avg'][0]:.1f} at the end."]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write_results(out, {"meta": meta, "results": results}, "\n".join(lines))
     print("\n".join(lines))
 
 

@@ -22,10 +22,8 @@ Target: the SQLite path sustains at least 20x the explorer's experience rate.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
-import platform
 import random
 import statistics
 import sys
@@ -36,11 +34,13 @@ from pathlib import Path
 
 import torch
 
-from trinity_like.buffer.memory_storage import MemoryParams, MemoryStorage
-from trinity_like.buffer.sqlite_storage import SqliteParams, SqliteStorage
-from trinity_like.experience import Experience
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import RESULTS, cpu_name, write_results  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
+from trinity_like.buffer.memory_storage import MemoryParams, MemoryStorage  # noqa: E402
+from trinity_like.buffer.sqlite_storage import SqliteParams, SqliteStorage  # noqa: E402
+from trinity_like.experience import Experience  # noqa: E402
+
 PROMPT, RESPONSE = 64, 448  # 512 tokens per experience
 COMMAND = "python benchmarks/buffer.py"
 
@@ -239,7 +239,7 @@ def main() -> None:
         + (f" --repeats {args.repeats}" if args.repeats != 5 else "")
         + (f" --rows {args.rows}" if args.rows != 1024 else ""),
         "tokens_per_experience": PROMPT + RESPONSE,
-        "machine": f"{platform.machine()}, {platform.processor() or '?'}, python {sys.version.split()[0]}, torch threads 1",
+        "machine": f"{cpu_name()}, python {sys.version.split()[0]}, torch threads 1",
         "cells": cells,
         "concurrent": concurrent,
         "explorer": explorer,
@@ -248,9 +248,7 @@ def main() -> None:
         "load_average_1m": os.getloadavg()[0],
         "contention_wall_over_cpu": contention(args.repeats),
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "buffer.json").write_text(json.dumps(report, indent=2) + "\n")
-    (RESULTS / "buffer.md").write_text(markdown(report))
+    write_results(RESULTS / "buffer", report, markdown(report), indent=2)
     print("sqlite min(write, read) / explorer:", {k: round(v, 1) for k, v in ratios.items()})
 
 

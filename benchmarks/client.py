@@ -48,18 +48,16 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import platform  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
-from common import git_commit, matmul_peak_gflops  # noqa: E402
+from harness import git_commit, interleaved, matmul_peak_gflops, utc_now, write_results  # noqa: E402
 
 import trinity_like.client as tinker  # noqa: E402
 from trinity_like.components import ComponentSpec, build_params  # noqa: E402
@@ -132,10 +130,20 @@ def client_data(prompts, groups, adv) -> list[types.Datum]:
     return data
 
 
-def timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+def alternating(fns: dict, reps: int, what: str, check=None) -> dict[str, list[float]]:
+    """Seconds of each of ``fns`` in ``reps`` rounds after a warm-up round (not counted), the order alternating."""
+
+    def run(name: str, rep: int) -> float:
+        start = time.perf_counter()
+        fns[name]()
+        return time.perf_counter() - start
+
+    def after(rep: int, times: dict[str, list[float]]) -> None:
+        if check is not None:
+            check()
+        print(f"{what} round {rep}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()), flush=True)
+
+    return {k: v[1:] for k, v in interleaved(run, list(fns), reps + 1, after_round=after).items()}
 
 
 def bench_training(args, folder: Path, batch, data) -> dict:
@@ -162,14 +170,7 @@ def bench_training(args, folder: Path, batch, data) -> dict:
         opt = client.optim_step(adam)
         fwd.result(), opt.result()
 
-    times = {"engine": [], "client": []}
-    for rep in range(args.reps + 1):  # the first round warms up and is not counted
-        order = [("engine", step_engine), ("client", step_client)]
-        for name, fn in order if rep % 2 == 0 else order[::-1]:
-            t = timed(fn)
-            if rep:
-                times[name].append(t)
-        print(f"train round {rep}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items() if v), flush=True)
+    times = alternating({"engine": step_engine, "client": step_client}, args.reps, "train")
     service.close()
     tokens = int(batch["response_mask"].sum())
     return summary(times, tokens, "client", "engine")
@@ -190,15 +191,10 @@ def bench_sampling(args, model, tokenizer, prompts) -> dict:
         futures = [sampler.sample(x, args.group, p) for x, p in zip(inputs, params, strict=True)]
         counts["client"] = sum(len(s.tokens) for f in futures for s in f.result().sequences)
 
-    times = {"engine": [], "client": []}
-    for rep in range(args.reps + 1):
-        order = [("engine", run_engine_batched), ("client", run_client)]
-        for name, fn in order if rep % 2 == 0 else order[::-1]:
-            t = timed(fn)
-            if rep:
-                times[name].append(t)
-        assert counts["engine"] == counts["client"], counts  # the same samples, token for token
-        print(f"sample round {rep}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items() if v), flush=True)
+    def same() -> None:  # the same samples, token for token
+        assert counts["engine"] == counts["client"], counts
+
+    times = alternating({"engine": run_engine_batched, "client": run_client}, args.reps, "sample", check=same)
     return summary(times, counts["client"], "client", "engine")
 
 
@@ -349,7 +345,7 @@ def compare_http(args, folder: Path, peak: float, command: str) -> None:
             "peak_gflops": peak,
             "commit": git_commit(),
             "load": os.getloadavg()[0],
-            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "when": utc_now(),
             "torch": torch.__version__,
             "python": platform.python_version(),
         },
@@ -361,10 +357,8 @@ def compare_http(args, folder: Path, peak: float, command: str) -> None:
         "median_round_ratio": statistics.median(h / i for h, i in zip(times["http"], times["in-process"])),
     }
     name = args.out or ("client_http_tiny" if args.model == "tiny-random" else "client_http")
-    OUT.mkdir(exist_ok=True)
-    (OUT / f"{name}.json").write_text(json.dumps(result, indent=1))
-    (OUT / f"{name}.md").write_text(markdown_http(result, command))
-    print(markdown_http(result, command))
+    write_results(OUT / name, result, text := markdown_http(result, command))
+    print(text)
 
 
 def markdown_http(result: dict, command: str) -> str:
@@ -434,12 +428,11 @@ def main(argv: list[str] | None = None) -> None:
     del model
     training = bench_training(args, folder, batch, data)
     params = sum(t.numel() for t in load_model(folder)[0].parameters())
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     meta = {
         **vars(args),
         "peak_gflops": peak,
-        "commit": commit,
-        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "commit": git_commit(),
+        "when": utc_now(),
         "load": os.getloadavg()[0],
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -447,10 +440,8 @@ def main(argv: list[str] | None = None) -> None:
     }
     result = {"meta": meta, "training": training, "sampling": sampling}
     name = args.out or ("client_tiny" if args.model == "tiny-random" else "client")
-    OUT.mkdir(exist_ok=True)
-    (OUT / f"{name}.json").write_text(json.dumps(result, indent=1))
-    (OUT / f"{name}.md").write_text(markdown(result, command))
-    print(markdown(result, command))
+    write_results(OUT / name, result, text := markdown(result, command))
+    print(text)
 
 
 if __name__ == "__main__":

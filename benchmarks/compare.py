@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -44,8 +43,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import RESULTS, ROOT, cpu_name, write_results  # noqa: E402
+
 RECIPES = ("examples/grpo_add2.yaml", "examples/dr_grpo_add2.yaml")
 SMALL = ["trainer.engine=local", "buffer.eval_tasks.size=8", "explorer.batch_size=4", "explorer.group_size=4"]
 TINY = [  # the recipes on the tiny model; "contains a digit" rewards it, so every step trains
@@ -171,7 +171,7 @@ def main() -> None:
     result = {
         "command": " ".join(["python benchmarks/compare.py", *sys.argv[1:]]),
         "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, shared",
+        "machine": f"{cpu_name()}, shared",
         "model": args.model,
         "seeds": args.seeds,
         "steps": args.steps,
@@ -190,9 +190,7 @@ def main() -> None:
     if args.model != "tiny-random":
         stem += f"_{Path(args.model).name}"
     out = Path(args.results)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
-    (out / f"{stem}.md").write_text(markdown(result))
+    write_results(out / stem, result, markdown(result))
     print(
         f"the runner's own time {100 * result['own_share_median']:.1f} % of the runs by hand, end to end "
         f"{100 * result['overhead_median']:+.1f} % (medians): {out / stem}.md"

@@ -32,8 +32,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -45,7 +43,8 @@ from trinity_like.explorer.engine import EngineParams, NativeEngine, SamplingPar
 from trinity_like.models import load_model, render_prompt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import git_commit, matmul_peak_gflops  # noqa: E402
+from harness import command as command_line  # noqa: E402
+from harness import cpu_model, git_commit, interleaved, matmul_peak_gflops, write_results  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CONTENDERS = ("reuse", "reprefill", "generate")
@@ -173,20 +172,20 @@ def bench(args) -> dict:
     run_engine(reuse, tokenizer, starts[:2], warm, 0)
     run_generate(model, tokenizer, starts[:2], warm, 0, stop_ids)
     peaks = [matmul_peak_gflops()]
-    runs: dict[str, list[dict]] = {n: [] for n in CONTENDERS}
-    for rnd in range(args.rounds):
-        order = CONTENDERS[rnd % 3 :] + CONTENDERS[: rnd % 3]
-        for name in order:
-            result = contenders[name](1 + rnd)
-            result["tokens_per_s"] = result["tokens"] / result["wall_s"]
-            runs[name].append(result)
-            print(
-                f"round {rnd} {name}: {result['tokens']} tokens in {result['wall_s']:.2f} s = "
-                f"{result['tokens_per_s']:.1f} tok/s; prefilled {result['prefilled_tokens']} of "
-                f"{result['prompt_tokens']} prompt tokens",
-                file=sys.stderr,
-                flush=True,
-            )
+
+    def run(name: str, rnd: int) -> dict:
+        result = contenders[name](1 + rnd)
+        result["tokens_per_s"] = result["tokens"] / result["wall_s"]
+        print(
+            f"round {rnd} {name}: {result['tokens']} tokens in {result['wall_s']:.2f} s = "
+            f"{result['tokens_per_s']:.1f} tok/s; prefilled {result['prefilled_tokens']} of "
+            f"{result['prompt_tokens']} prompt tokens",
+            file=sys.stderr,
+            flush=True,
+        )
+        return result
+
+    runs = interleaved(run, CONTENDERS, args.rounds, rotate=True)
     peaks.append(matmul_peak_gflops())
     summary = {
         n: {
@@ -228,7 +227,7 @@ def markdown(res: dict, args, command: str, commit: str) -> str:
         f"per episode) and appends a calculator result of {res['observation_tokens']['min']}-"
         f"{res['observation_tokens']['max']} tokens; final histories {s['reuse']['final_history_tokens']:.0f} "
         f"tokens on average. torch threads {args.threads}; {args.rounds} interleaved rounds (medians). Machine: "
-        f"{platform.processor() or platform.machine()}, torch {torch.__version__}, fp32 matmul peak "
+        f"{cpu_model()}, torch {torch.__version__}, fp32 matmul peak "
         f"{peaks[0]:.0f} GFLOP/s before and {peaks[1]:.0f} after the rounds; shared with other jobs -- compare "
         f"ratios, not absolute times. Code measured: commit {commit}.",
         "",
@@ -285,14 +284,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     out = args.out or RESULTS / ("multiturn_tiny" if args.model == "tiny-random" else "multiturn")
-    command = "python benchmarks/multiturn.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = command_line("multiturn.py", argv)
     commit = git_commit()
     res = bench(args)
     text = markdown(res, args, command.strip(), commit)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text(text)
     meta = {"command": command.strip(), "commit": commit, "args": vars(args) | {"out": str(out)}, "result": res}
-    out.with_suffix(".json").write_text(json.dumps(meta, indent=1))
+    write_results(out, meta, text)
     print(text)
 
 

@@ -30,7 +30,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -50,7 +49,7 @@ from trinity_like.trainer.objective import sampler_gap  # noqa: E402
 from trinity_like.trainer.params import ModelParams, OptimParams  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import cpu_name, git_commit  # noqa: E402
+from harness import command, cpu_name, git_commit, interleaved, utc_now, write_results  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "precision"
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}  # train: autocast dtype over the fp32 weights
@@ -200,14 +199,15 @@ def sampler_trainer_gap(args) -> dict[str, dict[str, float]]:
     return out
 
 
-def interleaved(contenders: dict, run, reps: int, what: str) -> dict[str, list[tuple[float, float]]]:
-    """``reps`` rounds of ``run(contender)`` for each contender, the order alternating every round."""
-    out: dict[str, list[tuple[float, float]]] = {name: [] for name in contenders}
-    for rep in range(reps):
-        for name in list(contenders) if rep % 2 == 0 else list(contenders)[::-1]:
-            out[name].append(run(contenders[name]))
-            print(f"{what} {name} rep {rep}: {out[name][-1][0]:.2f} wall, {out[name][-1][1]:.2f} cpu", file=sys.stderr)
-    return out
+def rounds(contenders: dict, run, reps: int, what: str) -> dict[str, list[tuple[float, float]]]:
+    """``reps`` interleaved rounds of ``run(contender)`` for each contender: (wall, cpu) seconds."""
+
+    def one(name: str, rep: int) -> tuple[float, float]:
+        wall, cpu = run(contenders[name])
+        print(f"{what} {name} rep {rep}: {wall:.2f} wall, {cpu:.2f} cpu", file=sys.stderr)
+        return wall, cpu
+
+    return interleaved(one, list(contenders), reps)
 
 
 def medians(samples: dict[str, list[tuple[float, float]]]) -> dict[str, dict[str, float]]:
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> dict:
     batch = grpo_batch(args, vocab)
     for engine in engines.values():
         update(engine, batch)  # warm-up
-    updates = interleaved(engines, lambda e: update(e, batch), args.reps, "update")
+    updates = rounds(engines, lambda e: update(e, batch), args.reps, "update")
     flops = update_flops(engines["fp32"].model, batch)
     profiles = {name: breakdown(engine, batch) for name, engine in engines.items()}
     del engines
@@ -261,13 +261,13 @@ def main(argv: list[str] | None = None) -> dict:
     samplers = {name: NativeEngine(shaped_model(shape, dtype=dtype)) for name, dtype in ROLLOUT_DTYPES.items()}
     for sampler in samplers.values():
         rollout(sampler, prompts[:1], args)  # warm-up
-    rollouts = interleaved(samplers, lambda e: rollout(e, prompts, args), args.reps, "rollout tok/s")
+    rollouts = rounds(samplers, lambda e: rollout(e, prompts, args), args.reps, "rollout tok/s")
     del samplers
     gap = sampler_trainer_gap(args)
     meta = {
-        "command": "python benchmarks/precision.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command("precision.py", argv),
         "commit": git_commit(),
-        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "when": utc_now(),
         "load": os.getloadavg()[0],
         "cpu": cpu_name(),
         "shape": shape,
@@ -286,9 +286,7 @@ def main(argv: list[str] | None = None) -> dict:
         "gap": gap,
     }
     text = markdown(result)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".md").write_text(text)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+    write_results(args.out, result, text, indent=2)
     print(text)
     return result
 

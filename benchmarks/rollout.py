@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -49,7 +48,8 @@ from trinity_like.explorer.engine import NativeEngine, SamplingParams
 from trinity_like.models import load_model, render_prompt
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import cpu_name  # noqa: E402
+from harness import command as command_line  # noqa: E402
+from harness import cpu_model, cpu_name, git_commit, interleaved, write_results  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -171,19 +171,19 @@ def bench_model(ref: str, args) -> dict:
         assert getattr(model, "_compiled_call", None) is not None, f"{name}: generate did not compile its forward"
         print(f"{ref} {name}: compiled and ran once in {compile_s[name]:.1f} s", file=sys.stderr, flush=True)
     names = list(contenders)
-    runs: dict[str, list[dict]] = {n: [] for n in names}
-    for rep in range(args.reps):
-        order = names[rep % len(names) :] + names[: rep % len(names)]
-        for name in order:
-            result = contenders[name](1000 + rep)
-            result["tokens_per_s"] = result["tokens"] / result["wall_s"]
-            runs[name].append(result)
-            print(
-                f"{ref} rep {rep} {name}: {result['tokens']} tokens in {result['wall_s']:.2f} s "
-                f"= {result['tokens_per_s']:.1f} tok/s",
-                file=sys.stderr,
-                flush=True,
-            )
+
+    def run(name: str, rep: int) -> dict:
+        result = contenders[name](1000 + rep)
+        result["tokens_per_s"] = result["tokens"] / result["wall_s"]
+        print(
+            f"{ref} rep {rep} {name}: {result['tokens']} tokens in {result['wall_s']:.2f} s "
+            f"= {result['tokens_per_s']:.1f} tok/s",
+            file=sys.stderr,
+            flush=True,
+        )
+        return result
+
+    runs = interleaved(run, names, args.reps, rotate=True)
     summary = {
         n: {
             "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs[n]),
@@ -213,21 +213,6 @@ def bench_model(ref: str, args) -> dict:
         "summary": summary,
         "runs": runs,
     }
-
-
-def git_commit() -> str:
-    """The checked-out commit (the code measured), or "unknown" outside a git checkout."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).resolve().parent,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return out.stdout.strip()
 
 
 def markdown(results: list[dict], args, command: str, commit: str) -> str:
@@ -353,7 +338,7 @@ def run_ab(args, command: str) -> None:
         f"{args.threads}; {args.reps} repetitions, sides alternating, each its own process timing "
         f"{args.ab_calls} calls (its median); medians over repetitions. Tokens per CPU-second (the process's "
         f"CPU time): what other jobs on a shared machine disturb least. Machine: "
-        f"{platform.processor() or platform.machine()}, torch {torch.__version__}.",
+        f"{cpu_model()}, torch {torch.__version__}.",
         "",
         "| model | measure | this | other | this / other (median of per-rep ratios) | per-rep ratios |",
         "|---|---|---|---|---|---|",
@@ -368,11 +353,7 @@ def run_ab(args, command: str) -> None:
                 f"| {', '.join(f'{r:.2f}' for r in ratios)} |"
             )
     out = args.out.with_name(args.out.name + "_ab")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(
-        json.dumps({"command": command, "args": str(vars(args)), "runs": runs}, indent=1)
-    )
+    write_results(out, {"command": command, "args": str(vars(args)), "runs": runs}, "\n".join(lines))
     print("\n".join(lines))
 
 
@@ -419,23 +400,21 @@ def main(argv: list[str] | None = None) -> None:
         return
     torch.set_num_threads(args.threads)
     commit = git_commit()
-    command = "python benchmarks/rollout.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = command_line("rollout.py", argv)
     if args.ab:
         run_ab(args, command.strip())
         return
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     results = []
     for ref in args.models:  # files rewritten after each model: a long run leaves partial results
         results.append(bench_model(ref, args))
         text = markdown(results, args, command.strip(), commit)
-        args.out.with_suffix(".md").write_text(text)
         meta = {
             "command": command,
             "commit": commit,
             "args": vars(args) | {"out": str(args.out), "render": None},
             "results": results,
         }
-        args.out.with_suffix(".json").write_text(json.dumps(meta, indent=1))
+        write_results(args.out, meta, text)
     print(text)
 
 

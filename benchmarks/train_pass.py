@@ -32,7 +32,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -51,7 +50,7 @@ from trinity_like.trainer.base import micro_batches, with_normalisers  # noqa: E
 from trinity_like.trainer.forward import model_outputs, pack, padded_outputs  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import git_commit, matmul_peak_gflops  # noqa: E402
+from harness import command, git_commit, interleaved, matmul_peak_gflops, utc_now, write_results  # noqa: E402
 
 OUT = Path(__file__).parent / "results"
 VARIANTS = ("full-logits", "padded", "packed", "shared")
@@ -156,12 +155,13 @@ def main(argv: list[str] | None = None) -> None:
     for variant in VARIANTS:
         got = train_pass(variant, model, batch, args.micro_batch)
         torch.testing.assert_close(got[where], reference[where], rtol=1e-4, atol=1e-4)
-    times = {v: [] for v in VARIANTS}
-    for rep in range(args.reps):
-        for variant in VARIANTS if rep % 2 == 0 else VARIANTS[::-1]:
-            start = time.perf_counter()
-            train_pass(variant, model, batch, args.micro_batch)
-            times[variant].append(time.perf_counter() - start)
+
+    def run(variant: str, _rep: int) -> float:
+        start = time.perf_counter()
+        train_pass(variant, model, batch, args.micro_batch)
+        return time.perf_counter() - start
+
+    times = interleaved(run, VARIANTS, args.reps)
     peak = matmul_peak_gflops()
     rows = {}
     head = model.get_output_embeddings().weight.numel()  # tied to the input embedding, which costs no FLOPs
@@ -181,9 +181,9 @@ def main(argv: list[str] | None = None) -> None:
         }
     real = int(batch["attention_mask"].sum())
     meta = {
-        "command": "python benchmarks/train_pass.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command("train_pass.py", argv),
         "commit": git_commit(),
-        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "when": utc_now(),
         "load": os.getloadavg()[0],
         "peak_gflops": peak,
         "rows": int(batch["input_ids"].shape[0]),
@@ -194,9 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     meta["out"] = str(args.out)
     text = markdown(rows, meta)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".md").write_text(text)
-    args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "variants": rows}, indent=2))
+    write_results(args.out, {"meta": meta, "variants": rows}, text, indent=2)
     print(text)
 
 

@@ -37,7 +37,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, git_commit  # noqa: E402
+from harness import ROOT, git_commit, write_results  # noqa: E402
 
 from trinity_like.buffer.rows import TrainedRecord  # noqa: E402
 from trinity_like.buffer.sqlite_storage import SqliteParams, SqliteStorage  # noqa: E402
@@ -206,9 +206,9 @@ def main() -> None:
         "browser_click_to_page_s_max": round(max(clicks), 3) if clicks else None,
     }
     print(json.dumps(result, indent=1))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out + ".json").write_text(json.dumps(result, indent=1) + "\n")
-    Path(args.out + ".md").write_text(
+    write_results(
+        args.out,
+        result,
         f"Command: `{result['command']}` (commit {result['commit']})\n\n"
         f"{args.rows:,} experiences, {len(steps):,} steps of {GROUP * GROUPS}, buffer {db_mb:.0f} MB; medians of "
         f"{args.repeats} random steps over HTTP\n\n| request | time |\n|---|---|\n"
@@ -223,7 +223,7 @@ def main() -> None:
             f"(max {max(clicks) * 1e3:.0f} ms) |\n"
             if clicks
             else "| headless Chromium | not installed: not measured |\n"
-        )
+        ),
     )
 
 

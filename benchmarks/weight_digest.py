@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cpu_name  # noqa: E402
+from harness import cpu_name  # noqa: E402
 
 from trinity_like.models.shapes import shaped_model  # noqa: E402
 from trinity_like.models.weight_digest import model_digest, weights_digest  # noqa: E402
