@@ -48,7 +48,7 @@ class Counter:
     def __init__(self, kind):
         if kind == "build-fails":
             raise SystemExit("bad setting: --width must be positive")
-        self.kind, self.blob = kind, bytearray(50_000_000)  # 50 MB the parent must see
+        self.kind, self.blob = kind, b"x" * 50_000_000  # 50 MB resident (written, not just mapped)
     def steps(self, count):
         if self.kind == "step-fails":
             raise RuntimeError("boom in step 1")
@@ -56,6 +56,7 @@ class Counter:
             time.sleep(60)
         if self.kind == "dies":
             os._exit(3)  # no JSON, no traceback
+        time.sleep(0.6)  # the parent samples memory every 0.25 s
         return [{{"time/step": 0.01 * i}} for i in range(count)]
     def info(self):
         return {{"kind": self.kind}}
