@@ -25,7 +25,7 @@ import contextlib
 import json
 import os
 import platform
-import statistics
+import shlex
 import subprocess
 import sys
 import threading
@@ -80,12 +80,6 @@ def cpu_model() -> str:
     return _cpuinfo("model name") or platform.processor() or platform.machine()
 
 
-def cpu_flags() -> list[str]:
-    """Which of :data:`NOTABLE_CPU_FLAGS` the CPU has."""
-    have = set((_cpuinfo("flags") or "").split())
-    return [f for f in NOTABLE_CPU_FLAGS if f in have]
-
-
 def gpu_name() -> str | None:
     """The first GPU's name, None without one (or without torch)."""
     try:
@@ -105,32 +99,39 @@ def cpu_name() -> str:
 
 
 def machine() -> dict[str, Any]:
-    """The machine as data: CPU model, count, notable flags, GPU, Python and torch versions."""
-    try:
-        import torch
-
-        torch_version = torch.__version__
-    except ImportError:
-        torch_version = None
+    """The machine as data: CPU model, count, notable flags (:data:`NOTABLE_CPU_FLAGS`), GPU, Python, torch."""
     return {
         "cpu": cpu_model(),
         "cpus": os.cpu_count(),
-        "cpu_flags": cpu_flags(),
+        "cpu_flags": [f for f in NOTABLE_CPU_FLAGS if f in (_cpuinfo("flags") or "").split()],
         "gpu": gpu_name(),
         "python": platform.python_version(),
-        "torch": torch_version,
+        "torch": getattr(sys.modules.get("torch"), "__version__", None),  # gpu_name() imported it
     }
 
 
 def command(script: str, argv: Sequence[str] | None = None) -> str:
     """The command line that reproduces this run: ``python benchmarks/SCRIPT ARGS`` (``argv``:
     the arguments main() was given, ``sys.argv[1:]`` when None)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    return " ".join(["python", f"benchmarks/{script}", *args])
+    return shlex.join(["python", f"benchmarks/{script}", *(sys.argv[1:] if argv is None else argv)])
 
 
 def utc_now() -> str:
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+
+
+def run_cli(args: Sequence[str], log: Path) -> float:
+    """``trinity-like ARGS`` from the repository root, its output in ``log``; its wall time. A
+    failure exits naming the command, its status and the log, with the log's last lines."""
+    log = Path(log)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with log.open("w") as out:
+        cmd = [sys.executable, "-m", "trinity_like.cli", *args]
+        code = subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+    if code != 0:
+        raise SystemExit(f"trinity-like {shlex.join(args)}: exit {code}; see {log}:\n{log.read_text()[-1500:]}")
+    return time.perf_counter() - t0
 
 
 # == timing =================================================================================
@@ -190,10 +191,6 @@ def interleaved(
         if after_round is not None:
             after_round(r, out)
     return out
-
-
-def medians(samples: dict[str, Iterable[float]]) -> dict[str, float]:
-    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 # == peak memory of a process group =======================================================
@@ -397,30 +394,24 @@ def contender_main(build: Callable[[], Contender], steps: int, out: Path, name: 
     return result
 
 
-def isolated(
-    argv: Sequence[str], out: Path | None = None, *, timeout: float | None = None, cwd: Path = ROOT, memory: bool = True
-) -> dict:
+def isolated(argv: Sequence[str], out: Path | None = None, *, timeout: float | None = None, cwd: Path = ROOT) -> dict:
     """Run ``argv`` in its own process (a contender writes its JSON to ``out``), sampling the peak
     memory of it and all it starts; its JSON plus ``memory``, ``wall_s`` and ``leftover_processes``.
 
     A contender that fails (non-zero exit, timeout) yields ``{"error": ..., ...}``: the child's
     own error line when it wrote one, else its exit status."""
-    sampler = PeakMemory() if memory else None
+    sampler = PeakMemory()
     t0 = time.perf_counter()
-    proc = subprocess.Popen(list(argv), env=sampler.env if sampler else None, cwd=cwd)
-    if sampler:
-        sampler.start(proc.pid)
+    proc = subprocess.Popen(list(argv), env=sampler.env, cwd=cwd)
+    sampler.start(proc.pid)
     try:
         rc: int | None = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         log(f"{Path(argv[1]).name if len(argv) > 1 else argv[0]}: still running after {timeout} s; stopping it")
         rc = None
     wall = time.perf_counter() - t0
-    peak = sampler.stop() if sampler else {}
-    leftover = stop_group(sampler, proc) if sampler else 0
-    if sampler is None and proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    peak = sampler.stop()
+    leftover = stop_group(sampler, proc)
     try:
         result = json.loads(Path(out).read_text()) if out else {}
     except (OSError, ValueError):
@@ -445,12 +436,15 @@ def write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_results(out: Path | str, data: Any, text: str | None = None, *, indent: int = 1) -> None:
-    """``OUT.json`` (``data``) and, when ``text`` is given, ``OUT.md`` (``text``, ending in one newline)."""
-    out = Path(out)
-    write_atomically(out.with_suffix(".json"), json.dumps(data, indent=indent, default=float) + "\n")
-    if text is not None:
-        write_atomically(out.with_suffix(".md"), text.rstrip("\n") + "\n")
+def write_results(out: Path | str, data: Any, text: str | Sequence[str] = "", *, indent: int = 1) -> str:
+    """``OUT.json`` (``data``) and, when ``text`` (or its lines) is given, ``OUT.md`` ending in one
+    newline; returns that text. ``OUT`` may end in ``.json`` or ``.md``."""
+    stem = str(out).removesuffix(".json").removesuffix(".md")
+    write_atomically(Path(stem + ".json"), json.dumps(data, indent=indent, default=float) + "\n")
+    text = (text if isinstance(text, str) else "\n".join(text)).rstrip("\n") + "\n"
+    if text.strip():
+        write_atomically(Path(stem + ".md"), text)
+    return text
 
 
 def md_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:

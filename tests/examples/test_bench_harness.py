@@ -130,3 +130,19 @@ def test_the_machine_and_commit_beside_every_figure(tmp_path):
     assert harness.git_commit().startswith(head.stdout.strip())
     assert harness.git_commit(tmp_path, missing="no repository") == "no repository"
     assert harness.command("x.py", ["--tiny", "--out", "o"]) == "python benchmarks/x.py --tiny --out o"
+    assert harness.command("x.py", ["--set", "a={b: 1}"]) == "python benchmarks/x.py --set 'a={b: 1}'"  # pasteable
+
+
+def test_the_results_stem_may_name_either_file_and_carry_dots(tmp_path):
+    for out in (tmp_path / "a.json", tmp_path / "a.md", tmp_path / "a"):
+        assert harness.write_results(out, [1], ["# a", "", "x"]) == "# a\n\nx\n"
+    harness.write_results(tmp_path / "qwen2.5", [2])  # no text: no markdown
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "a.md", "qwen2.5.json"]
+
+
+def test_a_failing_cli_command_exits_naming_its_log(tmp_path):
+    with pytest.raises(
+        SystemExit, match=r"trinity-like run --config /nonexistent.yaml: exit 2; see .*x\.log:\n.*no such"
+    ):
+        harness.run_cli(["run", "--config", "/nonexistent.yaml"], tmp_path / "logs" / "x.log")
+    assert "no such recipe file" in (tmp_path / "logs" / "x.log").read_text()
