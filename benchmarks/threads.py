@@ -71,16 +71,13 @@ def main() -> None:
 
     def run(cell: tuple[str, str], rep: int) -> list[float]:
         cond, name = cell
-        competitor = None
-        if cond == "busy":
-            competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR], env=dict(os.environ))
-            time.sleep(1.0)
+        competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR]) if cond == "busy" else None
+        time.sleep(1.0 if competitor else 0.0)
         try:
             got = step_times(f"{cond}_{name}_{rep}", CONTENDERS[name], overrides, Path(tmp))
         finally:
-            if competitor is not None:
-                competitor.kill()
-                competitor.wait()
+            if competitor:
+                competitor.kill(), competitor.wait()
         print(f"rep {rep} {cond:5s} {name:8s} steps {[round(t, 2) for t in got]}", flush=True)
         return got[1:] or got
 
@@ -97,24 +94,21 @@ def main() -> None:
         "median_step_s": med,
         "all_step_s": {f"{c}/{n}": v for (c, n), v in times.items()},
     }
-    rows = [(n, med[f"quiet/{n}"], med[f"busy/{n}"]) for n in names]
+    rows = [[n, f"{med[f'quiet/{n}']:.2f}", f"{med[f'busy/{n}']:.2f}", f"{med[f'busy/{n}'] / med[f'quiet/{n}']:.2f}x"]
+            for n in names]  # fmt: skip
     lines = [
         f"# A run's step alone and beside a CPU-bound competitor ({'tiny model' if args.tiny else 'SmolLM2-135M'})",
         "",
         f"`{result['command']}` -- {result['cpu']}, commit {result['commit']}; local engine, "
         f"{steps} steps a run (the first left out), {reps} interleaved repetitions; median seconds per step.",
         "",
-        *md_table(
-            ["contender", "quiet", "beside the competitor", "busy / quiet"],
-            ([n, f"{q:.2f}", f"{b:.2f}", f"{b / q:.2f}x"] for n, q, b in rows),
-        ),
+        *md_table(["contender", "quiet", "beside the competitor", "busy / quiet"], rows),
     ]
     base = med.get("quiet/default")
     if base and "ours" in names:
         lines += ["", f"ours quiet / default quiet: {med['quiet/ours'] / base:.2f}x"]
     out = Path(args.out) if args.out else RESULTS / f"threads{'_tiny' if args.tiny else ''}"
-    write_results(out, result, "\n".join(lines), indent=2)
-    print("\n".join(lines))
+    print(write_results(out, result, lines, indent=2), end="")
 
 
 if __name__ == "__main__":
