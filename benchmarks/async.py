@@ -53,7 +53,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import RESULTS, ROOT, cpu_name, git_commit, gpu_name, interleaved, md_table, write_results
+from harness import RESULTS, ROOT, cpu_name, git_commit, gpu_name, interleaved, log, md_table, pick, write_results
 
 from trinity_like.monitor.timeline import (
     TIMELINE_FILE,
@@ -189,10 +189,8 @@ def run_client_bench(args: argparse.Namespace, reps: int, scratch: Path) -> dict
     argv = [sys.executable, str(CLIENT_BENCH), "--reps", str(reps), "--warmup", str(args.warmup), "--out", str(out)]
     if args.tiny:
         argv += ["--tiny", "--iterations", "2"]
-    done = subprocess.run(
-        argv, cwd=ROOT, env={**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1"}, check=False
-    )
-    if done.returncode != 0:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+    if (done := subprocess.run(argv, cwd=ROOT, env=env, check=False)).returncode != 0:
         raise SystemExit(f"--client: {CLIENT_BENCH.name} failed (exit status {done.returncode})")
     return json.loads(out.with_suffix(".json").read_text())
 
@@ -201,10 +199,7 @@ def main() -> None:
     args = parse_args()
     steps = args.steps or (6 if args.tiny else 12)
     reps = args.reps or (1 if args.tiny else 3)
-    names = [n.strip() for n in args.variants.split(",") if n.strip()]
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown or not names:
-        raise SystemExit(f"--variants: unknown {unknown or names}; choose from {', '.join(VARIANTS)}")
+    names = pick("--variants", args.variants, VARIANTS)
     extra = [*(TINY if args.tiny else []), *([f"cluster.num_gpus={args.gpus}"] if args.gpus else []), *args.overrides]
     suffix = "_tiny" if args.tiny else "_gpu" if args.gpus else ""
     out = Path(args.out) if args.out else RESULTS / f"async{suffix}"
@@ -213,9 +208,7 @@ def main() -> None:
     try:
         if args.warmup > 0:
             r = run_variant(VARIANTS[names[0]], args.warmup, extra, scratch / "warmup")
-            print(
-                f"warm-up ({names[0]}, {args.warmup} steps, not counted): {r['steps_per_hour']:.0f} steps/h", flush=True
-            )
+            log(f"warm-up ({names[0]}, {args.warmup} steps, not counted): {r['steps_per_hour']:.0f} steps/h")
 
         def run(name: str, rep: int) -> dict:
             r = run_variant(VARIANTS[name], steps, extra, scratch / f"{name}-{rep}")
@@ -250,29 +243,16 @@ def main() -> None:
     title = f"# GRPO recipe: in turn vs explorer ahead ({'tiny model' if args.tiny else 'SmolLM2'}, {device}, {steps} steps, {reps} rounds)"
     header = ["variant", "steps/hour", "vs sync", "reward, first third", "reward, last third", "held-out, end"]
     header += ["overlap", "rollout s/step", "trainer wait s/step"]
-    rows = [
-        [
-            r["variant"],
-            f"{r['steps_per_hour_median']:.0f}",
-            f"{r['speed_ratio_to_sync_median']:.2f}x" if "speed_ratio_to_sync_median" in r else "1.00x",
-            f"{r['reward_first_third_median']:.3f}",
-            f"{r['reward_last_third_median']:.3f}",
-            f"{r['eval_final_median']:.3f}" if r["eval_final_median"] is not None else "-",
-            f"{r['overlap_median']:.2f}",
-            f"{r['rollout_s_per_step_median']:.2f}",
-            f"{r['trainer_wait_s_per_step_median']:.2f}",
-        ]
-        for r in results
-    ]
+    rows = [[r["variant"], f"{r['steps_per_hour_median']:.0f}", f"{r.get('speed_ratio_to_sync_median', 1.0):.2f}x",
+             f"{r['reward_first_third_median']:.3f}", f"{r['reward_last_third_median']:.3f}",
+             "-" if r["eval_final_median"] is None else f"{r['eval_final_median']:.3f}", f"{r['overlap_median']:.2f}",
+             f"{r['rollout_s_per_step_median']:.2f}", f"{r['trainer_wait_s_per_step_median']:.2f}"]
+            for r in results]  # fmt: skip
     lines = [title, "", *md_table(header, rows)]
     lines += ["", f"Medians over rounds; commit {meta['commit']}, load average {meta['load_avg'][0]:.1f} at the end."]
     if client is not None:
-        lines += [
-            "",
-            f"Client RL loop ({CLIENT_BENCH.name}): see the `client` entry of {out.with_suffix('.json').name}.",
-        ]
-    write_results(out, {"meta": meta, "results": results, "client": client}, "\n".join(lines))
-    print("\n".join(lines))
+        lines += ["", f"Client RL loop ({CLIENT_BENCH.name}): see the `client` entry of {out.name}.json."]
+    print(write_results(out, {"meta": meta, "results": results, "client": client}, lines), end="")
 
 
 if __name__ == "__main__":

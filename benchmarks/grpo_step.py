@@ -88,24 +88,15 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+import harness  # noqa: E402
 import torch  # noqa: E402
 from grpo_step_report import CONTENDERS, write_results  # noqa: E402
-from harness import RESULTS, ROOT, contender_main, cpu_name, git_commit, isolated, log, matmul_peak_gflops  # noqa: E402
+from harness import RESULTS, ROOT, contender_main, interleaved, isolated, log, matmul_peak_gflops  # noqa: E402
 
 RECIPE = ROOT / "examples" / "grpo_arith.yaml"
-WORKLOAD = (
-    "model",
-    "steps",
-    "prompts",
-    "group",
-    "max_new_tokens",
-    "micro_batch",
-    "lr",
-    "threads",
-    "nice",
-    "recipe",
-    "precision",
-)
+# what a contender's process is told (``--key value``)
+WORKLOAD = ("model", "steps", "prompts", "group", "max_new_tokens", "micro_batch", "lr", "threads", "nice", "recipe")
+WORKLOAD += ("precision",)
 PRECISIONS = ("fp32", "bf16")
 PEAK_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TINY = {
@@ -224,11 +215,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("prompts x group must be a multiple of --micro-batch")
     if args.contender:
         return run_contender(args)
-    names = [n.strip() for n in args.contenders.split(",") if n.strip()]
-    unknown = sorted(set(names) - set(CONTENDERS))
-    if unknown or not names:
-        parser.error(f"--contenders: unknown {unknown or 'empty list'}; known: {', '.join(CONTENDERS)}")
-    names = [n for n in CONTENDERS if n in names]
+    names = [n for n in CONTENDERS if n in harness.pick("--contenders", args.contenders, CONTENDERS)]
 
     torch.set_num_threads(args.threads)
     precisions = PRECISIONS if args.precision == "both" else (args.precision,)
@@ -247,35 +234,37 @@ def run_rounds(args: argparse.Namespace, names: list[str], argv: list[str] | Non
     log(f"{args.precision} matmul peak {peak:.1f} GFLOP/s ({args.peak_size}^3, {args.threads} threads)")
     versions = ", ".join(f"{p} {importlib.metadata.version(p)}" for p in ("torch", "transformers", "verl", "ray"))
     meta = {
-        "command": "python benchmarks/grpo_step.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": harness.command("grpo_step.py", argv),
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "commit": git_commit(),
+        "commit": harness.git_commit(),
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-        "machine": f"{cpu_name()}, python {platform.python_version()}, {versions}",
+        "machine": f"{harness.cpu_name()}, python {platform.python_version()}, {versions}",
         "load_start": load_start,
         "params": model_parameters(args.model),
         "peak_gflops": peak,
         "peak_size": args.peak_size,
-        "orders": [names if r % 2 == 0 else names[::-1] for r in range(args.rounds)],
+        "orders": harness.orders(names, args.rounds),
     }
     folder = Path(tempfile.mkdtemp(prefix="grpo_step_"))
-    rounds: list[dict[str, dict]] = []
-    text = ""
-    for rnd, order in enumerate(meta["orders"]):
-        results: dict[str, dict] = {}
-        for name in order:
-            log(f"round {rnd}: {name} ({args.precision})")
-            r = results[name] = run_child(name, args, rnd, folder)
-            times = ", ".join(f"{s['time/step']:.2f}" for s in r["steps"])
-            log(
-                f"round {rnd} {name}: steps {times} s; peak RSS {r['memory']['peak_rss_gb']:.2f} GB "
-                f"(PSS {r['memory']['peak_pss_gb']:.2f}) over {r['memory']['max_processes']} processes"
-            )
-        rounds.append(results)
-        if rnd == len(meta["orders"]) - 1:  # the peak again, after the rounds: the best of both
+
+    def run(name: str, rnd: int) -> dict:
+        log(f"round {rnd}: {name} ({args.precision})")
+        r = run_child(name, args, rnd, folder)
+        times, m = ", ".join(f"{s['time/step']:.2f}" for s in r["steps"]), r["memory"]
+        mem = f"peak RSS {m['peak_rss_gb']:.2f} GB (PSS {m['peak_pss_gb']:.2f}) over {m['max_processes']} processes"
+        log(f"round {rnd} {name}: steps {times} s; {mem}")
+        return r
+
+    texts = [""]
+
+    def after(rnd: int, results: dict[str, list[dict]]) -> None:  # written after every round: a cut-off run keeps them
+        if rnd == args.rounds - 1:  # the peak again, after the rounds: the best of both
             meta["peak_gflops"] = max(peak, matmul_peak_gflops(args.peak_size, dtype=dtype))
-        text = write_results(args, meta, rounds)
-    return text
+        rounds = [{n: results[n][k] for n in meta["orders"][k]} for k in range(rnd + 1)]
+        texts.append(write_results(args, meta, rounds))
+
+    interleaved(run, names, args.rounds, after_round=after)
+    return texts[-1]
 
 
 if __name__ == "__main__":

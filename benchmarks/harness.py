@@ -163,6 +163,14 @@ def matmul_peak_gflops(size: int = 1024, reps: int = 5, dtype: Any = None) -> fl
 
 
 # == rounds and interleaving ================================================================
+def pick(flag: str, text: str, known: Iterable[str]) -> list[str]:
+    """The names of a comma list given to ``flag``, each one of ``known``; else exit naming the flag."""
+    names, known = [n.strip() for n in text.split(",") if n.strip()], list(known)
+    if not names or (unknown := [n for n in names if n not in known]):
+        raise SystemExit(f"{flag}: unknown {unknown if names else 'empty list'}; choose from {', '.join(known)}")
+    return names
+
+
 def orders(names: Sequence[T], rounds: int, *, rotate: bool = False) -> list[list[T]]:
     """The running order of each round: ``names`` forward in even rounds and reversed in odd
     ones (so each side goes first and last equally), or with ``rotate`` shifted by one each
