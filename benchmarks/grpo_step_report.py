@@ -9,6 +9,7 @@ import os
 import statistics
 from typing import Any
 
+from harness import md_table
 from harness import write_results as write_files
 
 EQUAL_WORK = ("trl", "verl", "local")  # every group trained on both sides
@@ -93,22 +94,16 @@ def table(summary: dict, names: tuple[str, ...], rows: int) -> list[str]:
     def x(v: float | None, bold: bool = False) -> str:
         return "-" if v is None else f"**{v:.2f}x**" if bold else f"{v:.2f}x"
 
-    header = (
-        "| contender | median step s | speed vs TRL (median of per-round ratios) | (ratio of medians) "
-        f"| rows trained / step (of {rows}) | training pass s | equal-work tokens/s | tokens run / step "
-        "| % of peak | peak RSS GB | peak PSS GB |"
-    )
-    lines = [header, "|---" * 11 + "|"]
-    for name in (n for n in names if n in summary):
-        s = summary[name]
+    header = ["contender", "median step s", "speed vs TRL (median of per-round ratios)", "(ratio of medians)"]
+    header += [f"rows trained / step (of {rows})", "training pass s", "equal-work tokens/s", "tokens run / step"]
+    out = []
+    for s, label in ((summary[n], LABELS[n]) for n in names if n in summary):
         rate, frac = s.get("train_tokens_per_s"), s.get("peak_fraction")
-        lines.append(
-            f"| {LABELS[name]} | {s['median_step_s']:.2f} | {x(s.get('speed_vs_trl_median_of_rounds'), bold=True)} "
-            f"| {x(s.get('speed_vs_trl_ratio_of_medians'))} | {s['mean_rows_trained']:.1f} | {s['median_train_s']:.2f} "
-            f"| {'-' if rate is None else f'{rate:,.0f}'} | {s['mean_run_tokens']:,.0f} "
-            f"| {'-' if frac is None else f'{frac:.1%}'} | {s['peak_rss_gb']:.2f} | {s['peak_pss_gb']:.2f} |"
-        )
-    return lines
+        speed = [x(s.get("speed_vs_trl_median_of_rounds"), bold=True), x(s.get("speed_vs_trl_ratio_of_medians"))]
+        work = [f"{s['mean_rows_trained']:.1f}", f"{s['median_train_s']:.2f}", "-" if rate is None else f"{rate:,.0f}"]
+        use = [f"{s['mean_run_tokens']:,.0f}", "-" if frac is None else f"{frac:.1%}", f"{s['peak_rss_gb']:.2f}"]
+        out.append([label, f"{s['median_step_s']:.2f}", *speed, *work, *use, f"{s['peak_pss_gb']:.2f}"])
+    return md_table([*header, "% of peak", "peak RSS GB", "peak PSS GB"], out)
 
 
 def markdown(summary: dict, meta: dict) -> str:
@@ -173,15 +168,13 @@ def markdown(summary: dict, meta: dict) -> str:
         "",
         "Ours (median seconds per step; `a.b` is a part of `a`):",
         "",
-        "| contender | step | " + " | ".join(OUR_PHASES) + " |",
-        "|---" * (len(OUR_PHASES) + 2) + "|",
     ]
-    for name, s in summary.items():
-        if name == "trl":
-            continue
-        p = s["phases_median_s"]
-        cells = [f"{p[f'time/{k}']:.2f}" if f"time/{k}" in p else "-" for k in OUR_PHASES]
-        lines.append(f"| {name} | {p['time/step']:.2f} | " + " | ".join(cells) + " |")
+    phases = {n: s["phases_median_s"] for n, s in summary.items() if n != "trl"}
+    cells = [
+        [n, *(f"{p[f'time/{k}']:.2f}" if f"time/{k}" in p else "-" for k in ("step", *OUR_PHASES))]
+        for n, p in phases.items()
+    ]
+    lines += md_table(["contender", "step", *OUR_PHASES], cells)
     if "trl" in summary:
         p = summary["trl"]["phases_median_s"]
         lines += [
@@ -198,12 +191,10 @@ def markdown(summary: dict, meta: dict) -> str:
         "",
         "## Rounds (median step s of each contender's timed steps; setup s in brackets)",
         "",
-        "| round | order | " + " | ".join(names) + " |",
-        "|---" * (len(names) + 2) + "|",
     ]
-    for r, order in enumerate(meta["orders"][:done]):
-        cells = [f"{summary[n]['round_median_step_s'][r]:.2f} ({meta['setup_s'][n][r]:.0f})" for n in names]
-        lines.append(f"| {r} | {' > '.join(order)} | " + " | ".join(cells) + " |")
+    per_round = [[r, " > ".join(order), *(f"{summary[n]['round_median_step_s'][r]:.2f} ({meta['setup_s'][n][r]:.0f})" for n in names)]
+                 for r, order in enumerate(meta["orders"][:done])]  # fmt: skip
+    lines += md_table(["round", "order", *names], per_round)
     others = "; ".join(
         f"{n} mean reward {s['mean_reward']:.3f}, mean response {s['mean_response_tokens']:.1f} tokens"
         for n, s in summary.items()
@@ -223,6 +214,4 @@ def write_results(args: argparse.Namespace, meta: dict, rounds: list[dict[str, d
         "load_median": statistics.median(loads) if loads else float("nan"),
         "setup_s": {n: [r[n]["setup_s"] for r in rounds] for n in summary},
     }
-    text = markdown(summary, meta)
-    write_files(args.out, {**meta, "summary": summary, "rounds": rounds}, text)
-    return text
+    return write_files(args.out, {**meta, "summary": summary, "rounds": rounds}, markdown(summary, meta))
