@@ -56,7 +56,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
-from harness import command, git_commit, interleaved, matmul_peak_gflops, md_table, utc_now, write_results  # noqa: E402
+from harness import command, git_commit, interleaved, matmul_peak_gflops, md_table, timer, utc_now, write_results  # noqa: E402
 
 import trinity_like.client as tinker  # noqa: E402
 from trinity_like.components import ComponentSpec, build_params  # noqa: E402
@@ -133,17 +133,13 @@ def client_data(prompts, groups, adv) -> list[types.Datum]:
 def alternating(fns: dict, reps: int, what: str, check=None) -> dict[str, list[float]]:
     """Seconds of each of ``fns`` in ``reps`` rounds after a warm-up round (not counted), the order alternating."""
 
-    def run(name: str, rep: int) -> float:
-        start = time.perf_counter()
-        fns[name]()
-        return time.perf_counter() - start
-
     def after(rep: int, times: dict[str, list[float]]) -> None:
         if check is not None:
             check()
         print(f"{what} round {rep}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()), flush=True)
 
-    return {k: v[1:] for k, v in interleaved(run, list(fns), reps + 1, after_round=after).items()}
+    times = interleaved(lambda name, _rep: timer(fns[name]), list(fns), reps + 1, after_round=after)
+    return {k: v[1:] for k, v in times.items()}
 
 
 def bench_training(args, folder: Path, batch, data) -> dict:

@@ -28,12 +28,11 @@ import platform
 import statistics
 import subprocess
 import sys
-import time
 import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import RESULTS, ROOT, cpu_model, git_commit, interleaved, md_table, write_results  # noqa: E402
+from harness import RESULTS, ROOT, cpu_model, git_commit, interleaved, md_table, timer, write_results  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 from trinity_like.explorer import code_exec  # noqa: E402
@@ -92,10 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         assert call() == expected[name.split(", ")[1]], name
 
     def rate(name: str, _round: int) -> float:
-        t0 = time.perf_counter()
-        for _ in range(args.calls):
-            variants[name]()
-        return args.calls / (time.perf_counter() - t0)
+        return args.calls / timer(lambda: [variants[name]() for _ in range(args.calls)])
 
     names = list(variants)
     rates = interleaved(rate, names, args.rounds, rotate=True)
@@ -114,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         "median_ms_per_call": {name: 1000 / rate for name, rate in median.items()},
         "after_over_before": {n: median[f"after, {n}"] / median[f"before, {n}"] for n in expected},
     }
+    rows = [[n, f"{median[n]:.1f}", f"{1000 / median[n]:.1f}", ", ".join(f"{x:.1f}" for x in rates[n])] for n in names]
     lines = [
         "# code_exec: tasks scored per second, before and after the host runs the test lines",
         "",
@@ -121,20 +118,13 @@ def main(argv: list[str] | None = None) -> int:
         f"(before = `{args.ref}`, commit {result['commit']}); {result['cpu']}, {result['cores']} cores, "
         f"Python {result['python']}, {'as root' if result['as_root'] else 'not root'}.",
         "",
-        *md_table(
-            ["variant", "median tasks/s", "ms per call", "per round (tasks/s)"],
-            (
-                [n, f"{median[n]:.1f}", f"{1000 / median[n]:.1f}", ", ".join(f"{x:.1f}" for x in rates[n])]
-                for n in names
-            ),
-        ),
+        *md_table(["variant", "median tasks/s", "ms per call", "per round (tasks/s)"], rows),
         "",
         "after / before (rate): "
         + "; ".join(f"{n}: {r:.2f}x" for n, r in result["after_over_before"].items())
         + ". The 9-line task's `assert False` fails in both: 8 of 9 lines pass.",
     ]
-    write_results(args.out, result, "\n".join(lines), indent=2)
-    print("\n".join(lines))
+    print(write_results(args.out, result, lines, indent=2), end="")
     return 0
 
 

@@ -12,8 +12,9 @@ What a figure needs besides its number, in one place:
   contender built and run in its own process (a :class:`Contender`), its peak memory sampled
   from outside (:class:`PeakMemory`), its failure recorded as an ``error`` rather than
   taking the other contenders' results with it;
-- **results** (:func:`write_results`): ``OUT.json`` and ``OUT.md``, each written whole or not
-  at all, so a run cut off mid-write keeps the previous file.
+- **results** (:func:`write_results`, :func:`md_table`): ``OUT.json`` and ``OUT.md``, each
+  written whole or not at all, so a run cut off mid-write keeps the previous file;
+- **flags and the CLI** (:func:`pick`: a comma list of contenders; :func:`run_cli`: a recipe run).
 
 A script imports what it needs (``from harness import ...``; every script puts its own folder
 first on ``sys.path``) and keeps only its workload, its contenders and its table's layout.
@@ -53,14 +54,9 @@ def log(text: str) -> None:
 def git_commit(root: Path = ROOT, missing: str = "unknown") -> str:
     """The short commit of the checkout, ``+dirty`` when tracked files differ from it; ``missing``
     where there is no repository or no git program (a GPU machine's copy of the tree)."""
+    argv = ["git", "describe", "--always", "--dirty=+dirty", "--abbrev=7"]
     try:
-        out = subprocess.run(
-            ["git", "describe", "--always", "--dirty=+dirty", "--abbrev=7"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        out = subprocess.run(argv, cwd=root, capture_output=True, text=True, check=False)
     except OSError:
         return missing
     return out.stdout.strip() or missing
@@ -135,6 +131,13 @@ def run_cli(args: Sequence[str], log: Path) -> float:
 
 
 # == timing =================================================================================
+def timer(fn: Callable[[], Any]) -> float:
+    """The wall seconds of ``fn()``."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def timed(fn: Callable, sink: dict[str, float], key: str) -> Callable:
     """``fn`` that adds its wall time to ``sink[key]`` (a phase inside a step someone else runs)."""
 
@@ -154,12 +157,7 @@ def matmul_peak_gflops(size: int = 1024, reps: int = 5, dtype: Any = None) -> fl
 
     dtype = dtype or torch.float32
     a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best / 1e9
+    return 2 * size**3 / min(timer(lambda: a @ b) for _ in range(reps)) / 1e9
 
 
 # == rounds and interleaving ================================================================
@@ -251,12 +249,11 @@ class PeakMemory:
     def stop(self) -> dict[str, float]:
         self._stop.set()
         self._thread.join()
+        by_process = sorted(self.peak_pss_by_process.items(), key=lambda kv: -kv[1])
         return {
             "peak_rss_gb": self.peak_rss / 1e9,
             "peak_pss_gb": self.peak_pss / 1e9,
-            "peak_pss_gb_by_process": {
-                k: round(v / 1e9, 3) for k, v in sorted(self.peak_pss_by_process.items(), key=lambda kv: -kv[1])
-            },
+            "peak_pss_gb_by_process": {k: round(v / 1e9, 3) for k, v in by_process},
             "rss_interval_s": self.interval_s,
             "pss_interval_s": self.interval_s * self.pss_every,
             "max_processes": self.max_processes,
@@ -267,12 +264,9 @@ class PeakMemory:
         """The processes of the group now (the root, its descendants, tagged processes)."""
         psutil = self._psutil
         found = {}
-        try:
+        with contextlib.suppress(psutil.Error):
             root = psutil.Process(self._root)
-            found[root.pid] = root
-            found.update((p.pid, p) for p in root.children(recursive=True))
-        except psutil.Error:
-            pass
+            found = {p.pid: p for p in (root, *root.children(recursive=True))}
         for proc in psutil.process_iter():
             if proc.pid in found:
                 continue

@@ -14,13 +14,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import cpu_name, interleaved  # noqa: E402
+from harness import cpu_name, interleaved, timer  # noqa: E402
 
 from trinity_like.models.shapes import shaped_model  # noqa: E402
 from trinity_like.models.weight_digest import model_digest, weights_digest  # noqa: E402
@@ -39,13 +38,7 @@ def main() -> None:
     assert weights_digest(sent, dtype=torch.bfloat16) == model_digest(sampler)  # the two sides agree
     sides = {"trainer (sent, fp32 -> bf16)": lambda: weights_digest(sent, dtype=torch.bfloat16)}
     sides["engine (held, bf16)"] = lambda: model_digest(sampler)
-
-    def run(side: str, _round: int) -> float:
-        t0 = time.perf_counter()
-        sides[side]()
-        return time.perf_counter() - t0
-
-    times = interleaved(run, list(sides), args.reps)  # a load change hits both alike
+    times = interleaved(lambda side, _round: timer(sides[side]), list(sides), args.reps)  # load drifts hit both alike
     params = sum(t.numel() for t in sent.values()) / 1e6
     print(f"SmolLM2-135M shape ({params:.1f} M parameters, {len(sent)} tensors), {cpu_name()}, "
           f"{torch.get_num_threads()} threads, {args.reps} repetitions")  # fmt: skip

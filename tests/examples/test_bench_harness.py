@@ -146,3 +146,11 @@ def test_a_failing_cli_command_exits_naming_its_log(tmp_path):
     ):
         harness.run_cli(["run", "--config", "/nonexistent.yaml"], tmp_path / "logs" / "x.log")
     assert "no such recipe file" in (tmp_path / "logs" / "x.log").read_text()
+
+
+def test_a_comma_list_of_contenders_is_checked_against_the_known_ones():
+    assert harness.pick("--contenders", " b, a,", ["a", "b", "c"]) == ["b", "a"]
+    with pytest.raises(SystemExit, match=r"^--contenders: unknown \['d'\]; choose from a, b$"):
+        harness.pick("--contenders", "a,d", ["a", "b"])
+    with pytest.raises(SystemExit, match=r"^--variants: unknown empty list"):
+        harness.pick("--variants", " , ", ["a"])
