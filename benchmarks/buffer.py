@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import RESULTS, cpu_name, write_results  # noqa: E402
+from harness import RESULTS, cpu_name, md_table, write_results  # noqa: E402
 
 from trinity_like.buffer.memory_storage import MemoryParams, MemoryStorage  # noqa: E402
 from trinity_like.buffer.sqlite_storage import SqliteParams, SqliteStorage  # noqa: E402
@@ -262,14 +262,10 @@ def markdown(report: dict) -> str:
         f"Python loop took {report['contention_wall_over_cpu']:.1f}x its CPU time in wall time: each rate is "
         "given per wall second and per CPU second of this process (what the work costs).",
         "",
-        "| storage | batch | write /s | write /CPU-s | read (claim + commit) /s | read /CPU-s |",
-        "|---|---|---|---|---|---|",
     ]
-    for c in report["cells"]:
-        lines.append(
-            f"| {c['storage']} | {c['batch']} | {c['write_per_s']:,.0f} | {c['write_per_cpu_s']:,.0f} "
-            f"| {c['read_per_s']:,.0f} | {c['read_per_cpu_s']:,.0f} |"
-        )
+    rates = ("write_per_s", "write_per_cpu_s", "read_per_s", "read_per_cpu_s")
+    rows = [[c["storage"], c["batch"], *(f"{c[k]:,.0f}" for k in rates)] for c in report["cells"]]
+    lines += md_table(["storage", "batch", "write /s", "write /CPU-s", "read (claim + commit) /s", "read /CPU-s"], rows)
     c = report["concurrent"]
     lines += [
         "",
@@ -281,11 +277,10 @@ def markdown(report: dict) -> str:
         "",
         "SQLite min(write, read) over the explorer rate (target: at least 20x):",
         "",
-        "| batch | wall | CPU |",
-        "|---|---|---|",
-        f"| 1 | {r['batch_1_s']:.0f}x | {r['batch_1_cpu_s']:.0f}x |",
-        f"| 64 | {r['batch_64_s']:.0f}x | {r['batch_64_cpu_s']:.0f}x |",
-        "",
+        *md_table(
+            ["batch", "wall", "CPU"],
+            ([b, f"{r[f'batch_{b}_s']:.0f}x", f"{r[f'batch_{b}_cpu_s']:.0f}x"] for b in (1, 64)),
+        ),
     ]
     return "\n".join(lines)
 

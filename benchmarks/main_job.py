@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import ROOT, command, cpu_name, git_commit, isolated, utc_now, write_results  # noqa: E402
+from harness import ROOT, command, cpu_name, git_commit, isolated, md_table, utc_now, write_results  # noqa: E402
 
 RECIPE = ROOT / "examples" / "grpo_arith.yaml"
 
@@ -82,17 +82,14 @@ def markdown(results: list[dict], meta: dict) -> str:
         "",
         f"Commit {meta['commit']}, {meta['date']}. Recipe `{meta['recipe']}`. Machine: {meta['machine']}.",
         "",
-        "| variant | overrides | wall s | peak PSS GB (all processes) | peak RSS GB | memory/total_gb median | max "
-        "| trainer max GB | explorer max GB | step s | update s | eval start | eval end |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in results:
-        lines.append(
-            f"| {r['label']} | `{' '.join(r['overrides']) or '-'}` | {r['wall_s']:.0f} | **{r['peak_pss_gb']:.2f}** "
-            f"| {r['peak_rss_gb']:.2f} | {f(r['memory_total_gb_median'])} | {f(r['memory_total_gb_max'])} "
-            f"| {f(r['memory_trainer_gb_max'])} | {f(r['memory_explorer_gb_max'])} | {f(r['step_s_median'])} "
-            f"| {f(r['update_s_median'])} | {f(r['eval_start'], 3)} | {f(r['eval_end'], 3)} |"
-        )
+    header = ["variant", "overrides", "wall s", "peak PSS GB (all processes)", "peak RSS GB", "memory/total_gb median"]
+    header += ["max", "trainer max GB", "explorer max GB", "step s", "update s", "eval start", "eval end"]
+    two = ("memory_total_gb_median", "memory_total_gb_max", "memory_trainer_gb_max", "memory_explorer_gb_max")
+    rows = [[r["label"], f"`{' '.join(r['overrides']) or '-'}`", f"{r['wall_s']:.0f}", f"**{r['peak_pss_gb']:.2f}**",
+             f"{r['peak_rss_gb']:.2f}", *(f(r[k]) for k in (*two, "step_s_median", "update_s_median")),
+             f(r["eval_start"], 3), f(r["eval_end"], 3)] for r in results]  # fmt: skip
+    lines += md_table(header, rows)
     lines += [
         "",
         "Peak PSS: the largest sum, over samples, of the proportional set size of the command and every "
@@ -107,11 +104,7 @@ def markdown(results: list[dict], meta: dict) -> str:
     lines += [
         f"- {r['label']}: " + ", ".join(f"{k} {v:.2f}" for k, v in r["peak_pss_gb_by_process"].items()) for r in results
     ]
-    lines += [
-        "",
-        "Rewards per step (same seed: equal across variants up to floating-point order):",
-        "",
-    ]
+    lines += ["", "Rewards per step (same seed: equal across variants up to floating-point order):", ""]
     lines += [f"- {r['label']}: {r['rewards']}" for r in results]
     return "\n".join(lines) + "\n"
 
