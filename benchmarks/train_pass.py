@@ -50,7 +50,7 @@ from trinity_like.trainer.base import micro_batches, with_normalisers  # noqa: E
 from trinity_like.trainer.forward import model_outputs, pack, padded_outputs  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import command, git_commit, interleaved, matmul_peak_gflops, utc_now, write_results  # noqa: E402
+from harness import command, git_commit, interleaved, matmul_peak_gflops, md_table, utc_now, write_results  # noqa: E402
 
 OUT = Path(__file__).parent / "results"
 VARIANTS = ("full-logits", "padded", "packed", "shared")
@@ -193,9 +193,7 @@ def main(argv: list[str] | None = None) -> None:
         **vars(args),
     }
     meta["out"] = str(args.out)
-    text = markdown(rows, meta)
-    write_results(args.out, {"meta": meta, "variants": rows}, text, indent=2)
-    print(text)
+    print(write_results(args.out, {"meta": meta, "variants": rows}, markdown(rows, meta), indent=2), end="")
 
 
 def markdown(rows: dict, meta: dict) -> str:
@@ -208,15 +206,11 @@ def markdown(rows: dict, meta: dict) -> str:
         f"tokens; micro-batch {meta['micro_batch']}, fp32, forward + backward, median of {meta['reps']} "
         f"(order alternating). Machine fp32 matmul peak: {meta['peak_gflops']:.1f} GFLOP/s.",
         "",
-        "| variant | seconds | vs full-logits | positions the backbone ran | of which padding | GFLOP | % of fp32 peak |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for variant, r in rows.items():
-        lines.append(
-            f"| {variant} | {r['median_s']:.2f} | {base / r['median_s']:.2f}x | {r['tokens_run']} | "
-            f"{r['padded_fraction']:.1%} | {r['gflop']:.0f} | {r['peak_fraction']:.0%} |"
-        )
-    return "\n".join(lines) + "\n"
+    header = ["variant", "seconds", "vs full-logits", "positions the backbone ran", "of which padding", "GFLOP"]
+    cells = [[v, f"{r['median_s']:.2f}", f"{base / r['median_s']:.2f}x", r["tokens_run"], f"{r['padded_fraction']:.1%}",
+              f"{r['gflop']:.0f}", f"{r['peak_fraction']:.0%}"] for v, r in rows.items()]  # fmt: skip
+    return "\n".join([*lines, *md_table([*header, "% of fp32 peak"], cells)]) + "\n"
 
 
 if __name__ == "__main__":
