@@ -324,11 +324,9 @@ class PeakMemory:
         return f"ray {program.removesuffix('.py')}" if program else Path(cmd[0]).name if cmd else "?"
 
     def _is_ray(self, proc) -> bool:
-        try:
-            cmd = proc.cmdline()
-        except self._psutil.Error:  # vanished, or not ours to read
-            return False
-        return bool(cmd) and cmd[0].startswith("ray::")
+        with contextlib.suppress(self._psutil.Error):  # vanished, or not ours to read
+            return (proc.cmdline() or [""])[0].startswith("ray::")
+        return False
 
 
 def stop_group(memory: PeakMemory, proc: subprocess.Popen) -> int:
