@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -54,7 +53,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, git_commit
+from harness import RESULTS, ROOT, cpu_name, git_commit, gpu_name, interleaved, log, md_table, pick, write_results
 
 from trinity_like.monitor.timeline import (
     TIMELINE_FILE,
@@ -190,10 +189,8 @@ def run_client_bench(args: argparse.Namespace, reps: int, scratch: Path) -> dict
     argv = [sys.executable, str(CLIENT_BENCH), "--reps", str(reps), "--warmup", str(args.warmup), "--out", str(out)]
     if args.tiny:
         argv += ["--tiny", "--iterations", "2"]
-    done = subprocess.run(
-        argv, cwd=ROOT, env={**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1"}, check=False
-    )
-    if done.returncode != 0:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+    if (done := subprocess.run(argv, cwd=ROOT, env=env, check=False)).returncode != 0:
         raise SystemExit(f"--client: {CLIENT_BENCH.name} failed (exit status {done.returncode})")
     return json.loads(out.with_suffix(".json").read_text())
 
@@ -202,44 +199,34 @@ def main() -> None:
     args = parse_args()
     steps = args.steps or (6 if args.tiny else 12)
     reps = args.reps or (1 if args.tiny else 3)
-    names = [n.strip() for n in args.variants.split(",") if n.strip()]
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown or not names:
-        raise SystemExit(f"--variants: unknown {unknown or names}; choose from {', '.join(VARIANTS)}")
+    names = pick("--variants", args.variants, VARIANTS)
     extra = [*(TINY if args.tiny else []), *([f"cluster.num_gpus={args.gpus}"] if args.gpus else []), *args.overrides]
     suffix = "_tiny" if args.tiny else "_gpu" if args.gpus else ""
-    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"async{suffix}"
+    out = Path(args.out) if args.out else RESULTS / f"async{suffix}"
     scratch = Path(tempfile.mkdtemp(prefix="async-bench-"))
-    runs: dict[str, list[dict]] = {n: [] for n in names}
     client = None
     try:
         if args.warmup > 0:
             r = run_variant(VARIANTS[names[0]], args.warmup, extra, scratch / "warmup")
+            log(f"warm-up ({names[0]}, {args.warmup} steps, not counted): {r['steps_per_hour']:.0f} steps/h")
+
+        def run(name: str, rep: int) -> dict:
+            r = run_variant(VARIANTS[name], steps, extra, scratch / f"{name}-{rep}")
             print(
-                f"warm-up ({names[0]}, {args.warmup} steps, not counted): {r['steps_per_hour']:.0f} steps/h", flush=True
+                f"round {rep + 1}/{reps} {name}: {r['steps_per_hour']:.0f} steps/h, reward "
+                f"{statistics.fmean(r['rewards']):.3f}, overlap {r['overlap']:.2f}",
+                flush=True,
             )
-        for rep in range(reps):
-            order = names[rep % len(names) :] + names[: rep % len(names)]  # who goes first rotates
-            for name in order:
-                r = run_variant(VARIANTS[name], steps, extra, scratch / f"{name}-{rep}")
-                runs[name].append(r)
-                print(
-                    f"round {rep + 1}/{reps} {name}: {r['steps_per_hour']:.0f} steps/h, reward "
-                    f"{statistics.fmean(r['rewards']):.3f}, overlap {r['overlap']:.2f}",
-                    flush=True,
-                )
+            return r
+
+        runs = interleaved(run, names, reps, rotate=True)  # who goes first rotates
         if args.client:
             client = run_client_bench(args, reps, scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     sync = runs.get("sync")
     results = [summarise(n, runs[n], sync if n != "sync" else None) for n in names]
-    try:
-        import torch
-
-        device = torch.cuda.get_device_name(0) if args.gpus and torch.cuda.is_available() else "cpu"
-    except ImportError:
-        device = "unknown"
+    device = (gpu_name() or "cpu") if args.gpus else "cpu"
     meta = {
         "recipe": str(RECIPE.relative_to(ROOT)),
         "tiny": args.tiny,
@@ -250,33 +237,22 @@ def main() -> None:
         "device": device,
         "commit": git_commit(),
         "cpus": os.cpu_count(),
-        "machine": platform.machine(),
+        "machine": cpu_name(),
         "load_avg": os.getloadavg(),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results, "client": client}, indent=1))
     title = f"# GRPO recipe: in turn vs explorer ahead ({'tiny model' if args.tiny else 'SmolLM2'}, {device}, {steps} steps, {reps} rounds)"
-    header = (
-        "| variant | steps/hour | vs sync | reward, first third | reward, last third | held-out, end | "
-        "overlap | rollout s/step | trainer wait s/step |"
-    )
-    lines = [title, "", header, "|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        ratio = f"{r['speed_ratio_to_sync_median']:.2f}x" if "speed_ratio_to_sync_median" in r else "1.00x"
-        held = f"{r['eval_final_median']:.3f}" if r["eval_final_median"] is not None else "-"
-        lines.append(
-            f"| {r['variant']} | {r['steps_per_hour_median']:.0f} | {ratio} | {r['reward_first_third_median']:.3f} | "
-            f"{r['reward_last_third_median']:.3f} | {held} | {r['overlap_median']:.2f} | "
-            f"{r['rollout_s_per_step_median']:.2f} | {r['trainer_wait_s_per_step_median']:.2f} |"
-        )
+    header = ["variant", "steps/hour", "vs sync", "reward, first third", "reward, last third", "held-out, end"]
+    header += ["overlap", "rollout s/step", "trainer wait s/step"]
+    rows = [[r["variant"], f"{r['steps_per_hour_median']:.0f}", f"{r.get('speed_ratio_to_sync_median', 1.0):.2f}x",
+             f"{r['reward_first_third_median']:.3f}", f"{r['reward_last_third_median']:.3f}",
+             "-" if r["eval_final_median"] is None else f"{r['eval_final_median']:.3f}", f"{r['overlap_median']:.2f}",
+             f"{r['rollout_s_per_step_median']:.2f}", f"{r['trainer_wait_s_per_step_median']:.2f}"]
+            for r in results]  # fmt: skip
+    lines = [title, "", *md_table(header, rows)]
     lines += ["", f"Medians over rounds; commit {meta['commit']}, load average {meta['load_avg'][0]:.1f} at the end."]
     if client is not None:
-        lines += [
-            "",
-            f"Client RL loop ({CLIENT_BENCH.name}): see the `client` entry of {out.with_suffix('.json').name}.",
-        ]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        lines += ["", f"Client RL loop ({CLIENT_BENCH.name}): see the `client` entry of {out.name}.json."]
+    print(write_results(out, {"meta": meta, "results": results, "client": client}, lines), end="")
 
 
 if __name__ == "__main__":

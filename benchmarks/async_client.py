@@ -1,4 +1,4 @@
-"""The client RL loop synchronous vs off-by-K (K = 1, 2), interleaved, medians.
+"""The client RL loop synchronous vs off-by-K (K = 1, 2), interleaved, log, pick, medians.
 
 Each variant runs ``cookbook.rl.train.train`` from the same weights, with the
 same seed, tasks and iteration count, on the ``arithmetic`` env ("What is a + b?",
@@ -32,8 +32,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import argparse
-import json
-import platform
 import shutil
 import statistics
 import sys
@@ -43,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import ROOT, git_commit
+from harness import RESULTS, cpu_name, git_commit, interleaved, log, md_table, pick, write_results
 
 import trinity_like.client as tinker
 from cookbook.rl.train import RLTrainConfig, train
@@ -130,79 +128,55 @@ def summarise(name: str, runs: list[dict], sync_runs: list[dict] | None, iterati
 def main() -> None:
     args = parse_args()
     model = "tiny-random" if args.tiny else args.model
-    names = [n.strip() for n in args.variants.split(",") if n.strip()]
-    unknown = [n for n in names if n not in VARIANTS]
-    if unknown or not names:
-        raise SystemExit(f"--variants: unknown {unknown or names}; choose from {', '.join(VARIANTS)}")
-    out = (
-        Path(args.out)
-        if args.out
-        else ROOT / "benchmarks" / "results" / ("async_client_tiny" if args.tiny else "async_client")
-    )
+    names = pick("--variants", args.variants, VARIANTS)
+    out = Path(args.out) if args.out else RESULTS / ("async_client_tiny" if args.tiny else "async_client")
     scratch = Path(tempfile.mkdtemp(prefix="async-client-bench-"))
-    runs: dict[str, list[dict]] = {n: [] for n in names}
     try:
         if args.warmup > 0:
-            r = run_variant(
-                argparse.Namespace(**{**vars(args), "iterations": args.warmup}),
-                model,
-                VARIANTS[names[0]],
-                scratch / "warmup",
-            )
+            warm_args = argparse.Namespace(**{**vars(args), "iterations": args.warmup})
+            r = run_variant(warm_args, model, VARIANTS[names[0]], scratch / "warmup")
+            log(f"warm-up ({names[0]}, {args.warmup} iterations, not counted): {r['iterations_per_hour']:.0f} it/h")
+
+        def run(name: str, rep: int) -> dict:
+            r = run_variant(args, model, VARIANTS[name], scratch / f"{name}-{rep}")
             print(
-                f"warm-up ({names[0]}, {args.warmup} iterations, not counted): {r['iterations_per_hour']:.0f} it/h",
+                f"round {rep + 1}/{args.reps} {name}: {r['iterations_per_hour']:.0f} it/h, "
+                f"reward {statistics.fmean(r['rewards']):.3f}, overlap {statistics.median(r['overlap']):.2f}",
                 flush=True,
             )
-        for rep in range(args.reps):
-            order = names[rep % len(names) :] + names[: rep % len(names)]  # who goes first rotates
-            for name in order:
-                r = run_variant(args, model, VARIANTS[name], scratch / f"{name}-{rep}")
-                runs[name].append(r)
-                print(
-                    f"round {rep + 1}/{args.reps} {name}: {r['iterations_per_hour']:.0f} it/h, "
-                    f"reward {statistics.fmean(r['rewards']):.3f}, overlap {statistics.median(r['overlap']):.2f}",
-                    flush=True,
-                )
+            return r
+
+        runs = interleaved(run, names, args.reps, rotate=True)  # who goes first rotates
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     sync = runs.get("sync")
     results = [summarise(n, runs[n], sync if n != "sync" else None, args.iterations) for n in names]
+    settings = ("iterations", "reps", "warmup", "batch", "group", "max_tokens", "stream", "loss", "lr")
     meta = {
         "model": model,
-        "iterations": args.iterations,
-        "reps": args.reps,
-        "warmup": args.warmup,
-        "batch": args.batch,
-        "group": args.group,
-        "max_tokens": args.max_tokens,
-        "stream": args.stream,
-        "loss": args.loss,
-        "lr": args.lr,
+        **{key: getattr(args, key) for key in settings},
         "commit": git_commit(),
         "cpus": os.cpu_count(),
-        "machine": platform.machine(),
+        "machine": cpu_name(),
         "load_avg": os.getloadavg(),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     streaming = f", num_minibatches {args.stream} in every variant" if args.stream else ""
     title = f"# Client RL loop: sync (K = 0) vs off-by-K ({model}, {args.iterations} iterations, {args.reps} rounds"
-    lines = [
-        f"{title}{streaming})",
-        "",
-        "| variant | iterations/hour | vs sync | reward, first third | reward, last third | overlap | dropped |",
-        "|---|---|---|---|---|---|---|",
+    rows = [[r["variant"], f"{r['iterations_per_hour_median']:.0f}", f"{r.get('speed_ratio_to_sync_median', 1.0):.2f}x",
+             f"{r['reward_first_third_median']:.3f}", f"{r['reward_last_third_median']:.3f}",
+             f"{r['overlap_median']:.2f}", f"{r['discarded_median']:.0f}"] for r in results]  # fmt: skip
+    header = [
+        "variant",
+        "iterations/hour",
+        "vs sync",
+        "reward, first third",
+        "reward, last third",
+        "overlap",
+        "dropped",
     ]
-    for r in results:
-        ratio = f"{r['speed_ratio_to_sync_median']:.2f}x" if "speed_ratio_to_sync_median" in r else "1.00x"
-        lines.append(
-            f"| {r['variant']} | {r['iterations_per_hour_median']:.0f} | {ratio} | "
-            f"{r['reward_first_third_median']:.3f} | {r['reward_last_third_median']:.3f} | "
-            f"{r['overlap_median']:.2f} | {r['discarded_median']:.0f} |"
-        )
-    lines += ["", f"Medians over rounds; commit {meta['commit']}, load average {meta['load_avg'][0]:.1f} at the end."]
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    lines = [f"{title}{streaming})", "", *md_table(header, rows), ""]
+    lines += [f"Medians over rounds; commit {meta['commit']}, load average {meta['load_avg'][0]:.1f} at the end."]
+    print(write_results(out, {"meta": meta, "results": results}, lines), end="")
 
 
 if __name__ == "__main__":

@@ -22,10 +22,8 @@ Target: the SQLite path sustains at least 20x the explorer's experience rate.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
-import platform
 import random
 import statistics
 import sys
@@ -36,11 +34,13 @@ from pathlib import Path
 
 import torch
 
-from trinity_like.buffer.memory_storage import MemoryParams, MemoryStorage
-from trinity_like.buffer.sqlite_storage import SqliteParams, SqliteStorage
-from trinity_like.experience import Experience
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import RESULTS, cpu_name, md_table, write_results  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results"
+from trinity_like.buffer.memory_storage import MemoryParams, MemoryStorage  # noqa: E402
+from trinity_like.buffer.sqlite_storage import SqliteParams, SqliteStorage  # noqa: E402
+from trinity_like.experience import Experience  # noqa: E402
+
 PROMPT, RESPONSE = 64, 448  # 512 tokens per experience
 COMMAND = "python benchmarks/buffer.py"
 
@@ -239,7 +239,7 @@ def main() -> None:
         + (f" --repeats {args.repeats}" if args.repeats != 5 else "")
         + (f" --rows {args.rows}" if args.rows != 1024 else ""),
         "tokens_per_experience": PROMPT + RESPONSE,
-        "machine": f"{platform.machine()}, {platform.processor() or '?'}, python {sys.version.split()[0]}, torch threads 1",
+        "machine": f"{cpu_name()}, python {sys.version.split()[0]}, torch threads 1",
         "cells": cells,
         "concurrent": concurrent,
         "explorer": explorer,
@@ -248,9 +248,7 @@ def main() -> None:
         "load_average_1m": os.getloadavg()[0],
         "contention_wall_over_cpu": contention(args.repeats),
     }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "buffer.json").write_text(json.dumps(report, indent=2) + "\n")
-    (RESULTS / "buffer.md").write_text(markdown(report))
+    write_results(RESULTS / "buffer", report, markdown(report), indent=2)
     print("sqlite min(write, read) / explorer:", {k: round(v, 1) for k, v in ratios.items()})
 
 
@@ -264,14 +262,10 @@ def markdown(report: dict) -> str:
         f"Python loop took {report['contention_wall_over_cpu']:.1f}x its CPU time in wall time: each rate is "
         "given per wall second and per CPU second of this process (what the work costs).",
         "",
-        "| storage | batch | write /s | write /CPU-s | read (claim + commit) /s | read /CPU-s |",
-        "|---|---|---|---|---|---|",
     ]
-    for c in report["cells"]:
-        lines.append(
-            f"| {c['storage']} | {c['batch']} | {c['write_per_s']:,.0f} | {c['write_per_cpu_s']:,.0f} "
-            f"| {c['read_per_s']:,.0f} | {c['read_per_cpu_s']:,.0f} |"
-        )
+    rates = ("write_per_s", "write_per_cpu_s", "read_per_s", "read_per_cpu_s")
+    rows = [[c["storage"], c["batch"], *(f"{c[k]:,.0f}" for k in rates)] for c in report["cells"]]
+    lines += md_table(["storage", "batch", "write /s", "write /CPU-s", "read (claim + commit) /s", "read /CPU-s"], rows)
     c = report["concurrent"]
     lines += [
         "",
@@ -283,11 +277,10 @@ def markdown(report: dict) -> str:
         "",
         "SQLite min(write, read) over the explorer rate (target: at least 20x):",
         "",
-        "| batch | wall | CPU |",
-        "|---|---|---|",
-        f"| 1 | {r['batch_1_s']:.0f}x | {r['batch_1_cpu_s']:.0f}x |",
-        f"| 64 | {r['batch_64_s']:.0f}x | {r['batch_64_cpu_s']:.0f}x |",
-        "",
+        *md_table(
+            ["batch", "wall", "CPU"],
+            ([b, f"{r[f'batch_{b}_s']:.0f}x", f"{r[f'batch_{b}_cpu_s']:.0f}x"] for b in (1, 64)),
+        ),
     ]
     return "\n".join(lines)
 

@@ -48,18 +48,15 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import platform  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
-from common import git_commit, matmul_peak_gflops  # noqa: E402
+from harness import command, git_commit, interleaved, matmul_peak_gflops, md_table, timer, utc_now, write_results  # noqa: E402
 
 import trinity_like.client as tinker  # noqa: E402
 from trinity_like.components import ComponentSpec, build_params  # noqa: E402
@@ -78,6 +75,7 @@ from trinity_like.trainer.params import ModelParams, OptimParams  # noqa: E402
 
 types = tinker.types
 OUT = Path(__file__).parent / "results"
+ENGINE_CLIENT = ("engine", "client")
 
 
 def sample_batch(model, tokenizer, args) -> tuple[list[list[int]], list[list], list[str]]:
@@ -132,10 +130,16 @@ def client_data(prompts, groups, adv) -> list[types.Datum]:
     return data
 
 
-def timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+def alternating(fns: dict, reps: int, what: str, check=None) -> dict[str, list[float]]:
+    """Seconds of each of ``fns`` in ``reps`` rounds after a warm-up round (not counted), the order alternating."""
+
+    def after(rep: int, times: dict[str, list[float]]) -> None:
+        if check is not None:
+            check()
+        print(f"{what} round {rep}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()), flush=True)
+
+    times = interleaved(lambda name, _rep: timer(fns[name]), list(fns), reps + 1, after_round=after)
+    return {k: v[1:] for k, v in times.items()}
 
 
 def bench_training(args, folder: Path, batch, data) -> dict:
@@ -162,14 +166,7 @@ def bench_training(args, folder: Path, batch, data) -> dict:
         opt = client.optim_step(adam)
         fwd.result(), opt.result()
 
-    times = {"engine": [], "client": []}
-    for rep in range(args.reps + 1):  # the first round warms up and is not counted
-        order = [("engine", step_engine), ("client", step_client)]
-        for name, fn in order if rep % 2 == 0 else order[::-1]:
-            t = timed(fn)
-            if rep:
-                times[name].append(t)
-        print(f"train round {rep}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items() if v), flush=True)
+    times = alternating({"engine": step_engine, "client": step_client}, args.reps, "train")
     service.close()
     tokens = int(batch["response_mask"].sum())
     return summary(times, tokens, "client", "engine")
@@ -190,15 +187,10 @@ def bench_sampling(args, model, tokenizer, prompts) -> dict:
         futures = [sampler.sample(x, args.group, p) for x, p in zip(inputs, params, strict=True)]
         counts["client"] = sum(len(s.tokens) for f in futures for s in f.result().sequences)
 
-    times = {"engine": [], "client": []}
-    for rep in range(args.reps + 1):
-        order = [("engine", run_engine_batched), ("client", run_client)]
-        for name, fn in order if rep % 2 == 0 else order[::-1]:
-            t = timed(fn)
-            if rep:
-                times[name].append(t)
-        assert counts["engine"] == counts["client"], counts  # the same samples, token for token
-        print(f"sample round {rep}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items() if v), flush=True)
+    def same() -> None:  # the same samples, token for token
+        assert counts["engine"] == counts["client"], counts
+
+    times = alternating({"engine": run_engine_batched, "client": run_client}, args.reps, "sample", check=same)
     return summary(times, counts["client"], "client", "engine")
 
 
@@ -229,6 +221,11 @@ def summary(times: dict[str, list[float]], tokens: int, ours: str, base: str) ->
 
 def markdown(result: dict, command: str) -> str:
     t, s, meta = result["training"], result["sampling"], result["meta"]
+    train = [f"GRPO train step ({t['tokens']} trained tokens)", *(f"{t['median_s'][k]:.2f} s" for k in ENGINE_CLIENT)]
+    sample = [f"sampling ({s['tokens']} tokens)", *(f"{s['tokens_per_s'][k]:.1f} tok/s" for k in ENGINE_CLIENT)]
+    rows = [
+        [*row, f"**{r['rate_ratio']:.3f}**", f"{r['median_round_ratio']:.3f}"] for row, r in ((train, t), (sample, s))
+    ]
     lines = [
         "# Client overhead: TrainingClient / SamplingClient vs the engines they drive",
         "",
@@ -239,17 +236,13 @@ def markdown(result: dict, command: str) -> str:
         f"commit {meta['commit']}, {meta['when']}, load average {meta['load']:.1f}.",
         f"Machine fp32 matmul peak (1024^3, best of 5): {meta['peak_gflops']:.1f} GFLOP/s.",
         "",
-        "| work | engine | client | client rate / engine rate (medians) | median of per-round ratios |",
-        "|---|---|---|---|---|",
-        f"| GRPO train step ({t['tokens']} trained tokens) | {t['median_s']['engine']:.2f} s | "
-        f"{t['median_s']['client']:.2f} s | **{t['rate_ratio']:.3f}** | {t['median_round_ratio']:.3f} |",
-        f"| sampling ({s['tokens']} tokens) | {s['tokens_per_s']['engine']:.1f} tok/s | "
-        f"{s['tokens_per_s']['client']:.1f} tok/s | **{s['rate_ratio']:.3f}** | {s['median_round_ratio']:.3f} |",
+        *md_table(
+            ["work", "engine", "client", "client rate / engine rate (medians)", "median of per-round ratios"], rows
+        ),
         "",
         f"Per-round times (s): training {t['times']}, sampling {s['times']}.",
         f"Model work per train step ~6 x params x tokens = {meta['train_gflop']:.0f} GFLOP: the engine reaches "
         f"{meta['train_gflop'] / t['median_s']['engine'] / meta['peak_gflops']:.0%} of the matmul peak.",
-        "",
     ]
     return "\n".join(lines)
 
@@ -320,39 +313,27 @@ def compare_http(args, folder: Path, peak: float, command: str) -> None:
         }
         renderer = get_renderer("chatml", trainers["in-process"].get_tokenizer())
         samplers = {k: t.save_weights_and_get_sampling_client().result() for k, t in trainers.items()}
-        phases: dict[str, list[dict]] = {"in-process": [], "http": []}
-        same_samples = []
-        for rep in range(args.reps + 1):  # the first round warms up and is not counted
+        tokens: dict[str, list] = {}
+
+        def run(name: str, rep: int) -> dict[str, float]:  # the first round warms up and is not counted
             batch = tasks[rep * args.prompts : (rep + 1) * args.prompts]
-            order = ["in-process", "http"] if rep % 2 == 0 else ["http", "in-process"]
-            tokens = {}
-            for name in order:
-                samplers[name], took, tokens[name] = grpo_iteration(
-                    trainers[name], samplers[name], renderer, batch, args, rep
-                )
-                if rep:
-                    phases[name].append(took)
+            sampler, took, tokens[name] = grpo_iteration(trainers[name], samplers[name], renderer, batch, args, rep)
+            samplers[name] = sampler
+            return took
+
+        def after(rep: int, phases: dict[str, list[dict]]) -> None:
             same_samples.append(tokens["in-process"] == tokens["http"])
-            print(
-                f"round {rep}: "
-                + ", ".join(f"{k} {v[-1]['iteration']:.2f} s" for k, v in phases.items() if v)
-                + ("" if same_samples[-1] else " (samples differ)"),
-                flush=True,
-            )
+            times = ", ".join(f"{k} {v[-1]['iteration']:.2f} s" for k, v in phases.items())
+            print(f"round {rep}: {times}{'' if same_samples[-1] else ' (samples differ)'}", flush=True)
+
+        same_samples: list[bool] = []  # the warm-up round's too
+        phases = {k: v[1:] for k, v in interleaved(run, list(trainers), args.reps + 1, after_round=after).items()}
         remote.close("success").result()
     local.close()
     shutil.rmtree(scratch)  # the server's data directory and the in-process client's logs
     times = {k: [p["iteration"] for p in v] for k, v in phases.items()}
     result = {
-        "meta": {
-            **vars(args),
-            "peak_gflops": peak,
-            "commit": git_commit(),
-            "load": os.getloadavg()[0],
-            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-        },
+        "meta": context(args, peak),
         "phases": phases,
         "same_samples": same_samples,
         "median_s": {k: statistics.median(v) for k, v in times.items()},
@@ -361,15 +342,14 @@ def compare_http(args, folder: Path, peak: float, command: str) -> None:
         "median_round_ratio": statistics.median(h / i for h, i in zip(times["http"], times["in-process"])),
     }
     name = args.out or ("client_http_tiny" if args.model == "tiny-random" else "client_http")
-    OUT.mkdir(exist_ok=True)
-    (OUT / f"{name}.json").write_text(json.dumps(result, indent=1))
-    (OUT / f"{name}.md").write_text(markdown_http(result, command))
-    print(markdown_http(result, command))
+    print(write_results(OUT / name, result, markdown_http(result, command)))
 
 
 def markdown_http(result: dict, command: str) -> str:
     meta, ph = result["meta"], result["phase_medians_s"]
     added = result["median_ratio"] - 1
+    rows = [[p, f"{ph['in-process'][p]:.3f}", f"{ph['http'][p]:.3f}", f"{ph['http'][p] / ph['in-process'][p]:.3f}"]
+            for p in ("iteration", "sample", "train", "snapshot")]  # fmt: skip
     verdict = "met" if added <= 0.15 else "NOT met"
     lines = [
         "# One GRPO iteration of the client loop: the official SDK over HTTP vs the in-process client",
@@ -383,21 +363,27 @@ def markdown_http(result: dict, command: str) -> str:
         f"Both sides sampled the same tokens in {sum(result['same_samples'])} of {len(result['same_samples'])} "
         "rounds (same weights, same seeds: the same work).",
         "",
-        "| phase (median s) | in-process | http | http / in-process |",
-        "|---|---|---|---|",
-    ]
-    for phase in ("iteration", "sample", "train", "snapshot"):
-        a, b = ph["in-process"][phase], ph["http"][phase]
-        lines.append(f"| {phase} | {a:.3f} | {b:.3f} | {b / a:.3f} |")
-    lines += [
+        *md_table(["phase (median s)", "in-process", "http", "http / in-process"], rows),
         "",
         f"HTTP adds **{added:+.1%}** to an iteration (ratio of medians {result['median_ratio']:.3f}; median of "
         f"per-round ratios {result['median_round_ratio']:.3f}); target at most +15 %: {verdict}.",
         f"Per-round iteration times (s): in-process {[round(p['iteration'], 3) for p in result['phases']['in-process']]},"
         f" http {[round(p['iteration'], 3) for p in result['phases']['http']]}.",
-        "",
     ]
     return "\n".join(lines)
+
+
+def context(args: argparse.Namespace, peak: float) -> dict:
+    """The run's settings and where it ran (the ``meta`` of both comparisons)."""
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    return {
+        **vars(args),
+        "peak_gflops": peak,
+        "commit": git_commit(),
+        "load": os.getloadavg()[0],
+        "when": utc_now(),
+        **versions,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -421,9 +407,8 @@ def main(argv: list[str] | None = None) -> None:
     load_plugins()
     folder = resolve_model_path(args.model)
     peak = matmul_peak_gflops()
-    command = ("python benchmarks/client.py " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
     if args.compare == "http":
-        compare_http(args, folder, peak, command)
+        compare_http(args, folder, peak, command("client.py", argv))
         return
     model, tokenizer = load_model(folder)
     prompts, groups, answers = sample_batch(model, tokenizer, args)
@@ -434,23 +419,10 @@ def main(argv: list[str] | None = None) -> None:
     del model
     training = bench_training(args, folder, batch, data)
     params = sum(t.numel() for t in load_model(folder)[0].parameters())
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    meta = {
-        **vars(args),
-        "peak_gflops": peak,
-        "commit": commit,
-        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "load": os.getloadavg()[0],
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "train_gflop": 6 * params * training["tokens"] / 1e9,
-    }
+    meta = {**context(args, peak), "train_gflop": 6 * params * training["tokens"] / 1e9}
     result = {"meta": meta, "training": training, "sampling": sampling}
     name = args.out or ("client_tiny" if args.model == "tiny-random" else "client")
-    OUT.mkdir(exist_ok=True)
-    (OUT / f"{name}.json").write_text(json.dumps(result, indent=1))
-    (OUT / f"{name}.md").write_text(markdown(result, command))
-    print(markdown(result, command))
+    print(write_results(OUT / name, result, markdown(result, command("client.py", argv))))
 
 
 if __name__ == "__main__":

@@ -23,20 +23,18 @@ Results: ``benchmarks/results/code_exec.md`` and ``.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
-import time
 import types
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import RESULTS, ROOT, cpu_model, git_commit, interleaved, md_table, timer, write_results  # noqa: E402
 
+sys.path.insert(0, str(ROOT))
 from trinity_like.explorer import code_exec  # noqa: E402
 
 CODE = "def add(a, b):\n    return a + b\n"
@@ -70,13 +68,6 @@ def module_at(ref: str) -> types.ModuleType:
     return module
 
 
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ref", default="main", help="the commit whose code_exec.py is 'before' (default: main)")
@@ -98,24 +89,20 @@ def main(argv: list[str] | None = None) -> int:
     expected = {"3 lines": len(TESTS), "9 lines": len(NINE) - 1}
     for name, call in variants.items():  # warm-up, and each variant scores the task right
         assert call() == expected[name.split(", ")[1]], name
-    rates: dict[str, list[float]] = {name: [] for name in variants}
+
+    def rate(name: str, _round: int) -> float:
+        return args.calls / timer(lambda: [variants[name]() for _ in range(args.calls)])
+
     names = list(variants)
-    for r in range(args.rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            t0 = time.perf_counter()
-            for _ in range(args.calls):
-                variants[name]()
-            rates[name].append(args.calls / (time.perf_counter() - t0))
+    rates = interleaved(rate, names, args.rounds, rotate=True)
     median = {name: statistics.median(v) for name, v in rates.items()}
     result = {
-        "cpu": cpu_name(),
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "as_root": os.geteuid() == 0,
         "ref_before": args.ref,
-        "commit": subprocess.run(
-            ["git", "describe", "--always", "--dirty=+dirty"], cwd=ROOT, capture_output=True, text=True, check=False
-        ).stdout.strip(),
+        "commit": git_commit(),
         "rounds": args.rounds,
         "calls": args.calls,
         "tasks_per_s": rates,
@@ -123,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         "median_ms_per_call": {name: 1000 / rate for name, rate in median.items()},
         "after_over_before": {n: median[f"after, {n}"] / median[f"before, {n}"] for n in expected},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    rows = [[n, f"{median[n]:.1f}", f"{1000 / median[n]:.1f}", ", ".join(f"{x:.1f}" for x in rates[n])] for n in names]
     lines = [
         "# code_exec: tasks scored per second, before and after the host runs the test lines",
         "",
@@ -132,19 +118,13 @@ def main(argv: list[str] | None = None) -> int:
         f"(before = `{args.ref}`, commit {result['commit']}); {result['cpu']}, {result['cores']} cores, "
         f"Python {result['python']}, {'as root' if result['as_root'] else 'not root'}.",
         "",
-        "| variant | median tasks/s | ms per call | per round (tasks/s) |",
-        "|---|---|---|---|",
-        *(
-            f"| {n} | {median[n]:.1f} | {1000 / median[n]:.1f} | {', '.join(f'{x:.1f}' for x in rates[n])} |"
-            for n in names
-        ),
+        *md_table(["variant", "median tasks/s", "ms per call", "per round (tasks/s)"], rows),
         "",
         "after / before (rate): "
         + "; ".join(f"{n}: {r:.2f}x" for n, r in result["after_over_before"].items())
         + ". The 9-line task's `assert False` fails in both: 8 of 9 lines pass.",
     ]
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    print(write_results(args.out, result, lines, indent=2), end="")
     return 0
 
 

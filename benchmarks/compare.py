@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -44,8 +43,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import RESULTS, ROOT, command, cpu_name, interleaved, md_table, write_results  # noqa: E402
+
 RECIPES = ("examples/grpo_add2.yaml", "examples/dr_grpo_add2.yaml")
 SMALL = ["trainer.engine=local", "buffer.eval_tasks.size=8", "explorer.batch_size=4", "explorer.group_size=4"]
 TINY = [  # the recipes on the tiny model; "contains a digit" rewards it, so every step trains
@@ -112,13 +112,11 @@ def markdown(result: dict) -> str:
         f"{result['reps']} time(s). By hand: the runs' commands one after another (wall summed); "
         "runner: `trinity-like compare --jobs 1` from start to exit, planning and report included.",
         "",
-        "| repetition | by hand | runner | runner / by hand - 1 | the runner's own time | its share of by hand |",
-        "| --- | --- | --- | --- | --- | --- |",
     ]
-    for i, (hand, run, own) in enumerate(zip(result["by_hand_s"], result["runner_s"], result["own_s"]), 1):
-        lines.append(
-            f"| {i} | {hand:.1f} s | {run:.1f} s | {100 * (run / hand - 1):+.1f} % | {own:.1f} s | {100 * own / hand:.1f} % |"
-        )
+    rows = [[i, f"{hand:.1f} s", f"{run:.1f} s", f"{100 * (run / hand - 1):+.1f} %", f"{own:.1f} s", f"{100 * own / hand:.1f} %"]
+            for i, (hand, run, own) in enumerate(zip(result["by_hand_s"], result["runner_s"], result["own_s"]), 1)]  # fmt: skip
+    header = ["repetition", "by hand", "runner", "runner / by hand - 1", "the runner's own time"]
+    lines += md_table([*header, "its share of by hand"], rows)
     within = result["own_share_median"] <= result["budget"]
     lines += [
         "",
@@ -152,26 +150,27 @@ def main() -> None:
         args.seeds, args.steps, args.reps = 1, 1, 1
     base = TINY if args.model == "tiny-random" else [f"model.path={args.model}", *SMALL]
     sets = [*base, f"trainer.total_steps={args.steps}"]
-    hand_s, runner_s, own_s, commands = [], [], [], []
     work = Path(tempfile.mkdtemp(prefix="compare-bench-"))
+
+    def run(arm: str, rep: int) -> tuple:  # by hand: (wall, commands); runner: (wall, its own time)
+        return (by_hand if arm == "hand" else runner)(sets, args.seeds, work / f"{arm}{rep}")
+
+    def after(rep: int, got: dict[str, list[tuple]]) -> None:
+        (hand, _), (ran, own) = got["hand"][-1], got["runner"][-1]
+        print(f"repetition {rep + 1}: by hand {hand:.1f} s, runner {ran:.1f} s ({100 * (ran / hand - 1):+.1f} %), "
+              f"the runner's own {own:.1f} s ({100 * own / hand:.1f} %)")  # fmt: skip
+
     try:
-        for rep in range(args.reps):
-            hand, commands = by_hand(sets, args.seeds, work / f"hand{rep}")
-            ran, own = runner(sets, args.seeds, work / f"runner{rep}")
-            hand_s.append(hand)
-            runner_s.append(ran)
-            own_s.append(own)
-            print(
-                f"repetition {rep + 1}: by hand {hand:.1f} s, runner {ran:.1f} s ({100 * (ran / hand - 1):+.1f} %), "
-                f"the runner's own {own:.1f} s ({100 * own / hand:.1f} %)"
-            )
+        got = interleaved(run, ["hand", "runner"], args.reps, after_round=after)  # who goes first alternates
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    hand_s, commands = [h for h, _ in got["hand"]], got["hand"][-1][1]
+    runner_s, own_s = [r for r, _ in got["runner"]], [o for _, o in got["runner"]]
     ratios = [r / h - 1 for h, r in zip(hand_s, runner_s)]
     result = {
-        "command": " ".join(["python benchmarks/compare.py", *sys.argv[1:]]),
+        "command": command("compare.py"),
         "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, shared",
+        "machine": f"{cpu_name()}, shared",
         "model": args.model,
         "seeds": args.seeds,
         "steps": args.steps,
@@ -190,9 +189,7 @@ def main() -> None:
     if args.model != "tiny-random":
         stem += f"_{Path(args.model).name}"
     out = Path(args.results)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
-    (out / f"{stem}.md").write_text(markdown(result))
+    write_results(out / stem, result, markdown(result))
     print(
         f"the runner's own time {100 * result['own_share_median']:.1f} % of the runs by hand, end to end "
         f"{100 * result['overhead_median']:+.1f} % (medians): {out / stem}.md"

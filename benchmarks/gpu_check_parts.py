@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from gpu_check_run import Entry
+from harness import cpu_model
 
 from trinity_like.explorer.engine import NativeEngine, SamplingParams
 from trinity_like.models.device import precision
@@ -96,19 +97,7 @@ def version_of(package: str) -> str:
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} ({device})"
-    return f"cpu: {platform_cpu()}"
-
-
-def platform_cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
+    return f"cpu: {cpu_model()}"
 
 
 def sync(device: torch.device) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness import md_table
+
 SHAPES = ("smollm2-135m", "qwen2.5-1.5b")
 CONTENDERS = {
     "ours": "ours (native engine, defaults)",
@@ -82,13 +84,13 @@ def header(report: dict) -> list[str]:
             "",
             "**Tiny mode**: every workload shrunk to the tiny shape; the figures prove the code runs, nothing else.",
         ]
-    lines += ["", "| section | plan s | limit s | took s | status |", "|---|---|---|---|---|"]
+    rows = []
     for name, plan in meta["plan_s"].items():
         s = sections.get(name)
         status = "not started" if s is None else s.get("status") or ("running" if "seconds" not in s else "ok")
-        lines.append(
-            f"| {name} | {plan:.0f} | {_num((s or {}).get('limit_s'))} | {_num((s or {}).get('seconds'), '{:.1f}')} | {status} |"
-        )
+        s = s or {}
+        rows.append([name, f"{plan:.0f}", _num(s.get("limit_s")), _num(s.get("seconds"), "{:.1f}"), status])
+    lines += ["", *md_table(["section", "plan s", "limit s", "took s", "status"], rows)]
     for name, s in sections.items():
         bad = {n: e for n, e in s.get("entries", {}).items() if e.get("status") in BAD}
         if s.get("error") or bad:
@@ -153,7 +155,7 @@ def rollout(report: dict) -> list[str]:
                 f"{r['bandwidth_from']}). Operations per decode step: {step_ops_total(report, shape)}.",
                 "",
             ]
-        lines += ["| contender | tokens/s | ours / this | % of bound | warm-up s | note |", "|---|---|---|---|---|---|"]
+        rows = []
         for key, label in CONTENDERS.items():
             c = got.get(f"{shape}/{key}", {})
             note = c.get("status", "not run") if "tokens_per_s" not in c else ""
@@ -163,10 +165,9 @@ def rollout(report: dict) -> list[str]:
                 )
             if key == "generate_static_compiled" and "compiled" in c:
                 note = "compiled" if c["compiled"] else "not compiled (static cache only)"
-            lines.append(
-                f"| {label} | {_num(c.get('tokens_per_s'))} | {_num(ours_over(report, shape, key), '{:.2f}x')} "
-                f"| {_num(c.get('fraction_of_bound'), '{:.1%}')} | {_num(c.get('warmup_s'), '{:.1f}')} | {note} |"
-            )
+            rows.append([label, _num(c.get("tokens_per_s")), _num(ours_over(report, shape, key), "{:.2f}x")])
+            rows[-1] += [_num(c.get("fraction_of_bound"), "{:.1%}"), _num(c.get("warmup_s"), "{:.1f}"), note]
+        lines += md_table(["contender", "tokens/s", "ours / this", "% of bound", "warm-up s", "note"], rows)
     return lines
 
 
@@ -188,17 +189,14 @@ def the_rest(report: dict) -> list[str]:
     for step in entries(report, "train_step").values():
         if "ours" not in step:
             continue
+        rows = [[label, f"{step[k]['step_s']:.3f}", _num(step[k]["tokens_per_s"]), f"{step['first_loss'][k]:.3e}"]
+                for k, label in (("ours", "ours (local engine)"), ("plain_torch", "plain torch"))]  # fmt: skip
         lines += [
             "",
             f"## Train step, {step['shape']} shape: {step['rows']} rows x {step['tokens_per_row']} tokens, "
             f"micro-batch {step['micro_batch']}, {step['precision']}",
             "",
-            "| variant | step s | tokens/s | first loss |",
-            "|---|---|---|---|",
-            f"| ours (local engine) | {step['ours']['step_s']:.3f} | {_num(step['ours']['tokens_per_s'])} "
-            f"| {step['first_loss']['ours']:.3e} |",
-            f"| plain torch | {step['plain_torch']['step_s']:.3f} | {_num(step['plain_torch']['tokens_per_s'])} "
-            f"| {step['first_loss']['plain_torch']:.3e} |",
+            *md_table(["variant", "step s", "tokens/s", "first loss"], rows),
             "",
             f"Ours / plain torch: {step['ours_over_plain']:.2f}x.",
         ]
@@ -239,6 +237,5 @@ def the_rest(report: dict) -> list[str]:
 
 def markdown(report: dict) -> str:
     lines = header(report) + where_time(report) + rollout(report) + the_rest(report)
-    lines += ["", "## Targets (issue 35)", "", "| target | measured | verdict |", "|---|---|---|"]
-    lines += [f"| {t} | {m} | {v} |" for t, m, v in targets(report)]
+    lines += ["", "## Targets (issue 35)", "", *md_table(["target", "measured", "verdict"], targets(report))]
     return "\n".join(lines) + "\n"

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import harness
+
 FAULT_ENV = "GPU_CHECK_FAULT"
 POLL_S = 0.2
 
@@ -275,20 +277,7 @@ def supervise(run: SectionRun, child_argv: list[str], logs: Path, on_change: Cal
 
 def git_commit(root: Path) -> str:
     """The checkout's commit; a GPU machine's copy of the tree has no repository (``--commit`` then)."""
-    try:
-        out = subprocess.run(
-            ["git", "describe", "--always", "--dirty=+dirty"], cwd=root, capture_output=True, text=True
-        )
-    except OSError:  # no git program there
-        return "unknown (no git here; pass --commit)"
-    return out.stdout.strip() or "unknown (no git here; pass --commit)"
+    return harness.git_commit(root, missing="unknown (no git here; pass --commit)")
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that a reader (or a kill) sees the old file or the new one, never half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+write_atomically = harness.write_atomically  # a reader (or a kill) sees the old file or the new one, never half

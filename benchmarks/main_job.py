@@ -4,7 +4,7 @@
     python benchmarks/main_job.py --variant checkpointing:trainer.gradient_checkpointing=true
 
 Each variant is ``trinity-like run --config <recipe> <overrides>`` in its own run folder,
-one after another (never two at once), under :class:`common.PeakMemory`: the peak over
+one after another (never two at once), under :class:`harness.PeakMemory`: the peak over
 samples of the summed PSS of the command and every process it starts, Ray's included (RSS
 every 0.25 s, PSS every 2 s). The per-step ``memory/total_gb`` of ``metrics.jsonl`` (PSS of
 driver, trainer workers and explorer at step ends) and the phase times come from the run
@@ -16,14 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, PeakMemory, cpu_name, git_commit, stop_group  # noqa: E402
+from harness import ROOT, command, cpu_name, git_commit, isolated, md_table, utc_now, write_results  # noqa: E402
 
 RECIPE = ROOT / "examples" / "grpo_arith.yaml"
 
@@ -43,16 +41,9 @@ def run_variant(label: str, recipe: Path, overrides: list[str], runs_root: Path)
         "monitor.progress=false",
         *overrides,
     ]
-    memory = PeakMemory()
-    start = time.perf_counter()
-    proc = subprocess.Popen(argv, env=memory.env, cwd=ROOT)
-    memory.start(proc.pid)
-    rc = proc.wait()
-    wall = time.perf_counter() - start
-    peak = memory.stop()
-    stop_group(memory, proc)
-    if rc != 0:
-        raise SystemExit(f"main_job: variant {label!r} failed (exit status {rc}); its log is above")
+    run = isolated(argv)
+    if "error" in run:
+        raise SystemExit(f"main_job: variant {label!r} failed ({run['error']}); its log is above")
     rows = [json.loads(line) for line in (runs_root / name / "metrics.jsonl").read_text().splitlines()]
 
     def values(key: str) -> list[float]:
@@ -66,8 +57,8 @@ def run_variant(label: str, recipe: Path, overrides: list[str], runs_root: Path)
     return {
         "label": label,
         "overrides": overrides,
-        "wall_s": wall,
-        **peak,
+        "wall_s": run["wall_s"],
+        **run["memory"],
         "memory_total_gb_median": median("memory/total_gb"),
         "memory_total_gb_max": max(values("memory/total_gb"), default=None),
         "memory_trainer_gb_max": max(values("memory/trainer_workers_gb"), default=None),
@@ -91,17 +82,14 @@ def markdown(results: list[dict], meta: dict) -> str:
         "",
         f"Commit {meta['commit']}, {meta['date']}. Recipe `{meta['recipe']}`. Machine: {meta['machine']}.",
         "",
-        "| variant | overrides | wall s | peak PSS GB (all processes) | peak RSS GB | memory/total_gb median | max "
-        "| trainer max GB | explorer max GB | step s | update s | eval start | eval end |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in results:
-        lines.append(
-            f"| {r['label']} | `{' '.join(r['overrides']) or '-'}` | {r['wall_s']:.0f} | **{r['peak_pss_gb']:.2f}** "
-            f"| {r['peak_rss_gb']:.2f} | {f(r['memory_total_gb_median'])} | {f(r['memory_total_gb_max'])} "
-            f"| {f(r['memory_trainer_gb_max'])} | {f(r['memory_explorer_gb_max'])} | {f(r['step_s_median'])} "
-            f"| {f(r['update_s_median'])} | {f(r['eval_start'], 3)} | {f(r['eval_end'], 3)} |"
-        )
+    header = ["variant", "overrides", "wall s", "peak PSS GB (all processes)", "peak RSS GB", "memory/total_gb median"]
+    header += ["max", "trainer max GB", "explorer max GB", "step s", "update s", "eval start", "eval end"]
+    two = ("memory_total_gb_median", "memory_total_gb_max", "memory_trainer_gb_max", "memory_explorer_gb_max")
+    rows = [[r["label"], f"`{' '.join(r['overrides']) or '-'}`", f"{r['wall_s']:.0f}", f"**{r['peak_pss_gb']:.2f}**",
+             f"{r['peak_rss_gb']:.2f}", *(f(r[k]) for k in (*two, "step_s_median", "update_s_median")),
+             f(r["eval_start"], 3), f(r["eval_end"], 3)] for r in results]  # fmt: skip
+    lines += md_table(header, rows)
     lines += [
         "",
         "Peak PSS: the largest sum, over samples, of the proportional set size of the command and every "
@@ -116,11 +104,7 @@ def markdown(results: list[dict], meta: dict) -> str:
     lines += [
         f"- {r['label']}: " + ", ".join(f"{k} {v:.2f}" for k, v in r["peak_pss_gb_by_process"].items()) for r in results
     ]
-    lines += [
-        "",
-        "Rewards per step (same seed: equal across variants up to floating-point order):",
-        "",
-    ]
+    lines += ["", "Rewards per step (same seed: equal across variants up to floating-point order):", ""]
     lines += [f"- {r['label']}: {r['rewards']}" for r in results]
     return "\n".join(lines) + "\n"
 
@@ -159,18 +143,16 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     meta = {
-        "command": "python benchmarks/main_job.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": command("main_job.py", argv),
         "commit": git_commit(),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "date": utc_now(),
         "recipe": str(Path(args.config).resolve().relative_to(ROOT))
         if Path(args.config).resolve().is_relative_to(ROOT)
         else str(args.config),
         "machine": f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}",
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
     text = markdown(results, meta)
-    args.out.with_suffix(".md").write_text(text)
+    write_results(args.out, {"meta": meta, "results": results}, text)
     print(text)
 
 

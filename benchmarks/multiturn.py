@@ -32,8 +32,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -45,9 +43,9 @@ from trinity_like.explorer.engine import EngineParams, NativeEngine, SamplingPar
 from trinity_like.models import load_model, render_prompt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import git_commit, matmul_peak_gflops  # noqa: E402
+from harness import RESULTS, cpu_model, git_commit, interleaved, matmul_peak_gflops, md_table, write_results  # noqa: E402
+from harness import command as command_line  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results"
 CONTENDERS = ("reuse", "reprefill", "generate")
 
 
@@ -173,20 +171,20 @@ def bench(args) -> dict:
     run_engine(reuse, tokenizer, starts[:2], warm, 0)
     run_generate(model, tokenizer, starts[:2], warm, 0, stop_ids)
     peaks = [matmul_peak_gflops()]
-    runs: dict[str, list[dict]] = {n: [] for n in CONTENDERS}
-    for rnd in range(args.rounds):
-        order = CONTENDERS[rnd % 3 :] + CONTENDERS[: rnd % 3]
-        for name in order:
-            result = contenders[name](1 + rnd)
-            result["tokens_per_s"] = result["tokens"] / result["wall_s"]
-            runs[name].append(result)
-            print(
-                f"round {rnd} {name}: {result['tokens']} tokens in {result['wall_s']:.2f} s = "
-                f"{result['tokens_per_s']:.1f} tok/s; prefilled {result['prefilled_tokens']} of "
-                f"{result['prompt_tokens']} prompt tokens",
-                file=sys.stderr,
-                flush=True,
-            )
+
+    def run(name: str, rnd: int) -> dict:
+        result = contenders[name](1 + rnd)
+        result["tokens_per_s"] = result["tokens"] / result["wall_s"]
+        print(
+            f"round {rnd} {name}: {result['tokens']} tokens in {result['wall_s']:.2f} s = "
+            f"{result['tokens_per_s']:.1f} tok/s; prefilled {result['prefilled_tokens']} of "
+            f"{result['prompt_tokens']} prompt tokens",
+            file=sys.stderr,
+            flush=True,
+        )
+        return result
+
+    runs = interleaved(run, CONTENDERS, args.rounds, rotate=True)
     peaks.append(matmul_peak_gflops())
     summary = {
         n: {
@@ -228,7 +226,7 @@ def markdown(res: dict, args, command: str, commit: str) -> str:
         f"per episode) and appends a calculator result of {res['observation_tokens']['min']}-"
         f"{res['observation_tokens']['max']} tokens; final histories {s['reuse']['final_history_tokens']:.0f} "
         f"tokens on average. torch threads {args.threads}; {args.rounds} interleaved rounds (medians). Machine: "
-        f"{platform.processor() or platform.machine()}, torch {torch.__version__}, fp32 matmul peak "
+        f"{cpu_model()}, torch {torch.__version__}, fp32 matmul peak "
         f"{peaks[0]:.0f} GFLOP/s before and {peaks[1]:.0f} after the rounds; shared with other jobs -- compare "
         f"ratios, not absolute times. Code measured: commit {commit}.",
         "",
@@ -236,32 +234,20 @@ def markdown(res: dict, args, command: str, commit: str) -> str:
         "batch; `reuse / this`: median of the per-round ratios of tokens/s. Prefilled: prompt tokens that ran "
         "through the model, of all prompt tokens sent over the turns.",
         "",
-        "| contender | tokens/s | wall s | generated | prefilled / sent prompt tokens | reuse / this |",
-        "|---|---|---|---|---|---|",
     ]
-    for name in CONTENDERS:
-        ratio = "-" if name == "reuse" else f"{o[f'ratio_vs_{name}']:.2f}x"
-        lines.append(
-            f"| {name} | {s[name]['tokens_per_s']:.1f} | {s[name]['wall_s']:.2f} | {s[name]['tokens']:.0f} "
-            f"| {s[name]['prefilled_tokens']:.0f} / {s[name]['prompt_tokens']:.0f} | {ratio} |"
-        )
-    lines += ["", "Per-round ratios (spread under load):", ""]
-    for base in ("reprefill", "generate"):
-        lines.append(f"- reuse / {base}: " + ", ".join(f"{r:.2f}x" for r in o[f"ratios_vs_{base}"]))
+    rows = [[n, f"{s[n]['tokens_per_s']:.1f}", f"{s[n]['wall_s']:.2f}", f"{s[n]['tokens']:.0f}",
+             f"{s[n]['prefilled_tokens']:.0f} / {s[n]['prompt_tokens']:.0f}",
+             "-" if n == "reuse" else f"{o[f'ratio_vs_{n}']:.2f}x"] for n in CONTENDERS]  # fmt: skip
+    header = ["contender", "tokens/s", "wall s", "generated", "prefilled / sent prompt tokens", "reuse / this"]
+    lines += [*md_table(header, rows), "", "Per-round ratios (spread under load):", ""]
     lines += [
-        "",
-        "Our time split (median seconds per run):",
-        "",
-        "| contender | prefill | decode forward | sampling | cache management | bookkeeping |",
-        "|---|---|---|---|---|---|",
+        f"- reuse / {b}: " + ", ".join(f"{r:.2f}x" for r in o[f"ratios_vs_{b}"]) for b in ("reprefill", "generate")
     ]
-    for name in ("reuse", "reprefill"):
-        sp = s[name]["split_s"]
-        lines.append(
-            f"| {name} | {sp['prefill']:.2f} | {sp['decode_forward']:.2f} | {sp['sampling']:.2f} "
-            f"| {sp['cache']:.2f} | {sp['bookkeeping']:.2f} |"
-        )
-    return "\n".join(lines) + "\n"
+    lines += ["", "Our time split (median seconds per run):", ""]
+    parts = ("prefill", "decode_forward", "sampling", "cache", "bookkeeping")
+    rows = [[n, *(f"{s[n]['split_s'][k]:.2f}" for k in parts)] for n in ("reuse", "reprefill")]
+    header = ["contender", "prefill", "decode forward", "sampling", "cache management", "bookkeeping"]
+    return "\n".join([*lines, *md_table(header, rows)]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -271,29 +257,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (medians)")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch threads (1: two threads on a shared 2-core machine stall when another job runs)",
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        help="writes OUT.md and OUT.json (default: results/multiturn, results/multiturn_tiny for tiny-random)",
-    )
+    threads = "torch threads (1: two threads on a shared 2-core machine stall when another job runs)"
+    parser.add_argument("--threads", type=int, default=1, help=threads)
+    out = "writes OUT.md and OUT.json (default: results/multiturn, results/multiturn_tiny for tiny-random)"
+    parser.add_argument("--out", type=Path, help=out)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     out = args.out or RESULTS / ("multiturn_tiny" if args.model == "tiny-random" else "multiturn")
-    command = "python benchmarks/multiturn.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = command_line("multiturn.py", argv)
     commit = git_commit()
     res = bench(args)
-    text = markdown(res, args, command.strip(), commit)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text(text)
     meta = {"command": command.strip(), "commit": commit, "args": vars(args) | {"out": str(out)}, "result": res}
-    out.with_suffix(".json").write_text(json.dumps(meta, indent=1))
-    print(text)
+    print(write_results(out, meta, markdown(res, args, command.strip(), commit)), end="")
 
 
 if __name__ == "__main__":

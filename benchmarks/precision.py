@@ -30,7 +30,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -50,7 +49,7 @@ from trinity_like.trainer.objective import sampler_gap  # noqa: E402
 from trinity_like.trainer.params import ModelParams, OptimParams  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import cpu_name, git_commit  # noqa: E402
+from harness import command, cpu_name, git_commit, interleaved, md_table, utc_now, write_results  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "precision"
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}  # train: autocast dtype over the fp32 weights
@@ -200,14 +199,15 @@ def sampler_trainer_gap(args) -> dict[str, dict[str, float]]:
     return out
 
 
-def interleaved(contenders: dict, run, reps: int, what: str) -> dict[str, list[tuple[float, float]]]:
-    """``reps`` rounds of ``run(contender)`` for each contender, the order alternating every round."""
-    out: dict[str, list[tuple[float, float]]] = {name: [] for name in contenders}
-    for rep in range(reps):
-        for name in list(contenders) if rep % 2 == 0 else list(contenders)[::-1]:
-            out[name].append(run(contenders[name]))
-            print(f"{what} {name} rep {rep}: {out[name][-1][0]:.2f} wall, {out[name][-1][1]:.2f} cpu", file=sys.stderr)
-    return out
+def rounds(contenders: dict, run, reps: int, what: str) -> dict[str, list[tuple[float, float]]]:
+    """``reps`` interleaved rounds of ``run(contender)`` for each contender: (wall, cpu) seconds."""
+
+    def one(name: str, rep: int) -> tuple[float, float]:
+        wall, cpu = run(contenders[name])
+        print(f"{what} {name} rep {rep}: {wall:.2f} wall, {cpu:.2f} cpu", file=sys.stderr)
+        return wall, cpu
+
+    return interleaved(one, list(contenders), reps)
 
 
 def medians(samples: dict[str, list[tuple[float, float]]]) -> dict[str, dict[str, float]]:
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> dict:
     batch = grpo_batch(args, vocab)
     for engine in engines.values():
         update(engine, batch)  # warm-up
-    updates = interleaved(engines, lambda e: update(e, batch), args.reps, "update")
+    updates = rounds(engines, lambda e: update(e, batch), args.reps, "update")
     flops = update_flops(engines["fp32"].model, batch)
     profiles = {name: breakdown(engine, batch) for name, engine in engines.items()}
     del engines
@@ -261,13 +261,13 @@ def main(argv: list[str] | None = None) -> dict:
     samplers = {name: NativeEngine(shaped_model(shape, dtype=dtype)) for name, dtype in ROLLOUT_DTYPES.items()}
     for sampler in samplers.values():
         rollout(sampler, prompts[:1], args)  # warm-up
-    rollouts = interleaved(samplers, lambda e: rollout(e, prompts, args), args.reps, "rollout tok/s")
+    rollouts = rounds(samplers, lambda e: rollout(e, prompts, args), args.reps, "rollout tok/s")
     del samplers
     gap = sampler_trainer_gap(args)
     meta = {
-        "command": "python benchmarks/precision.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command("precision.py", argv),
         "commit": git_commit(),
-        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "when": utc_now(),
         "load": os.getloadavg()[0],
         "cpu": cpu_name(),
         "shape": shape,
@@ -285,11 +285,7 @@ def main(argv: list[str] | None = None) -> dict:
         "rollout_samples": rollouts,
         "gap": gap,
     }
-    text = markdown(result)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".md").write_text(text)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=2))
-    print(text)
+    print(write_results(args.out, result, markdown(result), indent=2), end="")
     return result
 
 
@@ -308,42 +304,30 @@ def markdown(result: dict) -> str:
         f"({peaks['bf16'] / peaks['fp32']:.1f}x). Medians of {m['reps']}, A/B interleaved; CPU seconds are the "
         "process's (every thread), which other users' load does not inflate as it does wall time.",
         "",
-        "| precision | update wall s | update CPU s | GFLOP per CPU s | % of its matmul peak | rollout tok/s wall | "
-        "rollout tok per CPU s |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
+    rows = []
     for name, u in result["update_s"].items():
-        rate = m["gflop"] / u["cpu"] / m["threads"]
-        r = result["rollout_tok_s"][name]
-        lines.append(
-            f"| {name} | {u['wall']:.2f} | {u['cpu']:.2f} | {rate:.0f} | {rate / peaks[name]:.0%} | "
-            f"{r['wall']:.0f} | {r['cpu']:.0f} |"
-        )
-    lines += [
-        "",
-        "One profiled update (torch.profiler, self CPU seconds by op group, share of the total):",
-        "",
-        "| precision | " + " | ".join(groups) + " |",
-        "| --- " * (1 + len(groups)) + "|",
-    ]
+        rate, r = m["gflop"] / u["cpu"] / m["threads"], result["rollout_tok_s"][name]
+        rows.append([name, f"{u['wall']:.2f}", f"{u['cpu']:.2f}", f"{rate:.0f}", f"{rate / peaks[name]:.0%}"])
+        rows[-1] += [f"{r['wall']:.0f}", f"{r['cpu']:.0f}"]
+    header = ["precision", "update wall s", "update CPU s", "GFLOP per CPU s", "% of its matmul peak"]
+    lines += md_table([*header, "rollout tok/s wall", "rollout tok per CPU s"], rows)
+    lines += ["", "One profiled update (torch.profiler, self CPU seconds by op group, share of the total):", ""]
+    rows = []
     for name, prof in result["profile_s"].items():
         total = sum(prof.values()) or 1.0
-        cells = " | ".join(f"{prof.get(g, 0.0):.2f} ({prof.get(g, 0.0) / total:.0%})" for g in groups)
-        lines.append(f"| {name} | {cells} |")
+        rows.append([name, *(f"{prof.get(g, 0.0):.2f} ({prof.get(g, 0.0) / total:.0%})" for g in groups)])
+    lines += md_table(["precision", *groups], rows)
     lines += [
         "",
         f"The sampler-trainer gap on `{m['gap_model']}` (its own weights, not random; the same {m['prompts']} x {m['group']} sampled "
         "responses per sampler dtype, the trainer's logprobs of the same tokens; expert rows none):",
         "",
-        "| sampler, trainer | KL k3 (mean) | max abs logprob diff | mean abs logprob diff |",
-        "| --- | --- | --- | --- |",
     ]
-    for combo, g in result["gap"].items():
-        lines.append(
-            f"| {combo} | {g['train/sampler_kl_k3']:.2e} | {g['train/sampler_logprob_diff_max']:.3f} "
-            f"| {g['train/sampler_logprob_diff_mean']:.4f} |"
-        )
-    return "\n".join(lines) + "\n"
+    rows = [[combo, f"{g['train/sampler_kl_k3']:.2e}", f"{g['train/sampler_logprob_diff_max']:.3f}",
+             f"{g['train/sampler_logprob_diff_mean']:.4f}"] for combo, g in result["gap"].items()]  # fmt: skip
+    header = ["sampler, trainer", "KL k3 (mean)", "max abs logprob diff", "mean abs logprob diff"]
+    return "\n".join([*lines, *md_table(header, rows)]) + "\n"
 
 
 if __name__ == "__main__":

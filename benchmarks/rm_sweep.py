@@ -33,32 +33,15 @@ import argparse
 import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from signals import mean, read_metrics
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import RESULTS, ROOT, command, md_table, run_cli, write_results  # noqa: E402
+from signals import mean, read_metrics  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 PAIRS = {"hand": "rm", "policy": "rm_policy"}  # pairs data -> the reward model recipe (and run name)
-
-
-def cli(args: list[str], log: Path) -> float:
-    """Run ``trinity-like`` with ``args`` (output to ``log``); its wall time, or exit naming the log."""
-    t0 = time.perf_counter()
-    with open(log, "w") as out:
-        proc = subprocess.run(
-            [sys.executable, "-m", "trinity_like.cli", *args],
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            check=False,
-        )
-    if proc.returncode != 0:
-        raise SystemExit(f"trinity-like {shlex.join(args)}: exit {proc.returncode}; see {log}")
-    return time.perf_counter() - t0
 
 
 def cell_overrides(pairs: str, kl: float, rm_root: Path, run_root: Path, steps: int) -> list[str]:
@@ -93,6 +76,13 @@ def summarize(rows: list[dict]) -> dict:
     }
 
 
+def row(r: dict) -> list[str]:
+    (a0, a1), (g0, g1), (l0, l1) = r["accuracy"], r["gold"], r["learned"]
+    held_out = f"{100 * a0:.1f} % -> {100 * a1:.1f} % +- {100 * r['accuracy_stderr']:.1f}"
+    return [r["pairs"], f"{r['kl']:g}", held_out, f"{g0:.3f} -> {g1:.3f}", f"{l0:.2f} -> {l1:.2f}",
+            f"{r['kl_end']:.4f}", f"{r['wall_s'] / 60:.1f} min"]  # fmt: skip
+
+
 def markdown(results: list[dict]) -> str:
     commands = list(dict.fromkeys(r["by"] for r in results))
     lines = [
@@ -103,17 +93,10 @@ def markdown(results: list[dict]) -> str:
         "match on the 200 eval problems (greedy), +- its standard error. Gold / learned: mean exact-match",
         "reward and mean learned reward of the rollouts, first 3 steps -> last 3.",
         "",
-        "| pairs data | KL coef | held-out exact match start -> end | gold reward | learned reward | KL at the end | wall |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for r in results:
-        (a0, a1), (g0, g1), (l0, l1) = r["accuracy"], r["gold"], r["learned"]
-        lines.append(
-            f"| {r['pairs']} | {r['kl']:g} | {100 * a0:.1f} % -> {100 * a1:.1f} % +- {100 * r['accuracy_stderr']:.1f} "
-            f"| {g0:.3f} -> {g1:.3f} | {l0:.2f} -> {l1:.2f} | {r['kl_end']:.4f} | {r['wall_s'] / 60:.1f} min |"
-        )
-    lines += ["", "Each cell's command:", ""] + [f"- `{r['command']}`" for r in results]
-    return "\n".join(lines) + "\n"
+    header = ["pairs data", "KL coef", "held-out exact match start -> end", "gold reward", "learned reward"]
+    lines += md_table([*header, "KL at the end", "wall"], map(row, results))
+    return "\n".join([*lines, "", "Each cell's command:", ""] + [f"- `{r['command']}`" for r in results])
 
 
 def main() -> None:
@@ -136,11 +119,8 @@ def main() -> None:
         name = PAIRS[pairs]
         if not (rm_root / name / "checkpoints").is_dir():
             print(f"{name}: training the reward model", flush=True)
-            cli(
-                ["run", "--config", f"examples/{name}.yaml", f"run_root={rm_root}", "monitor.progress=false"],
-                run_root / "logs" / f"{name}.log",
-            )
-    command = " ".join(["python benchmarks/rm_sweep.py", *map(shlex.quote, sys.argv[1:])])
+            recipe = ["run", "--config", f"examples/{name}.yaml", f"run_root={rm_root}", "monitor.progress=false"]
+            run_cli(recipe, run_root / "logs" / f"{name}.log")
     out_json = RESULTS / f"{args.out}.json"
     # cells of earlier runs of the script stay, a cell run again replaces its row
     cells = {(r["pairs"], r["kl"]): r for r in json.loads(out_json.read_text())} if out_json.exists() else {}
@@ -149,14 +129,16 @@ def main() -> None:
             overrides = cell_overrides(pairs, kl, rm_root, run_root, args.steps)
             name = overrides[0].split("=", 1)[1]
             print(f"{name}: running", flush=True)
-            wall = cli(["run", "--config", "examples/grpo_with_rm.yaml", *overrides], run_root / "logs" / f"{name}.log")
+            wall = run_cli(
+                ["run", "--config", "examples/grpo_with_rm.yaml", *overrides], run_root / "logs" / f"{name}.log"
+            )
             result = {
                 "pairs": pairs,
                 "kl": kl,
                 **summarize(read_metrics(run_root / name)),
                 "wall_s": wall,
                 "command": shlex.join(["trinity-like", "run", "--config", "examples/grpo_with_rm.yaml", *overrides]),
-                "by": command,
+                "by": command("rm_sweep.py"),
                 "date": time.strftime("%Y-%m-%d"),
             }
             print(
@@ -166,9 +148,7 @@ def main() -> None:
             )
             cells[pairs, kl] = result
             results = [cells[k] for k in sorted(cells, key=lambda k: (list(PAIRS).index(k[0]), k[1]))]
-            RESULTS.mkdir(parents=True, exist_ok=True)
-            out_json.write_text(json.dumps(results, indent=1))
-            (RESULTS / f"{args.out}.md").write_text(markdown(results))
+            write_results(RESULTS / args.out, results, markdown(results))
 
 
 if __name__ == "__main__":

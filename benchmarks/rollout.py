@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -49,7 +48,8 @@ from trinity_like.explorer.engine import NativeEngine, SamplingParams
 from trinity_like.models import load_model, render_prompt
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import cpu_name  # noqa: E402
+from harness import command as command_line  # noqa: E402
+from harness import cpu_model, cpu_name, git_commit, interleaved, md_table, write_results  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -66,15 +66,7 @@ def build_prompts(tokenizer, count: int) -> list[list[int]]:
 
 def count_response_tokens(rows: list[list[int]], stop_ids: set[int]) -> int:
     """Tokens up to and including the first stop token of each row (the rest is padding)."""
-    total = 0
-    for row in rows:
-        n = len(row)
-        for i, token in enumerate(row):
-            if token in stop_ids:
-                n = i + 1
-                break
-        total += n
-    return total
+    return sum(next((i + 1 for i, token in enumerate(row) if token in stop_ids), len(row)) for row in rows)
 
 
 def run_ours(engine: NativeEngine, prompts, group: int, max_new: int, seed: int) -> dict:
@@ -171,19 +163,19 @@ def bench_model(ref: str, args) -> dict:
         assert getattr(model, "_compiled_call", None) is not None, f"{name}: generate did not compile its forward"
         print(f"{ref} {name}: compiled and ran once in {compile_s[name]:.1f} s", file=sys.stderr, flush=True)
     names = list(contenders)
-    runs: dict[str, list[dict]] = {n: [] for n in names}
-    for rep in range(args.reps):
-        order = names[rep % len(names) :] + names[: rep % len(names)]
-        for name in order:
-            result = contenders[name](1000 + rep)
-            result["tokens_per_s"] = result["tokens"] / result["wall_s"]
-            runs[name].append(result)
-            print(
-                f"{ref} rep {rep} {name}: {result['tokens']} tokens in {result['wall_s']:.2f} s "
-                f"= {result['tokens_per_s']:.1f} tok/s",
-                file=sys.stderr,
-                flush=True,
-            )
+
+    def run(name: str, rep: int) -> dict:
+        result = contenders[name](1000 + rep)
+        result["tokens_per_s"] = result["tokens"] / result["wall_s"]
+        print(
+            f"{ref} rep {rep} {name}: {result['tokens']} tokens in {result['wall_s']:.2f} s "
+            f"= {result['tokens_per_s']:.1f} tok/s",
+            file=sys.stderr,
+            flush=True,
+        )
+        return result
+
+    runs = interleaved(run, names, args.reps, rotate=True)
     summary = {
         n: {
             "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs[n]),
@@ -215,21 +207,6 @@ def bench_model(ref: str, args) -> dict:
     }
 
 
-def git_commit() -> str:
-    """The checked-out commit (the code measured), or "unknown" outside a git checkout."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).resolve().parent,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return out.stdout.strip()
-
-
 def markdown(results: list[dict], args, command: str, commit: str) -> str:
     lines = [
         "# Rollout throughput: our engine vs `transformers` `generate`",
@@ -244,20 +221,22 @@ def markdown(results: list[dict], args, command: str, commit: str) -> str:
         "tokens/s, wall and tokens: medians per contender; `ours / this`: median of the per-repetition ratios "
         "of tokens/s. Tokens counted alike: response tokens up to and including the first stop token.",
         "",
-        "| model | contender | tokens/s | wall s | tokens | ours / this |",
-        "|---|---|---|---|---|---|",
     ]
+    rows = []
     for res in results:
         s = res["summary"]
         for x in (x for x in SUFFIX.values() if f"ours{x}" in s):
             for name in (f"ours{x}", *(f"{b}{x}" for b in BASES if f"{b}{x}" in s)):
                 ratio = "-" if name.startswith("ours") else f"{s[f'ours{x}'][f'ratio_vs_{name}']:.2f}x"
-                lines.append(
-                    f"| {res['model']} | {name} | {s[name]['tokens_per_s']:.1f} | {s[name]['wall_s']:.2f} "
-                    f"| {s[name]['tokens']:.0f} | {ratio} |"
+                o = s[name]
+                rows.append(
+                    [res["model"], name, f"{o['tokens_per_s']:.1f}", f"{o['wall_s']:.2f}", f"{o['tokens']:.0f}", ratio]
                 )
         if "ratio_vs_ours" in s.get("ours-bf16", {}):
-            lines.append(f"| {res['model']} | ours-bf16 / ours (fp32) | | | | {s['ours-bf16']['ratio_vs_ours']:.2f}x |")
+            rows.append(
+                [res["model"], "ours-bf16 / ours (fp32)", "", "", "", f"{s['ours-bf16']['ratio_vs_ours']:.2f}x"]
+            )
+    lines += md_table(["model", "contender", "tokens/s", "wall s", "tokens", "ours / this"], rows)
     compiles = [
         f"{res['model']} {name} {o['compile_and_first_call_s']:.1f} s"
         for res in results
@@ -275,22 +254,12 @@ def markdown(results: list[dict], args, command: str, commit: str) -> str:
                 if f"ratios_vs_{base}{x}" in s[f"ours{x}"]:
                     ratios = s[f"ours{x}"][f"ratios_vs_{base}{x}"]
                     lines.append(f"- {res['model']} ours{x} vs {base}{x}: " + ", ".join(f"{r:.2f}x" for r in ratios))
-    lines += [
-        "",
-        "Our time split (median seconds per run):",
-        "",
-        "| model | contender | prefill | decode forward | sampling | cache management | bookkeeping |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for res in results:
-        for name, o in res["summary"].items():
-            if "split_s" in o:
-                sp = o["split_s"]
-                lines.append(
-                    f"| {res['model']} | {name} | {sp['prefill']:.2f} | {sp['decode_forward']:.2f} "
-                    f"| {sp['sampling']:.2f} | {sp['cache']:.2f} | {sp['bookkeeping']:.2f} |"
-                )
-    return "\n".join(lines) + "\n"
+    lines += ["", "Our time split (median seconds per run):", ""]
+    parts = ("prefill", "decode_forward", "sampling", "cache", "bookkeeping")
+    rows = [[res["model"], name, *(f"{o['split_s'][k]:.2f}" for k in parts)]
+            for res in results for name, o in res["summary"].items() if "split_s" in o]  # fmt: skip
+    header = ["model", "contender", "prefill", "decode forward", "sampling", "cache management", "bookkeeping"]
+    return "\n".join([*lines, *md_table(header, rows)]) + "\n"
 
 
 # One timed call of a checkout's engine: run with that checkout first on PYTHONPATH (either class name).
@@ -324,27 +293,25 @@ def run_ab(args, command: str) -> None:
     import os
 
     sides = {"this": str(Path(__file__).resolve().parent.parent), "other": str(args.ab.resolve())}
-    runs: dict[str, dict[str, list[dict]]] = {m: {k: [] for k in sides} for m in args.models}
-    for rep in range(args.reps):
-        for ref in args.models:
-            order = list(sides) if rep % 2 == 0 else list(reversed(sides))
-            for side in order:
-                code = AB_CHILD.format(
-                    threads=args.threads, model=ref, prompts=args.prompts, group=args.group,
-                    new=args.max_new_tokens, seed=1000 + rep, calls=args.ab_calls,
-                )  # fmt: skip
-                env = {**os.environ, "PYTHONPATH": os.pathsep.join([sides[side], os.environ.get("PYTHONPATH", "")])}
-                out = subprocess.run(  # cwd: `python -c` puts it first on sys.path
-                    [sys.executable, "-c", code], cwd=sides[side], env=env, capture_output=True, text=True, check=True
-                )
-                result = json.loads(out.stdout.strip().splitlines()[-1])
-                assert result["file"].startswith(sides[side]), (result["file"], sides[side])
-                runs[ref][side].append(result)
-                print(
-                    f"{ref} rep {rep} {side}: {result['tokens_per_s']:.1f} tok/s, {result['tokens_per_cpu_s']:.1f} tok/cpu-s",
-                    file=sys.stderr,
-                    flush=True,
-                )
+
+    def run(cell: tuple[str, str], rep: int) -> dict:
+        ref, side = cell
+        code = AB_CHILD.format(
+            threads=args.threads, model=ref, prompts=args.prompts, group=args.group,
+            new=args.max_new_tokens, seed=1000 + rep, calls=args.ab_calls,
+        )  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([sides[side], os.environ.get("PYTHONPATH", "")])}
+        out = subprocess.run(  # cwd: `python -c` puts it first on sys.path
+            [sys.executable, "-c", code], cwd=sides[side], env=env, capture_output=True, text=True, check=True
+        )
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        assert result["file"].startswith(sides[side]), (result["file"], sides[side])
+        rate = f"{result['tokens_per_s']:.1f} tok/s, {result['tokens_per_cpu_s']:.1f} tok/cpu-s"
+        print(f"{ref} rep {rep} {side}: {rate}", file=sys.stderr, flush=True)
+        return result
+
+    by_cell = interleaved(run, [(ref, side) for ref in args.models for side in sides], args.reps)
+    runs = {ref: {side: by_cell[ref, side] for side in sides} for ref in args.models}
     lines = [
         "# Rollout throughput: this checkout's engine against another's, interleaved",
         "",
@@ -353,27 +320,22 @@ def run_ab(args, command: str) -> None:
         f"{args.threads}; {args.reps} repetitions, sides alternating, each its own process timing "
         f"{args.ab_calls} calls (its median); medians over repetitions. Tokens per CPU-second (the process's "
         f"CPU time): what other jobs on a shared machine disturb least. Machine: "
-        f"{platform.processor() or platform.machine()}, torch {torch.__version__}.",
+        f"{cpu_model()}, torch {torch.__version__}.",
         "",
-        "| model | measure | this | other | this / other (median of per-rep ratios) | per-rep ratios |",
-        "|---|---|---|---|---|---|",
     ]
+    rows = []
     for ref, by_side in runs.items():
         this, other = by_side["this"], by_side["other"]
         for key, label in (("tokens_per_cpu_s", "tokens per CPU-s"), ("tokens_per_s", "tokens/s (wall)")):
             ratios = [a[key] / b[key] for a, b in zip(this, other)]
-            lines.append(
-                f"| {ref} | {label} | {statistics.median(r[key] for r in this):.1f} "
-                f"| {statistics.median(r[key] for r in other):.1f} | {statistics.median(ratios):.2f}x "
-                f"| {', '.join(f'{r:.2f}' for r in ratios)} |"
+            medians = [f"{statistics.median(r[key] for r in side):.1f}" for side in (this, other)]
+            rows.append(
+                [ref, label, *medians, f"{statistics.median(ratios):.2f}x", ", ".join(f"{r:.2f}" for r in ratios)]
             )
+    header = ["model", "measure", "this", "other", "this / other (median of per-rep ratios)", "per-rep ratios"]
+    lines += md_table(header, rows)
     out = args.out.with_name(args.out.name + "_ab")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(
-        json.dumps({"command": command, "args": str(vars(args)), "runs": runs}, indent=1)
-    )
-    print("\n".join(lines))
+    print(write_results(out, {"command": command, "args": str(vars(args)), "runs": runs}, lines))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -408,34 +370,28 @@ def main(argv: list[str] | None = None) -> None:
                     f"ratios_vs_{base}",
                     [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs["ours"], runs[base])],
                 )
-        text = markdown(
-            saved["results"],
-            argparse.Namespace(**saved["args"]),
-            saved["command"].strip(),
-            saved.get("commit", "unknown"),
-        )
+        saved_args, commit = argparse.Namespace(**saved["args"]), saved.get("commit", "unknown")
+        text = markdown(saved["results"], saved_args, saved["command"].strip(), commit)
         args.render.with_suffix(".md").write_text(text)
         print(text)
         return
     torch.set_num_threads(args.threads)
     commit = git_commit()
-    command = "python benchmarks/rollout.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = command_line("rollout.py", argv)
     if args.ab:
         run_ab(args, command.strip())
         return
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     results = []
     for ref in args.models:  # files rewritten after each model: a long run leaves partial results
         results.append(bench_model(ref, args))
         text = markdown(results, args, command.strip(), commit)
-        args.out.with_suffix(".md").write_text(text)
         meta = {
             "command": command,
             "commit": commit,
             "args": vars(args) | {"out": str(args.out), "render": None},
             "results": results,
         }
-        args.out.with_suffix(".json").write_text(json.dumps(meta, indent=1))
+        write_results(args.out, meta, text)
     print(text)
 
 

@@ -32,16 +32,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import RESULTS, ROOT, command, cpu_name, md_table, run_cli, write_results  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -144,13 +142,7 @@ def run_recipe(
     if recipe.config:  # a variant runs under its own name (and run directory)
         overrides.append(f"name={recipe.name}")
     overrides += [e.replace("{run_root}", str(run_root)) for e in recipe.extra]
-    cmd = [sys.executable, "-m", "trinity_like.cli", "run", "--config", recipe.file, *overrides]
-    t0 = time.perf_counter()
-    with open(log_dir / f"{recipe.name}.log", "w") as log:
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"{recipe.name}: exit {proc.returncode}; see {log_dir / (recipe.name + '.log')}")
+    wall = run_cli(["run", "--config", recipe.file, *overrides], log_dir / f"{recipe.name}.log")
     base = run_root / recipe.name
     run_dirs = [base / "sft", base / "grpo"] if recipe.name == "sft_then_grpo" else [base]  # its two stages
     return run_dirs, wall, ["trinity-like run --config", recipe.file, *map(shlex.quote, overrides)]
@@ -166,11 +158,10 @@ def markdown(results: list[dict], args: argparse.Namespace) -> str:
         "",
         "Command: `python benchmarks/signals.py` (a row re-measured on its own names its command in the last column).",
         "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, torch threads per process as the recipe sets them.",
+        f"Machine: {cpu_name()}, torch threads per process as the recipe sets them.",
         "",
-        "| recipe | signal | start | end | right way | held-out answer accuracy start -> end | wall | measured |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
+    rows = []
     for r in results:
         acc = "-"
         if "accuracy" in r:
@@ -180,14 +171,12 @@ def markdown(results: list[dict], args: argparse.Namespace) -> str:
         if "preference_accuracy" in r and r["preference_accuracy"]:
             p0, p1 = r["preference_accuracy"]
             signal += f" (preference accuracy {fmt(p0)} -> {fmt(p1)})"
-        lines.append(
-            f"| {r['recipe']} | {signal} | {fmt(r['start'])} | {fmt(r['end'])} | "
-            f"{'yes' if r['moved_right_way'] else '**no**'} | {acc} | {r['wall_s'] / 60:.1f} min | "
-            f"{r.get('date', '')} {'`' + r['by'] + '`' if r.get('by') else ''} |"
-        )
-    lines += ["", "Each recipe's own command (as run):", ""]
-    lines += [f"- `{' '.join(r['command'])}`" for r in results]
-    return "\n".join(lines) + "\n"
+        by = f"{r.get('date', '')} {'`' + r['by'] + '`' if r.get('by') else ''}"
+        rows.append([r["recipe"], signal, fmt(r["start"]), fmt(r["end"]), "yes" if r["moved_right_way"] else "**no**"])
+        rows[-1] += [acc, f"{r['wall_s'] / 60:.1f} min", by]
+    header = ["recipe", "signal", "start", "end", "right way", "held-out answer accuracy start -> end", "wall"]
+    lines += [*md_table([*header, "measured"], rows), "", "Each recipe's own command (as run):", ""]
+    return "\n".join(lines + [f"- `{' '.join(r['command'])}`" for r in results]) + "\n"
 
 
 READING = "## Reading it"
@@ -224,13 +213,13 @@ def main() -> None:
     previous = {r["recipe"]: r for r in json.loads(out_json.read_text())} if out_json.exists() and args.only else {}
     for recipe in chosen:
         print(f"{recipe.name}: running", flush=True)
-        run_dirs, wall, command = run_recipe(recipe, args, run_root, log_dir)
+        run_dirs, wall, recipe_command = run_recipe(recipe, args, run_root, log_dir)
         result = {
             **summarize(recipe, run_dirs),
             "wall_s": wall,
-            "command": command,
+            "command": recipe_command,
             "date": time.strftime("%Y-%m-%d"),
-            "by": " ".join(["python benchmarks/signals.py", *sys.argv[1:]]),
+            "by": command("signals.py"),
         }
         print(
             f"{recipe.name}: {result['signal']} {fmt(result['start'])} -> {fmt(result['end'])} "
@@ -239,10 +228,7 @@ def main() -> None:
         )
         previous[recipe.name] = result
         results = [previous[r.name] for r in RECIPES if r.name in previous]
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        out_json.write_text(json.dumps(results, indent=1))
-        md = RESULTS / f"{stem}.md"
-        md.write_text(markdown(results, args) + kept_reading(md))
+        write_results(out_json, results, markdown(results, args) + kept_reading(RESULTS / f"{stem}.md"))
 
 
 if __name__ == "__main__":

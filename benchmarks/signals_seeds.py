@@ -32,8 +32,9 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import RESULTS, ROOT, run_cli  # noqa: E402
+
 ADD2 = [f"buffer.{key}.generator=arithmetic_add2" for key in ("tasks", "eval_tasks")]
 ADD2 += [f"buffer.{key}.generator_args={{}}" for key in ("tasks", "eval_tasks")]
 
@@ -51,17 +52,6 @@ RECIPES = {
 TINY = ["model.path=tiny-random", "explorer.batch_size=2", "explorer.group_size=4", "buffer.eval_tasks.size=4"]
 
 
-def cli(*args: str, log: Path) -> None:
-    """One ``trinity-like`` command, its output in ``log``; a failure stops with the log's tail."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as fh:
-        code = subprocess.run(
-            [sys.executable, "-m", "trinity_like.cli", *args], cwd=ROOT, stdout=fh, stderr=fh
-        ).returncode
-    if code != 0:
-        raise SystemExit(f"{' '.join(args[:3])} failed ({code}): {log.read_text()[-1500:]}")
-
-
 def train_reward_model(root: Path, tiny: bool) -> Path:
     """Pairs of the starting policy's own answers on the task, then a reward model on them."""
     if tiny:  # the tiny random model never answers right: no pair of its own; the 4 tiny pairs instead
@@ -70,23 +60,13 @@ def train_reward_model(root: Path, tiny: bool) -> Path:
         pairs = root / "pairs_add2"
         if not (pairs / "pairs.jsonl").exists():
             recipe = str(ROOT / "examples" / "grpo_add2.yaml")
-            cli("rm-pairs", recipe, "--out", str(pairs), log=root / "logs" / "rm_pairs.log")
+            run_cli(["rm-pairs", recipe, "--out", str(pairs)], root / "logs" / "rm_pairs.log")
         train, evals = pairs / "pairs.jsonl", pairs / "pairs_eval.jsonl"
-    steps = ["trainer.total_steps=2"] if tiny else []
-    cli(
-        "run",
-        "--config",
-        str(ROOT / "examples" / "rm_policy.yaml"),
-        f"run_root={root}",
-        "name=rm_add2",
-        "trainer.engine=local",
-        "monitor.progress=false",
-        f"buffer.train_data.path={train}",
-        f"buffer.eval_data.path={evals}",
-        *(["model.path=tiny-random", "buffer.train_batch_size=4"] if tiny else []),
-        *steps,
-        log=root / "logs" / "rm_add2.log",
-    )
+    args = ["run", "--config", str(ROOT / "examples" / "rm_policy.yaml"), f"run_root={root}", "name=rm_add2"]
+    args += ["trainer.engine=local", "monitor.progress=false"]
+    args += [f"buffer.train_data.path={train}", f"buffer.eval_data.path={evals}"]
+    args += ["model.path=tiny-random", "buffer.train_batch_size=4", "trainer.total_steps=2"] if tiny else []
+    run_cli(args, root / "logs" / "rm_add2.log")
     return root / "rm_add2"
 
 
@@ -125,14 +105,8 @@ def main() -> None:
     report = root / "signals_seeds" if args.tiny else RESULTS / "signals_seeds"
     steps = 2 if args.tiny else args.steps
     command = [sys.executable, "-m", "trinity_like.cli", "compare", str(spec), "--seeds", str(args.seeds)]
-    command += [
-        "--set",
-        "trainer.engine=local",
-        "--set",
-        f"trainer.total_steps={steps}",
-        "--set",
-        "monitor.progress=false",
-    ]
+    command += ["--set", "trainer.engine=local", "--set", f"trainer.total_steps={steps}"]
+    command += ["--set", "monitor.progress=false"]
     command += ["--out", str(root / "compare"), "--report", str(report), "--jobs", str(args.jobs)]
     raise SystemExit(subprocess.run(command, cwd=ROOT).returncode)
 

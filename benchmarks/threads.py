@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, cpu_name, git_commit  # noqa: E402
+from harness import RESULTS, ROOT, cpu_name, git_commit, interleaved, md_table, write_results  # noqa: E402
 
 RECIPE = ROOT / "examples" / "grpo_arith.yaml"
 CONTENDERS = {
@@ -68,23 +68,22 @@ def main() -> None:
         overrides += ["model.path=tiny-random", "explorer.batch_size=2", "explorer.group_size=4"]
     names = args.contenders.split(",")
     cells = [(cond, name) for cond in ("quiet", "busy") for name in names]
-    times: dict[tuple[str, str], list[float]] = {c: [] for c in cells}
+
+    def run(cell: tuple[str, str], rep: int) -> list[float]:
+        cond, name = cell
+        competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR]) if cond == "busy" else None
+        time.sleep(1.0 if competitor else 0.0)
+        try:
+            got = step_times(f"{cond}_{name}_{rep}", CONTENDERS[name], overrides, Path(tmp))
+        finally:
+            if competitor:
+                competitor.kill(), competitor.wait()
+        print(f"rep {rep} {cond:5s} {name:8s} steps {[round(t, 2) for t in got]}", flush=True)
+        return got[1:] or got
+
     with tempfile.TemporaryDirectory(prefix="threads-bench-") as tmp:
-        for rep in range(reps):
-            order = cells[rep % len(cells) :] + cells[: rep % len(cells)]
-            for cond, name in order:
-                competitor = None
-                if cond == "busy":
-                    competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR], env=dict(os.environ))
-                    time.sleep(1.0)
-                try:
-                    got = step_times(f"{cond}_{name}_{rep}", CONTENDERS[name], overrides, Path(tmp))
-                finally:
-                    if competitor is not None:
-                        competitor.kill()
-                        competitor.wait()
-                times[(cond, name)] += got[1:] or got
-                print(f"rep {rep} {cond:5s} {name:8s} steps {[round(t, 2) for t in got]}", flush=True)
+        runs = interleaved(run, cells, reps, rotate=True)
+    times = {c: [t for got in runs[c] for t in got] for c in cells}
     med = {f"{c}/{n}": statistics.median(v) for (c, n), v in times.items()}
     result = {
         "command": "python benchmarks/threads.py" + (" --tiny" if args.tiny else ""),
@@ -95,26 +94,21 @@ def main() -> None:
         "median_step_s": med,
         "all_step_s": {f"{c}/{n}": v for (c, n), v in times.items()},
     }
+    rows = [[n, f"{med[f'quiet/{n}']:.2f}", f"{med[f'busy/{n}']:.2f}", f"{med[f'busy/{n}'] / med[f'quiet/{n}']:.2f}x"]
+            for n in names]  # fmt: skip
     lines = [
         f"# A run's step alone and beside a CPU-bound competitor ({'tiny model' if args.tiny else 'SmolLM2-135M'})",
         "",
         f"`{result['command']}` -- {result['cpu']}, commit {result['commit']}; local engine, "
         f"{steps} steps a run (the first left out), {reps} interleaved repetitions; median seconds per step.",
         "",
-        "| contender | quiet | beside the competitor | busy / quiet |",
-        "|---|---|---|---|",
+        *md_table(["contender", "quiet", "beside the competitor", "busy / quiet"], rows),
     ]
-    for n in names:
-        q, b = med[f"quiet/{n}"], med[f"busy/{n}"]
-        lines.append(f"| {n} | {q:.2f} | {b:.2f} | {b / q:.2f}x |")
     base = med.get("quiet/default")
     if base and "ours" in names:
         lines += ["", f"ours quiet / default quiet: {med['quiet/ours'] / base:.2f}x"]
-    out = Path(args.out) if args.out else ROOT / "benchmarks" / "results" / f"threads{'_tiny' if args.tiny else ''}"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    out = Path(args.out) if args.out else RESULTS / f"threads{'_tiny' if args.tiny else ''}"
+    print(write_results(out, result, lines, indent=2), end="")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -51,7 +50,7 @@ from trinity_like.trainer.base import micro_batches, with_normalisers  # noqa: E
 from trinity_like.trainer.forward import model_outputs, pack, padded_outputs  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import git_commit, matmul_peak_gflops  # noqa: E402
+from harness import command, git_commit, interleaved, matmul_peak_gflops, md_table, utc_now, write_results  # noqa: E402
 
 OUT = Path(__file__).parent / "results"
 VARIANTS = ("full-logits", "padded", "packed", "shared")
@@ -156,12 +155,13 @@ def main(argv: list[str] | None = None) -> None:
     for variant in VARIANTS:
         got = train_pass(variant, model, batch, args.micro_batch)
         torch.testing.assert_close(got[where], reference[where], rtol=1e-4, atol=1e-4)
-    times = {v: [] for v in VARIANTS}
-    for rep in range(args.reps):
-        for variant in VARIANTS if rep % 2 == 0 else VARIANTS[::-1]:
-            start = time.perf_counter()
-            train_pass(variant, model, batch, args.micro_batch)
-            times[variant].append(time.perf_counter() - start)
+
+    def run(variant: str, _rep: int) -> float:
+        start = time.perf_counter()
+        train_pass(variant, model, batch, args.micro_batch)
+        return time.perf_counter() - start
+
+    times = interleaved(run, VARIANTS, args.reps)
     peak = matmul_peak_gflops()
     rows = {}
     head = model.get_output_embeddings().weight.numel()  # tied to the input embedding, which costs no FLOPs
@@ -181,9 +181,9 @@ def main(argv: list[str] | None = None) -> None:
         }
     real = int(batch["attention_mask"].sum())
     meta = {
-        "command": "python benchmarks/train_pass.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": command("train_pass.py", argv),
         "commit": git_commit(),
-        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "when": utc_now(),
         "load": os.getloadavg()[0],
         "peak_gflops": peak,
         "rows": int(batch["input_ids"].shape[0]),
@@ -193,11 +193,7 @@ def main(argv: list[str] | None = None) -> None:
         **vars(args),
     }
     meta["out"] = str(args.out)
-    text = markdown(rows, meta)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".md").write_text(text)
-    args.out.with_suffix(".json").write_text(json.dumps({"meta": meta, "variants": rows}, indent=2))
-    print(text)
+    print(write_results(args.out, {"meta": meta, "variants": rows}, markdown(rows, meta), indent=2), end="")
 
 
 def markdown(rows: dict, meta: dict) -> str:
@@ -210,15 +206,11 @@ def markdown(rows: dict, meta: dict) -> str:
         f"tokens; micro-batch {meta['micro_batch']}, fp32, forward + backward, median of {meta['reps']} "
         f"(order alternating). Machine fp32 matmul peak: {meta['peak_gflops']:.1f} GFLOP/s.",
         "",
-        "| variant | seconds | vs full-logits | positions the backbone ran | of which padding | GFLOP | % of fp32 peak |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for variant, r in rows.items():
-        lines.append(
-            f"| {variant} | {r['median_s']:.2f} | {base / r['median_s']:.2f}x | {r['tokens_run']} | "
-            f"{r['padded_fraction']:.1%} | {r['gflop']:.0f} | {r['peak_fraction']:.0%} |"
-        )
-    return "\n".join(lines) + "\n"
+    header = ["variant", "seconds", "vs full-logits", "positions the backbone ran", "of which padding", "GFLOP"]
+    cells = [[v, f"{r['median_s']:.2f}", f"{base / r['median_s']:.2f}x", r["tokens_run"], f"{r['padded_fraction']:.1%}",
+              f"{r['gflop']:.0f}", f"{r['peak_fraction']:.0%}"] for v, r in rows.items()]  # fmt: skip
+    return "\n".join([*lines, *md_table([*header, "% of fp32 peak"], cells)]) + "\n"
 
 
 if __name__ == "__main__":

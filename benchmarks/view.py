@@ -37,7 +37,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, git_commit  # noqa: E402
+from harness import RESULTS, git_commit, md_table, write_results  # noqa: E402
 
 from trinity_like.buffer.rows import TrainedRecord  # noqa: E402
 from trinity_like.buffer.sqlite_storage import SqliteParams, SqliteStorage  # noqa: E402
@@ -52,11 +52,8 @@ def write_run(run_dir: Path, rows: int, vocab: int, seed: int = 0) -> float:
     """A run directory of ``rows`` experiences in the real buffer; returns the seconds it took."""
     rng = random.Random(seed)
     run_dir.mkdir(parents=True)
-    (run_dir / "config.json").write_text(
-        json.dumps(
-            {"name": "synthetic", "model": {"path": MODEL}, "buffer": {"experience": {"storage": "sqlite", "args": {}}}}
-        )
-    )
+    buffer = {"experience": {"storage": "sqlite", "args": {}}}
+    (run_dir / "config.json").write_text(json.dumps({"name": "synthetic", "model": {"path": MODEL}, "buffer": buffer}))
     t0 = time.perf_counter()
     steps = -(-rows // (GROUP * GROUPS))
     with SqliteStorage(params=SqliteParams(), run_dir=run_dir) as buf, open(run_dir / "metrics.jsonl", "w") as fh:
@@ -93,18 +90,8 @@ def write_run(run_dir: Path, rows: int, vocab: int, seed: int = 0) -> float:
                 ],
             )
             buf.commit(step + 1)
-            fh.write(
-                json.dumps(
-                    {
-                        "step": step + 1,
-                        "reward/mean": rng.random(),
-                        "loss": rng.random(),
-                        "time/step": 10.0,
-                        "throughput/tokens_per_s": 100.0,
-                    }
-                )
-                + "\n"
-            )
+            row = {"step": step + 1, "reward/mean": rng.random(), "loss": rng.random(), "time/step": 10.0}
+            fh.write(json.dumps({**row, "throughput/tokens_per_s": 100.0}) + "\n")
     return time.perf_counter() - t0
 
 
@@ -166,9 +153,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=100_000, help="experiences in the synthetic buffer")
     parser.add_argument("--repeats", type=int, default=20, help="steps timed (medians)")
-    parser.add_argument(
-        "--out", default=str(ROOT / "benchmarks" / "results" / "view"), help="results prefix (.json, .md)"
-    )
+    parser.add_argument("--out", default=str(RESULTS / "view"), help="results prefix (.json, .md)")
     args = parser.parse_args()
     vocab = len(load_tokenizer(MODEL))
     with tempfile.TemporaryDirectory() as tmp:
@@ -206,25 +191,31 @@ def main() -> None:
         "browser_click_to_page_s_max": round(max(clicks), 3) if clicks else None,
     }
     print(json.dumps(result, indent=1))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out + ".json").write_text(json.dumps(result, indent=1) + "\n")
-    Path(args.out + ".md").write_text(
-        f"Command: `{result['command']}` (commit {result['commit']})\n\n"
-        f"{args.rows:,} experiences, {len(steps):,} steps of {GROUP * GROUPS}, buffer {db_mb:.0f} MB; medians of "
-        f"{args.repeats} random steps over HTTP\n\n| request | time |\n|---|---|\n"
-        f"| step list (`/versions`) | {versions_s * 1e3:.0f} ms |\n"
-        f"| one step's page (`/rollouts`, {result['page_kb']:.0f} kB) | {result['page_s_median'] * 1e3:.0f} ms "
-        f"(max {result['page_s_max'] * 1e3:.0f} ms) |\n"
-        f"| same, text filter | {result['text_filter_s_median'] * 1e3:.0f} ms |\n"
-        f"| first page (loads the tokenizer) | {first_s * 1e3:.0f} ms |\n"
-        f"| metrics file (`/metrics`) | {result['metrics_s_median'] * 1e3:.0f} ms |\n"
-        + (
-            f"| headless Chromium: click on a step to its 64 samples drawn | {statistics.median(clicks) * 1e3:.0f} ms "
-            f"(max {max(clicks) * 1e3:.0f} ms) |\n"
-            if clicks
-            else "| headless Chromium | not installed: not measured |\n"
-        )
-    )
+    write_results(args.out, result, markdown(result, args, first_s, clicks))
+
+
+def markdown(r: dict, args: argparse.Namespace, first_s: float, clicks: list[float] | None) -> list[str]:
+    def ms(seconds: float) -> str:
+        return f"{seconds * 1e3:.0f} ms"
+
+    rows = [
+        ["step list (`/versions`)", ms(r["versions_s"])],
+        [f"one step's page (`/rollouts`, {r['page_kb']:.0f} kB)", f"{ms(r['page_s_median'])} (max {ms(r['page_s_max'])})"],
+        ["same, text filter", ms(r["text_filter_s_median"])],
+        ["first page (loads the tokenizer)", ms(first_s)],
+        ["metrics file (`/metrics`)", ms(r["metrics_s_median"])],
+        ["headless Chromium: click on a step to its 64 samples drawn", f"{ms(statistics.median(clicks))} (max {ms(max(clicks))})"]
+        if clicks
+        else ["headless Chromium", "not installed: not measured"],
+    ]  # fmt: skip
+    return [
+        f"Command: `{r['command']}` (commit {r['commit']})",
+        "",
+        f"{args.rows:,} experiences, {r['steps']:,} steps of {GROUP * GROUPS}, buffer {r['buffer_mb']:.0f} MB; "
+        f"medians of {args.repeats} random steps over HTTP",
+        "",
+        *md_table(["request", "time"], rows),
+    ]
 
 
 if __name__ == "__main__":

@@ -14,13 +14,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cpu_name  # noqa: E402
+from harness import cpu_name, interleaved, timer  # noqa: E402
 
 from trinity_like.models.shapes import shaped_model  # noqa: E402
 from trinity_like.models.weight_digest import model_digest, weights_digest  # noqa: E402
@@ -37,23 +36,15 @@ def main() -> None:
     sampler.load_state_dict(trainer.state_dict())
     sent = trainer.state_dict()
     assert weights_digest(sent, dtype=torch.bfloat16) == model_digest(sampler)  # the two sides agree
-    times: dict[str, list[float]] = {"trainer (sent, fp32 -> bf16)": [], "engine (held, bf16)": []}
-    for _ in range(args.reps):  # interleaved: a load change hits both alike
-        t0 = time.perf_counter()
-        weights_digest(sent, dtype=torch.bfloat16)
-        t1 = time.perf_counter()
-        model_digest(sampler)
-        t2 = time.perf_counter()
-        times["trainer (sent, fp32 -> bf16)"].append(t1 - t0)
-        times["engine (held, bf16)"].append(t2 - t1)
+    sides = {"trainer (sent, fp32 -> bf16)": lambda: weights_digest(sent, dtype=torch.bfloat16)}
+    sides["engine (held, bf16)"] = lambda: model_digest(sampler)
+    times = interleaved(lambda side, _round: timer(sides[side]), list(sides), args.reps)  # load drifts hit both alike
     params = sum(t.numel() for t in sent.values()) / 1e6
     print(f"SmolLM2-135M shape ({params:.1f} M parameters, {len(sent)} tensors), {cpu_name()}, "
           f"{torch.get_num_threads()} threads, {args.reps} repetitions")  # fmt: skip
-    total = 0.0
-    for label, values in times.items():
-        median = statistics.median(values)
-        total += median
-        print(f"  {label}: median {median * 1e3:.1f} ms")
+    medians = {label: statistics.median(values) for label, values in times.items()}
+    print("\n".join(f"  {label}: median {median * 1e3:.1f} ms" for label, median in medians.items()))
+    total = sum(medians.values())
     print(f"  per sync: {total * 1e3:.1f} ms = {100 * total / MAIN_STEP_S:.2f} % of a {MAIN_STEP_S} s main-job step")
 
 
