@@ -64,7 +64,7 @@ from trinity_like.monitor.timeline import (
 
 RECIPE = ROOT / "examples" / "grpo_arith.yaml"
 VARIANTS = {"sync": 0, "off1": 1, "off2": 2}  # name -> synchronizer.offset
-TINY = [  # the tests' shrunk recipe (tests/pipeline/tiny_runs.py): the tiny model, the local engine
+TINY = [  # the tests' shrunk recipe (tests/_lib/tiny_runs.py): the tiny model, the local engine
     "model.path=tiny-random",
     "trainer.engine=local",
     "buffer.eval_tasks.size=8",

@@ -107,7 +107,7 @@ def machine() -> dict[str, Any]:
 
 
 def command(script: str, argv: Sequence[str] | None = None) -> str:
-    """The command line that reproduces this run: ``python benchmarks/SCRIPT ARGS`` (``argv``:
+    """The command line that reproduces this run: ``python benchmarks/<script> <args>`` (``argv``:
     the arguments main() was given, ``sys.argv[1:]`` when None)."""
     return shlex.join(["python", f"benchmarks/{script}", *(sys.argv[1:] if argv is None else argv)])
 
