@@ -85,6 +85,8 @@ def _command(args: argparse.Namespace) -> str:
         words += ["--first-seed", str(args.first_seed)]
     for s in args.set:
         words += ["--set", s]
+    for key in args.metric:
+        words += ["--metric", key]
     for flag in ("jobs", "threads", "memory_gb"):
         if getattr(args, flag) is not None:
             words += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
