@@ -28,11 +28,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
-
-import torch
+from typing import TYPE_CHECKING, NamedTuple
 
 from trinity_like.shm import remove_orphans, shm_dir
+
+if TYPE_CHECKING:  # torch loads where a board is used: a recipe's schema reads this module
+    import torch
 
 PREFIX = "trinity-like-cores-"
 EXPLORER, TRAINER = 0, 1  # the two sides: a byte each on the board
@@ -73,6 +74,8 @@ class CoreShare:
         return cls(str(path), share, wide)
 
     def _board(self) -> torch.Tensor:
+        import torch
+
         board = _BOARDS.get(self.path)
         if board is None:
             board = _BOARDS[self.path] = torch.from_file(self.path, shared=True, size=len(SIDES), dtype=torch.uint8)
@@ -95,6 +98,8 @@ class CoreShare:
     def fit(self, side: int) -> int:
         """Set this process's torch threads to :meth:`threads`; returns them."""
         n = self.threads(side)
+        import torch
+
         if torch.get_num_threads() != n:
             torch.set_num_threads(n)
         return n

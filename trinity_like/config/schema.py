@@ -18,9 +18,15 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from trinity_like.cpu_share import CpuThreads
-from trinity_like.trainer.lora import LoraParams
-from trinity_like.trainer.params import AttnImplementation, Dtype, ModelParams, OptimParams, Scheduler
-from trinity_like.trainer.verl_config import VerlParams
+from trinity_like.trainer.params import (
+    AttnImplementation,
+    Dtype,
+    LoraParams,
+    ModelParams,
+    OptimParams,
+    Scheduler,
+    VerlParams,
+)
 
 PosInt = Annotated[int, Field(gt=0)]
 NonNegInt = Annotated[int, Field(ge=0)]

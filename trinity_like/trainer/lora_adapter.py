@@ -12,56 +12,20 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from trinity_like.errors import TrinityError
+from trinity_like.trainer.params import DEFAULT_SEED, LoraParams  # noqa: F401 -- re-exported
 
 PEFT_PREFIX = "base_model.model."  # what peft puts before the wrapped model's own names
 ADAPTER_NAME = "default"  # peft's name of the one adapter (in memory; files leave it out)
 ATTENTION_WORDS = ("attn", "attention")  # a linear layer under a module so named is an attention projection
 MLP_WORDS = ("mlp", "feed_forward", "ffn")  # ... an MLP projection
-DEFAULT_SEED = 42  # a recipe's default ``seed`` (the schema takes it from here): LoRA's and a new head's start
-
-
-@dataclass(frozen=True)
-class LoraParams:
-    """Which layers get a LoRA adapter, its rank, scale and initial seed."""
-
-    rank: int = 0  # adapter rank r; 0: no adapter, every weight trains
-    alpha: float = 32.0  # scale numerator: the update is (alpha / rank) * B A
-    train_attn: bool = True  # adapters on the attention projections
-    train_mlp: bool = True  # adapters on the MLP projections
-    train_unembed: bool = True  # an adapter on the output layer
-    seed: int = DEFAULT_SEED  # seeds A's initialisation (B starts at 0)
-
-    def __post_init__(self) -> None:
-        if self.rank < 0:
-            raise TrinityError(f"LoRA rank must be >= 0 (0: train every weight), got {self.rank}")
-        if self.alpha <= 0:
-            raise TrinityError(f"LoRA alpha must be > 0, got {self.alpha}")
-        if self.rank > 0 and not (self.train_attn or self.train_mlp or self.train_unembed):
-            raise TrinityError("LoRA with train_attn, train_mlp and train_unembed all off has nothing to train")
-
-    @property
-    def enabled(self) -> bool:
-        """Whether there is an adapter at all (rank > 0)."""
-        return self.rank > 0
-
-    @property
-    def scaling(self) -> float:
-        """The factor of B A in the update: alpha / rank."""
-        return self.alpha / self.rank
-
-    def same_adapter(self, other: LoraParams) -> bool:
-        """Whether ``other`` describes adapters of the same shape and scale (the seed aside)."""
-        return dataclasses.replace(self, seed=0) == dataclasses.replace(other, seed=0)
 
 
 # -- which layers ---------------------------------------------------------------------

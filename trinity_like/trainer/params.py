@@ -12,13 +12,76 @@ learning rate at every step.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from trinity_like.cpu_share import CoreShare
 from trinity_like.errors import TrinityError
-from trinity_like.trainer.lora import LoraParams
-from trinity_like.trainer.lora_adapter import DEFAULT_SEED
+
+DEFAULT_SEED = 42  # a recipe's default ``seed`` (the schema takes it from here): LoRA's and a new head's start
+
+
+@dataclass(frozen=True)
+class LoraParams:
+    """Which layers get a LoRA adapter, its rank, scale and initial seed."""
+
+    rank: int = 0  # adapter rank r; 0: no adapter, every weight trains
+    alpha: float = 32.0  # scale numerator: the update is (alpha / rank) * B A
+    train_attn: bool = True  # adapters on the attention projections
+    train_mlp: bool = True  # adapters on the MLP projections
+    train_unembed: bool = True  # an adapter on the output layer
+    seed: int = DEFAULT_SEED  # seeds A's initialisation (B starts at 0)
+
+    def __post_init__(self) -> None:
+        if self.rank < 0:
+            raise TrinityError(f"LoRA rank must be >= 0 (0: train every weight), got {self.rank}")
+        if self.alpha <= 0:
+            raise TrinityError(f"LoRA alpha must be > 0, got {self.alpha}")
+        if self.rank > 0 and not (self.train_attn or self.train_mlp or self.train_unembed):
+            raise TrinityError("LoRA with train_attn, train_mlp and train_unembed all off has nothing to train")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether there is an adapter at all (rank > 0)."""
+        return self.rank > 0
+
+    @property
+    def scaling(self) -> float:
+        """The factor of B A in the update: alpha / rank."""
+        return self.alpha / self.rank
+
+    def same_adapter(self, other: LoraParams) -> bool:
+        """Whether ``other`` describes adapters of the same shape and scale (the seed aside)."""
+        return dataclasses.replace(self, seed=0) == dataclasses.replace(other, seed=0)
+
+
+PLACEMENTS = {"pack": "STRICT_PACK", "spread": "STRICT_SPREAD"}  # cluster.placement -> Ray placement group strategy
+
+
+@dataclass(frozen=True)
+class VerlParams:
+    """Where and how wide the verl workers run (``cluster`` of a recipe)."""
+
+    num_workers: int = 1  # data-parallel FSDP ranks (one Ray actor each); a recipe's: cluster.workers
+    ray_address: str | None = None  # an existing Ray cluster; None starts one here
+    num_cpus: int | None = None  # CPUs for a locally started Ray; None: Ray counts them
+    use_gpu: bool = False  # one GPU per worker (nccl); False: CPU workers (gloo)
+    placement: str = "pack"  # "pack": every worker on one node; "spread": one node each
+    strategy: str = "fsdp2"  # verl's FSDP flavour: "fsdp2" (fully_shard) or "fsdp"
+    seed: int = DEFAULT_SEED  # verl's engine seed
+    threads: int | None = None  # torch threads of each CPU worker; None: the node's cores // num_workers
+    cores: CoreShare | None = None  # the board the CPU workers share the cores through with the explorer
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 1:
+            raise TrinityError(f"num_workers must be >= 1, got {self.num_workers}")
+        if self.placement not in PLACEMENTS:
+            raise TrinityError(f"placement {self.placement!r} unknown; expected one of {', '.join(PLACEMENTS)}")
+        if self.strategy not in ("fsdp", "fsdp2"):
+            raise TrinityError(f"verl strategy {self.strategy!r} unknown; expected fsdp2 or fsdp (fsdp2 on CPU)")
+
 
 Dtype = Literal[
     "auto", "float32", "bfloat16"

@@ -9,41 +9,11 @@ asks for it, fp32 otherwise (every CPU default). A frozen model is stored in tha
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from trinity_like.cpu_share import CoreShare
-from trinity_like.errors import TrinityError
 from trinity_like.models.device import train_dtypes
 from trinity_like.trainer import lora as lora_lib
-from trinity_like.trainer.lora_adapter import DEFAULT_SEED
-from trinity_like.trainer.params import ModelParams, OptimParams
-
-PLACEMENTS = {"pack": "STRICT_PACK", "spread": "STRICT_SPREAD"}  # cluster.placement -> Ray placement group strategy
-
-
-@dataclass(frozen=True)
-class VerlParams:
-    """Where and how wide the verl workers run (``cluster`` of a recipe)."""
-
-    num_workers: int = 1  # data-parallel FSDP ranks (one Ray actor each); a recipe's: cluster.workers
-    ray_address: str | None = None  # an existing Ray cluster; None starts one here
-    num_cpus: int | None = None  # CPUs for a locally started Ray; None: Ray counts them
-    use_gpu: bool = False  # one GPU per worker (nccl); False: CPU workers (gloo)
-    placement: str = "pack"  # "pack": every worker on one node; "spread": one node each
-    strategy: str = "fsdp2"  # verl's FSDP flavour: "fsdp2" (fully_shard) or "fsdp"
-    seed: int = DEFAULT_SEED  # verl's engine seed
-    threads: int | None = None  # torch threads of each CPU worker; None: the node's cores // num_workers
-    cores: CoreShare | None = None  # the board the CPU workers share the cores through with the explorer
-
-    def __post_init__(self) -> None:
-        if self.num_workers < 1:
-            raise TrinityError(f"num_workers must be >= 1, got {self.num_workers}")
-        if self.placement not in PLACEMENTS:
-            raise TrinityError(f"placement {self.placement!r} unknown; expected one of {', '.join(PLACEMENTS)}")
-        if self.strategy not in ("fsdp", "fsdp2"):
-            raise TrinityError(f"verl strategy {self.strategy!r} unknown; expected fsdp2 or fsdp (fsdp2 on CPU)")
+from trinity_like.trainer.params import PLACEMENTS, ModelParams, OptimParams, VerlParams  # noqa: F401 -- re-exported
 
 
 def lora_target_modules(model: ModelParams) -> list[str]:
