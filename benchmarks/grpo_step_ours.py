@@ -1,11 +1,10 @@
 """Our contender in benchmarks/grpo_step.py: one online stage of the default GRPO recipe
-(``examples/grpo_arith.yaml``, the workload overridden), stepped one ``run_online`` step at a
+(``examples/grpo_arith.yaml``, the workload overridden), stepped one loop ``step`` at a
 time, with the engine's phases split by timing wrappers. See grpo_step.py for the workload."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from collections.abc import Callable
@@ -34,8 +33,23 @@ def check_mixed_path() -> None:
         )
 
 
+def bench_hooks() -> type:
+    """The in-turn loop's own step hooks, without held-out evaluation or checkpoints (TRL does
+    neither): the benchmark steps through the loop's ``step`` with them, patching no stage."""
+    from trinity_like.pipeline.rl_loop import InTurn
+
+    class BenchStep(InTurn):
+        def evaluate(self, stage: Any, step: int) -> dict[str, float]:
+            return {}
+
+        def checkpoint(self, stage: Any, loop: Any, step: int) -> None:
+            pass
+
+    return BenchStep
+
+
 class Ours:
-    """One online stage of our default GRPO recipe, stepped one ``run_online`` step at a time."""
+    """One online stage of our default GRPO recipe, stepped one loop ``step`` at a time."""
 
     def __init__(self, name: str, args: argparse.Namespace, run_root: str) -> None:
         from trinity_like.config import load_plan
@@ -57,6 +71,7 @@ class Ours:
             f"trainer.total_steps={args.steps + 1}",
             f"checkpoint.interval={10**6}",
             "monitor.eval_at_start=false",
+            "monitor.eval_interval=0",
             "monitor.progress=false",
         ] + ([] if dyn else ["algorithm.dynamic_sampling=false"])
         self.overrides += OUR_DTYPES[args.precision]
@@ -64,10 +79,7 @@ class Ours:
         if args.precision == "bf16":
             check_mixed_path()
         self.ctx = build_stage(self.stage, "both")
-        self.ctx.data.eval_tasks = None  # no evaluation (the loop evaluates after its last step)
-        self.ctx.save_checkpoint = lambda step, loop_state: (
-            None
-        )  # the loop checkpoints at its last step; TRL saves nothing either
+        self.hooks = bench_hooks()()
         self.extra: dict[str, float] = {}
         self.loop = LoopState.resume(self.ctx)  # a fresh run directory: step 0
         actor = self.ctx.trainer.actor
@@ -88,14 +100,11 @@ class Ours:
         return wrapper
 
     def step(self) -> dict[str, Any]:
-        from trinity_like.pipeline.rl_loop import run_online
+        from trinity_like.pipeline.rl_loop import step
 
         self.step_no += 1
-        cfg = self.stage.config
-        trainer = cfg.trainer.model_copy(update={"total_steps": self.step_no})
-        self.ctx.spec = dataclasses.replace(self.stage, config=cfg.model_copy(update={"trainer": trainer}))
         self.extra.clear()
-        m: dict[str, Any] = dict(run_online(self.ctx, self.loop))
+        m: dict[str, Any] = dict(step(self.ctx, self.loop, self.hooks))
         m.update(self.extra)
         if "time/sync" in m and "time/sync.gather" in m:
             m["time/sync.transfer"] = m["time/sync"] - m["time/sync.gather"]
