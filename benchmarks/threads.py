@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import RESULTS, ROOT, cpu_name, git_commit, interleaved, md_table, write_results  # noqa: E402
+from harness import RESULTS, ROOT, command, cpu_name, git_commit, interleaved, md_table, write_results  # noqa: E402
 
 RECIPE = ROOT / "examples" / "grpo_arith.yaml"
 CONTENDERS = {
@@ -86,7 +86,7 @@ def main() -> None:
     times = {c: [t for got in runs[c] for t in got] for c in cells}
     med = {f"{c}/{n}": statistics.median(v) for (c, n), v in times.items()}
     result = {
-        "command": "python benchmarks/threads.py" + (" --tiny" if args.tiny else ""),
+        "command": command("threads.py"),
         "cpu": cpu_name(),
         "commit": git_commit(),
         "steps": steps,
