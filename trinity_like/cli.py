@@ -256,7 +256,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from trinity_like import stopping, threads
 
-    threads.apply()  # before torch loads: OpenMP reads its wait policy once (trinity_like/threads.py)
+    if not args.dry_run:  # before torch loads: OpenMP reads its wait policy once; a plan starts no threads
+        threads.apply()  # (trinity_like/threads.py: it watches the machine for a quarter second)
     from trinity_like.config import describe_plan, load_plan
     from trinity_like.runner import probe_recipe, stopped_line
 
