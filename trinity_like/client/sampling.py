@@ -35,7 +35,6 @@ from __future__ import annotations
 import math
 import os
 import secrets
-import shutil
 import tempfile
 import threading
 import uuid
@@ -46,22 +45,21 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
 from tinker import types
 from tinker.lib.public_interfaces.api_future import AwaitableConcurrentFuture
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from trinity_like.client.data import prompt_ids
 from trinity_like.client.futures import Job, RequestBatcher, sampler_weights_path
+from trinity_like.client.weight_files import check_shapes, folder_id, read_weights, write_weights
 from trinity_like.config.schema import ExplorerConfig, field_default
 from trinity_like.explorer.engine_contract import Request, RolloutEngine, Sample, sample_seed
 from trinity_like.explorer.engine_contract import SamplingParams as EngineSampling
 from trinity_like.explorer.engines import build_rollout_engine
 from trinity_like.models.device import resolve_device
 from trinity_like.models.resolve import load_tokenizer, resolve_model_path
-from trinity_like.models.weight_digest import save_digests, saved_digest, weights_digest
+from trinity_like.models.weight_digest import saved_digest, weights_digest
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf", ".index.json")  # not copied beside new weights
 # Below it, temperature (but 0, greedy) overflows logits / temperature in float32, and top_p rounds to 0 in
 # float32 and masks every token: both would sample past the vocabulary. For the most likely token: 0 or top_k=1.
 MIN_TEMPERATURE = MIN_TOP_P = 1e-5
@@ -98,45 +96,6 @@ def _queue() -> RequestBatcher:
         if _QUEUE is None:
             _QUEUE = RequestBatcher()
         return _QUEUE
-
-
-def _folder_id(folder: Path) -> str:
-    """Names a folder's weights as they are now: a rewritten folder is loaded again."""
-    stamp = max((f.stat().st_mtime_ns for f in folder.glob("*.safetensors")), default=0)
-    return f"folder:{folder}:{stamp}"
-
-
-def read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the ``*.safetensors`` files in ``folder`` (one or sharded)."""
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"model_path {folder} holds no *.safetensors weights")
-    weights: dict[str, torch.Tensor] = {}
-    for file in files:
-        weights.update(load_file(file))
-    return weights
-
-
-def write_weights(weights: Mapping[str, torch.Tensor], base_folder: Path, dest: Path) -> None:
-    """``dest`` as a model folder: ``weights`` in safetensors beside the base's config and tokenizer."""
-    dest.mkdir(parents=True, exist_ok=True)
-    for stale in [*dest.glob("*.safetensors"), *dest.glob("*.safetensors.index.json")]:
-        stale.unlink()  # earlier weights (another shard layout) would be read back with ours
-    for file in base_folder.iterdir():
-        if file.is_file() and not file.name.endswith(WEIGHT_SUFFIXES):
-            shutil.copy(file, dest / file.name)
-    # Clones: safetensors refuses tensors sharing storage (tied embeddings) and views.
-    save_file({k: v.detach().to("cpu").clone() for k, v in weights.items()}, str(dest / "model.safetensors"))
-    save_digests(dest, weights)  # a sampler created from the folder checks what it loaded against them
-
-
-def check_shapes(model: PreTrainedModel, weights: Mapping[str, torch.Tensor]) -> None:
-    """A tensor whose shape differs from the model's fails before any is copied (names: ``update_weights``)."""
-    expected = model.state_dict()
-    for name, tensor in weights.items():
-        if name in expected and tuple(tensor.shape) != tuple(expected[name].shape):
-            shapes = f"{tuple(tensor.shape)}, the model's is {tuple(expected[name].shape)}"
-            raise ValueError(f"weights[{name!r}] has shape {shapes}")
 
 
 def stop_conditions(stop: str | Any | None, eos_ids: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -290,7 +249,7 @@ class SamplingClient:
 
     # -- the shared engine ---------------------------------------------------------------------
     def _weights_id(self) -> str:
-        return self._memory_id if self._weights is not None else _folder_id(self._model_path or self._base_folder)
+        return self._memory_id if self._weights is not None else folder_id(self._model_path or self._base_folder)
 
     def _engine(self) -> RolloutEngine:
         """The shared engine of this base and device, holding this client's weights."""
@@ -300,7 +259,7 @@ class SamplingClient:
             shared = _SHARED.get(key)
             if shared is None:
                 engine = build_rollout_engine(field_default(ExplorerConfig, "engine"), self._base_folder, device=device)
-                shared = _Shared(engine, _folder_id(self._base_folder))
+                shared = _Shared(engine, folder_id(self._base_folder))
                 _SHARED[key] = shared
             wanted = self._weights_id()
             if shared.loaded != wanted:
