@@ -110,7 +110,6 @@ def test_packages_installed_without_their_dependencies_find_them_declared() -> N
     aside) must then be ours, or a fresh environment lacks it (tinker-cookbook imports termcolor,
     which an unrelated dependency used to bring in). Version caps are not compared: the reason a
     package goes in with --no-deps is usually one (tinker-cookbook's transformers cap)."""
-    from importlib.metadata import requires
 
     line = next(ln for ln in (ROOT / "scripts/setup.sh").read_text().splitlines() if ln.startswith("NO_DEPS=("))
     no_deps = [Requirement(word).name for word in line.removeprefix("NO_DEPS=(").rstrip(")").split()]
