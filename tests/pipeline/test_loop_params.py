@@ -128,3 +128,22 @@ def test_a_step_ends_on_the_params_schedule(at_end):
         ("checkpoint", 5),
     ]
     assert loop.step == 5
+
+
+def test_a_reward_model_with_held_out_tasks_is_refused_before_anything_is_built(tmp_path):
+    """The one recipe check of an offline stage (now the runner's, not the loop's): a reward model
+    has no answers to grade, so ``buffer.eval_tasks`` is one line, and no run directory appears."""
+    from trinity_like.errors import TrinityError
+    from trinity_like.runner import run_stage
+
+    spec = _spec(
+        f"run_root={tmp_path}",
+        "model.path=tiny-random",
+        "trainer.engine=local",
+        "buffer.eval_tasks.generator=arithmetic",
+        "buffer.eval_tasks.split=eval",
+        recipe="rm_tiny.yaml",
+    )
+    with pytest.raises(TrinityError, match="buffer.eval_tasks: answer accuracy needs a language model"):
+        run_stage(spec)
+    assert not any(tmp_path.iterdir())
