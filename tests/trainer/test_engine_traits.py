@@ -17,6 +17,9 @@ from trinity_like.registry import TRAIN_ENGINE
 from trinity_like.trainer.engines import TrainEngineSpec, TrainEngineTraits, declare_traits, train_engine_traits
 from trinity_like.trainer.local_engine import LocalEngine
 
+# In this process only: the one backend="ray" below is refused before Ray is touched (tests/_lib/tiers.py
+# would read it as a Ray start).
+pytestmark = pytest.mark.unit
 REPO = Path(__file__).resolve().parents[2]
 WORKERS = TrainEngineTraits(ray_workers=True, own_threads=True, extra_memory_gb=2.5, plan_text="test worker(s)")
 EXACT = TrainEngineTraits(exact_targets=True)
