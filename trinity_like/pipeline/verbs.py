@@ -5,10 +5,10 @@
 what is written here, each member with a one-line contract. The stage's parts (its buffer,
 its run directory, its data) stay behind these verbs, and so does the recipe: a loop reads
 one thing directly, ``params`` (:class:`~.loop_params.LoopParams`), the recipe's values it
-needs, built once with the stage. Like torchtune's recipe interface
-it is a contract to read and to check against (``tests/pipeline/test_stage.py``), not a
-base class: :class:`~.stage.Stage` implements it, and so may a test's or a benchmark's
-stand-in.
+needs, built once with the stage. Like torchtune's recipe interface it is a contract to read
+and to check against (``tests/pipeline/test_stage.py``), not a base class:
+:class:`~.stage.Stage` implements it, and so may a test's or a benchmark's stand-in
+(``tests/pipeline/test_loop_params.py`` holds one).
 
 The verbs, grouped by who calls them:
 
