@@ -25,24 +25,36 @@ WORKERS = TrainEngineTraits(ray_workers=True, own_threads=True, extra_memory_gb=
 EXACT = TrainEngineTraits(exact_targets=True)
 
 
-@TRAIN_ENGINE.register_module("test_traits_workers", force=True)
-@declare_traits(WORKERS)
 def workers_engine(spec: TrainEngineSpec) -> LocalEngine:
     """A plugin engine declaring Ray workers (built in-process here: what is tested is what the core asks)."""
     return LocalEngine(spec.model, spec.optim)
 
 
-@TRAIN_ENGINE.register_module("test_traits_exact", force=True)
-@declare_traits(EXACT)
 def exact_engine(spec: TrainEngineSpec) -> LocalEngine:
     """A plugin engine in this process that scores any target tokens."""
     return LocalEngine(spec.model, spec.optim)
 
 
-@TRAIN_ENGINE.register_module("test_traits_none", force=True)
 def plain_engine(spec: TrainEngineSpec) -> LocalEngine:
     """A plugin engine that declares nothing."""
     return LocalEngine(spec.model, spec.optim)
+
+
+@pytest.fixture(autouse=True)
+def plugin_engines():
+    """The three engines registered as a plugin registers them, for this module's tests only: other
+    modules list the registered engines (an unknown name's message)."""
+    declared = {
+        "test_traits_workers": declare_traits(WORKERS)(workers_engine),
+        "test_traits_exact": declare_traits(EXACT)(exact_engine),
+        "test_traits_none": plain_engine,
+    }
+    for name, factory in declared.items():
+        TRAIN_ENGINE.register_module(name, module=factory)
+    yield
+    for name in [*declared, "test_traits_wrong"]:
+        TRAIN_ENGINE._entries.pop(name, None)
+        TRAIN_ENGINE._origin.pop(name, None)
 
 
 def _config(engine: str, **sections):
@@ -62,7 +74,7 @@ def test_our_engines_declare_their_traits_and_an_undeclared_engine_gets_the_defa
 
 
 def test_traits_of_another_type_are_refused_by_name():
-    @TRAIN_ENGINE.register_module("test_traits_wrong", force=True)
+    @TRAIN_ENGINE.register_module("test_traits_wrong")
     def wrong(spec: TrainEngineSpec) -> LocalEngine:
         """Traits as a dict, not TrainEngineTraits."""
         return LocalEngine(spec.model, spec.optim)
