@@ -16,6 +16,7 @@ from pathlib import Path
 
 from trinity_like import stopping
 from trinity_like.config import ResolvedStage, RunPlan
+from trinity_like.errors import TrinityError
 
 
 def _chain(stage: ResolvedStage, previous: Path | None, user_set_model: bool) -> ResolvedStage:
@@ -48,13 +49,19 @@ def run_stage(spec: ResolvedStage) -> dict[str, float]:
         from trinity_like.pipeline.evaluate_checkpoints import run_bench
 
         return run_bench(spec)
-    if not spec.algorithm.use_rollout:
-        from trinity_like.pipeline.offline_loop import run_offline
+    from trinity_like.pipeline.restart import run_restartable
 
-        return run_offline(spec)
+    if not spec.algorithm.use_rollout:  # SFT, DPO, RM: straight from a dataset
+        from trinity_like.pipeline.offline_loop import train_offline
+
+        if cfg.buffer.eval_tasks is not None and "scores" in spec.needs:
+            raise TrinityError(
+                "buffer.eval_tasks: answer accuracy needs a language model; a reward model reports "
+                "pairwise accuracy on buffer.eval_data"
+            )
+        return run_restartable(spec, "offline", train_offline)  # a dead verl worker: again, from the checkpoint
     from trinity_like.pipeline.async_loop import run_concurrent
     from trinity_like.pipeline.explorer_process import run_explore
-    from trinity_like.pipeline.restart import run_restartable
     from trinity_like.pipeline.rl_loop import run_online, run_trainer
 
     loop = {"both": run_online, "explore": run_explore, "train": run_trainer}[cfg.mode]
@@ -157,7 +164,6 @@ def _buffer_rows(run_dir: Path) -> str | None:
 
 def kept(run_dir: str | os.PathLike) -> str:
     """One clause: the checkpoint a rerun resumes from and what the buffer holds."""
-    from trinity_like.errors import TrinityError
     from trinity_like.pipeline.checkpoint import CheckpointManager
 
     folder = Path(run_dir)

@@ -182,26 +182,33 @@ def test_the_checker_catches_a_violation(tmp_path):
     assert "algorithms.losses" in names and "plugins.x" in names and "cookbook.rl.train" in names
 
 
+# the recipe loops and the protocol they are typed against: they read ``pipeline/loop_params.py``'s LoopParams
+LOOPS = ("rl_loop", "async_loop", "offline_loop", "explorer_process", "steps", "verbs")
+
+
 def recipe_readers(root: Path) -> list[str]:
-    """One line per import of ``trinity_like.config`` (the recipe) from a module of the trainer or
-    the explorer: they take their own params objects, built from the recipe by ``config/engine_params.py``."""
+    """One line per import of ``trinity_like.config`` (the recipe) from a module of the trainer,
+    the explorer or the loops (:data:`LOOPS`): they take their own params objects, built from the
+    recipe by ``config/engine_params.py`` (the loops': ``pipeline/loop_params.py``)."""
     found = []
-    for unit in ("trainer", "explorer"):
-        for path in sorted((root / unit).rglob("*.py")):
-            mod = module_name(path, root)
-            package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
-            found += [
-                f"{path.relative_to(root.parent)}:{line}: imports {name}"
-                for line, name in _imports(path, package)
-                if name == f"{root.name}.config" or name.startswith(f"{root.name}.config.")
-            ]
+    paths = [path for unit in ("trainer", "explorer") for path in sorted((root / unit).rglob("*.py"))]
+    paths += [root / "pipeline" / f"{m}.py" for m in LOOPS if (root / "pipeline" / f"{m}.py").is_file()]
+    for path in paths:
+        mod = module_name(path, root)
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        found += [
+            f"{path.relative_to(root.parent)}:{line}: imports {name}"
+            for line, name in _imports(path, package)
+            if name == f"{root.name}.config" or name.startswith(f"{root.name}.config.")
+        ]
     return found
 
 
 def test_the_trainer_and_the_explorer_never_read_the_recipe():
     found = recipe_readers(CORE)
-    assert not found, "the recipe is turned into engine params in trinity_like/config/engine_params.py:\n" + "\n".join(
-        found
+    assert not found, (
+        "the recipe is turned into engine params in trinity_like/config/engine_params.py "
+        "(the loops' in trinity_like/pipeline/loop_params.py):\n" + "\n".join(found)
     )
 
 
@@ -213,7 +220,11 @@ def test_the_recipe_check_catches_a_planted_import(tmp_path):
     (pkg / "trainer" / "engines.py").write_text("from trinity_like.config.schema import Config\n")
     (pkg / "explorer" / "worker.py").write_text("def f():\n    from ..config import load_plan\n")
     (pkg / "explorer" / "fine.py").write_text("from trinity_like.configs import x\nfrom trinity_like import errors\n")
+    (pkg / "pipeline").mkdir()
+    (pkg / "pipeline" / "steps.py").write_text("from ..config.schema import Config\n")
+    (pkg / "pipeline" / "build.py").write_text("from trinity_like.config.schema import Config\n")  # not a loop
     assert recipe_readers(pkg) == [
         "trinity_like/trainer/engines.py:1: imports trinity_like.config.schema",
         "trinity_like/explorer/worker.py:2: imports trinity_like.config",
+        "trinity_like/pipeline/steps.py:1: imports trinity_like.config.schema",
     ]

@@ -204,7 +204,7 @@ def _stage_reads(module: str) -> list[tuple[int, str]]:
 def test_the_loops_reach_a_stage_only_through_the_protocol():
     """The loops are typed against :class:`StageVerbs`, not the concrete stage: none imports
     ``Stage``, and every member they use on a stage is one the protocol declares. Of those,
-    only the recipe (``config``, ``spec``) is read as data; the rest are verbs."""
+    only ``params`` (what they need of the recipe) is read as data; the rest are verbs."""
     declared = {name for name in vars(StageVerbs) if not name.startswith("_")}
     for module in LOOPS:
         source = (REPO / "trinity_like" / "pipeline" / f"{module}.py").read_text()
@@ -212,7 +212,7 @@ def test_the_loops_reach_a_stage_only_through_the_protocol():
         reads = _stage_reads(module)
         assert reads, module
         assert not [(line, m) for line, m in reads if m not in declared], module
-        assert {m for _, m in reads if not callable(getattr(StageVerbs, m, None))} <= {"config", "spec"}, module
+        assert {m for _, m in reads if not callable(getattr(StageVerbs, m, None))} <= {"params"}, module
 
 
 def test_a_step_is_taken_through_hooks_without_patching_the_stage(tmp_path):

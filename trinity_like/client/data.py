@@ -267,8 +267,9 @@ def per_datum(values_BR: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
 
 
 def check_next_token_targets(batch: dict[str, torch.Tensor]) -> None:
-    """For an engine that scores each position's next input token (``verl``): the targets
-    must be those tokens wherever the datum's arrays are non-zero (masked positions are free)."""
+    """For an engine that scores each position's next input token (``verl``; one that does not
+    declare ``TrainEngineTraits.exact_targets``): the targets must be those tokens wherever the
+    datum's arrays are non-zero (masked positions are free)."""
     mask = batch["response_mask"].bool()
     used = torch.zeros_like(mask)
     for key in FLOAT_KEYS & set(batch):
@@ -278,6 +279,6 @@ def check_next_token_targets(batch: dict[str, torch.Tensor]) -> None:
     if differs.any():
         b = int(differs.nonzero()[0][0])
         raise DataError(
-            f"datum {b}: a target token that carries loss is not the next model_input token; the verl "
-            "engine scores next tokens only (use the local engine for other targets)"
+            f"datum {b}: a target token that carries loss is not the next model_input token; this train "
+            "engine scores next tokens only (the local engine scores any targets)"
         )

@@ -42,10 +42,11 @@ from trinity_like.client.training import TrainingClient
 from trinity_like.models.device import resolve_device
 from trinity_like.models.resolve import BUILTIN_MODELS, CACHE_ENV, load_tokenizer, resolve_model_path
 from trinity_like.plugins import load_plugins
+from trinity_like.registry import UnknownNameError
+from trinity_like.trainer.engines import train_engine_traits
 from trinity_like.trainer.lora import LoraParams, read_base_note
 from trinity_like.trainer.params import ModelParams, OptimParams
 
-ENGINES = ("local", "verl")
 BACKENDS = ("local", "ray")  # where the clients run: this process, or Ray actors
 
 
@@ -78,13 +79,13 @@ def model_entry(name: str, folder: Path) -> types.SupportedModel:
 class ServiceClient:
     """Creates :class:`TrainingClient` and :class:`SamplingClient` objects over local engines.
 
-    ``train_engine``: "local" (in-process torch) or "verl" (``trainer_workers`` FSDP workers
-    through Ray); ``micro_batch_size`` rows per forward/backward; ``dtype`` of the weights
+    ``train_engine``: a ``TRAIN_ENGINE`` name: "local" (in-process torch), "verl" (``trainer_workers``
+    FSDP workers through Ray) or a plugin's; ``micro_batch_size`` rows per forward/backward; ``dtype`` of the weights
     ("auto": bf16 compute over fp32 weights on a GPU and on a CPU with bf16 units, else fp32); ``device`` of the local
     learner and the samplers ("auto": a GPU when torch sees one, "cpu", "cuda:N").
     ``backend``: "local" (this process) or "ray" (a learner actor and ``ray.samplers`` sampler
     actors, placed by ``ray``: a :class:`~trinity_like.client.ray.RayClientConfig` or its dict;
-    the learner runs the local engine). Tinker's remote-connection options (``base_url``,
+    the learner actor runs an in-process train engine). Tinker's remote-connection options (``base_url``,
     ``api_key``) have nothing to connect to here and are errors when set.
     """
 
@@ -106,20 +107,23 @@ class ServiceClient:
     ) -> None:
         if base_url is not None or api_key is not None:
             raise ValueError("this ServiceClient runs in-process: base_url / api_key have no server to reach")
-        if train_engine not in ENGINES:
-            raise ValueError(f"train_engine {train_engine!r} unknown; expected one of {', '.join(ENGINES)}")
+        try:
+            traits = train_engine_traits(train_engine)  # what the engine declares, beside its registration
+        except UnknownNameError as exc:
+            raise ValueError(f"train_engine: {exc}") from None
         if backend not in BACKENDS:
             raise ValueError(f"backend {backend!r} unknown; expected one of {', '.join(BACKENDS)}")
         if backend == "local" and ray is not None:
             raise ValueError("ray= places Ray actors: it needs backend='ray'")
-        if backend == "ray" and train_engine != "local":
+        if backend == "ray" and traits.ray_workers:
             raise ValueError(
-                "backend='ray' runs the local train engine in its learner actor; "
+                "backend='ray' runs the train engine inside its learner actor, where it cannot place Ray workers; "
                 f"train_engine={train_engine!r} is for the in-process backend"
             )
         load_plugins()  # the named losses live in the registry a recipe uses, plugins included
         self.log_dir = Path(log_dir) if log_dir is not None else client_dir()
         self.train_engine = train_engine
+        self.engine_traits = traits
         self.trainer_workers = trainer_workers
         self.micro_batch_size = micro_batch_size
         self.dtype = dtype
@@ -212,7 +216,12 @@ class ServiceClient:
         """A RayTrainingClient: the learner actor makes the in-process client with ``create(**args)``."""
         from trinity_like.client.ray import RayTrainingClient
 
-        service = {"log_dir": str(self.log_dir), "micro_batch_size": self.micro_batch_size, "dtype": self.dtype}
+        service = {
+            "log_dir": str(self.log_dir),
+            "train_engine": self.train_engine,
+            "micro_batch_size": self.micro_batch_size,
+            "dtype": self.dtype,
+        }
         actor = self._ray.learner(ServiceClient, service, create, args)
         client = RayTrainingClient(self._ray, actor, base_model=base_model, lora=lora)
         self._clients.append(client)
@@ -286,7 +295,7 @@ class ServiceClient:
             run_dir=self.log_dir / model_id,
             lora=lora,
             tokenizer=load_tokenizer(folder),
-            exact_targets=self.train_engine == "local",
+            exact_targets=self.engine_traits.exact_targets,
             device=self.device,
         )
         self._clients.append(client)

@@ -60,7 +60,7 @@ class Run:
     legacy_hash: str | None = None  # its hash before identities named folders relative to --out (reused too)
     error: str | None = None  # the recipe did not validate: the run never starts
     model: str | None = None  # model reference, for the memory estimate
-    engine: str = "local"  # the last stage's trainer.engine (verl runs get their thread count as overrides)
+    engine: str = "local"  # the last stage's trainer.engine (its declared traits: memory beside, threads as overrides)
     extra_models: int = 0  # reference models and critics beside the policy
 
     @property

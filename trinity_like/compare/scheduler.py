@@ -5,8 +5,9 @@
 (``--jobs`` and ``--threads`` fix them). A run's memory is estimated from its model's size
 (:func:`estimate_gb`), and a run starts only while the machine's available memory holds its
 estimate (the first run always starts). Threads reach a run through ``OMP_NUM_THREADS`` (the
-local engine and an in-process explorer take torch's default from it) and, for the ``verl``
-engine, ``cluster.explorer_threads`` / ``cluster.trainer_threads`` on its command line.
+local engine and an in-process explorer take torch's default from it) and, for a train engine
+whose workers set their own (``TrainEngineTraits.own_threads``: ``verl``),
+``cluster.explorer_threads`` / ``cluster.trainer_threads`` on its command line.
 
 **Resume and reuse.** Each run keeps a state file beside its folder
 (``<out>/runs/<label>/seed_<s>.json``: its identity hash, command, attempts). A run whose
@@ -32,18 +33,21 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trinity_like.atomic import write_atomic
 from trinity_like.compare.entries import Run
 from trinity_like.errors import TrinityError
 from trinity_like.monitor.sinks import read_jsonl_metrics
 
+if TYPE_CHECKING:
+    from trinity_like.trainer.engines import TrainEngineTraits
+
 GB = 1024**3
 BASE_GB = 1.0  # Python, torch, transformers and the run's buffers, before any model
 WEIGHT_COPIES = (
     7  # fp32 policy: weights, gradients, two AdamW moments, the explorer's copy, ~2 of activations and cache
 )
-VERL_GB = 1.0  # a local Ray head and its worker processes
 POLL_S = 0.05  # how often running processes are checked: what a run's end waits for before the next starts
 
 
@@ -72,9 +76,17 @@ def model_params(model: str) -> int:
 def estimate_gb(run: Run, default_model: str) -> float:
     """Peak resident memory of one run, estimated from its model size (fp32): about 4.5 GB for
     SmolLM2-135M on the local engine (measured peak about 4.9 GB, docs/machines.md), 1 GB
-    for the tiny model."""
+    for the tiny model; plus what its train engine declares beside (``extra_memory_gb``: verl's
+    Ray head and worker processes)."""
     weights_gb = model_params(run.model or default_model) * 4 / GB
-    return BASE_GB + weights_gb * (WEIGHT_COPIES + run.extra_models) + (VERL_GB if run.engine == "verl" else 0.0)
+    return BASE_GB + weights_gb * (WEIGHT_COPIES + run.extra_models) + _traits(run).extra_memory_gb
+
+
+def _traits(run: Run) -> TrainEngineTraits:
+    """What ``run``'s train engine declares (:mod:`trinity_like.trainer.engines`; imported here: it loads torch)."""
+    from trinity_like.trainer.engines import train_engine_traits
+
+    return train_engine_traits(run.engine)
 
 
 def available_gb() -> float:
@@ -207,7 +219,7 @@ def _env(run: Run, threads: int, out: Path) -> dict[str, str]:
 
 
 def _argv(run: Run, threads: int) -> list[str]:
-    if run.engine == "verl":  # its workers set their own threads: tell them (kept out of the run's identity)
+    if _traits(run).own_threads:  # its workers set their own threads: tell them (kept out of the run's identity)
         return [*run.argv, f"cluster.explorer_threads={threads}", f"cluster.trainer_threads={threads}"]
     return run.argv
 

@@ -43,12 +43,15 @@ def _slot_lines(st: ResolvedStage) -> list[str]:
 
 
 def _engine_text(c: Config) -> str:
-    """The train engine the run will really use, and where its workers run."""
-    if c.trainer.engine == "local":
-        return "local (in-process torch in this process; no Ray, no verl workers)"
+    """The train engine the run will really use, and where its workers run (its declared traits)."""
+    from trinity_like.trainer.engines import train_engine_traits
+
+    name, traits = c.trainer.engine, train_engine_traits(c.trainer.engine)
+    if not traits.ray_workers:
+        return f"{name} ({traits.plan_text or 'in this process'})"
     where = f"{c.cluster.num_gpus} GPU(s)" if c.cluster.num_gpus else "CPU over gloo"
     ray = c.cluster.ray_address or "a Ray started here"
-    return f"verl ({c.cluster.workers} FSDP worker(s) on {where}, through {ray})"
+    return f"{name} ({c.cluster.workers} {traits.plan_text or 'worker(s)'} on {where}, through {ray})"
 
 
 def _eval_text(c: Config) -> str:

@@ -390,15 +390,17 @@ class Config(Section):
         return self.synchronizer.method
 
     def cpu_threads(self) -> CpuThreads:
-        """Torch threads of the explorer actor and of each CPU `verl` worker.
+        """Torch threads of the explorer actor and of each CPU worker of the train engine (verl's).
 
         In turn each side has the cores to itself while it works: the explorer all of them, a
         trainer worker its share. When the explorer explores while CPU workers train (mode
-        both, ``offset >= 1``, concurrent, a Ray started here) they share the cores
+        both, ``offset >= 1``, concurrent, an engine whose workers are Ray processes
+        (``TrainEngineTraits.ray_workers``), a Ray started here) they share the cores
         (:mod:`trinity_like.cpu_share`): half to the explorer and the rest to the workers
         while both compute, every core to whichever computes alone. ``cluster.explorer_threads``
         / ``trainer_threads`` fix the widths instead."""
         from trinity_like.threads import cores_given
+        from trinity_like.trainer.engines import train_engine_traits
 
         cpus = cores_given()  # the affinity mask and a cgroup quota, not the machine's count
         cores = min(self.cluster.num_cpus or cpus, cpus)  # Ray's logical CPUs may be more than the cores given
@@ -407,9 +409,9 @@ class Config(Section):
             self.mode == "both"
             and sync.offset >= 1
             and sync.concurrent
-            and self.trainer.engine == "verl"
             and c.num_gpus == 0
             and c.ray_address is None
+            and train_engine_traits(self.trainer.engine).ray_workers
         )
         explorer = max(1, cores // 2) if beside else cores
         trainer = max(1, (cores - explorer if beside else cores) // c.workers)

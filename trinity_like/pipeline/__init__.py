@@ -11,9 +11,10 @@ whole step.
 - :mod:`.steps` -- what every loop's step shares: :class:`.steps.LoopState`,
   :class:`.steps.StepHooks`, :func:`.steps.update` and :func:`.steps.end_step`.
 - :mod:`.verbs` -- :class:`.verbs.StageVerbs`, the protocol the loops are typed against,
-  each verb with its one-line contract; :mod:`.stage` -- :class:`.stage.Stage`, which holds
-  one stage's parts and implements it (its train side and machine resources:
-  :mod:`.resources`).
+  each verb with its one-line contract; what they read of the recipe is its ``params``
+  (:class:`.loop_params.LoopParams`, built once with the stage); :mod:`.stage` --
+  :class:`.stage.Stage`, which holds one stage's parts and implements it (its train side
+  and machine resources: :mod:`.resources`).
 - :mod:`.build` -- :func:`.build.build_stage`, the one way a stage is set up for any role
   (``both``, ``explore``, ``train``, ``offline``).
 - :mod:`.async_loop` -- mode ``both`` with ``synchronizer.offset >= 1``: the explorer

@@ -120,11 +120,11 @@ class BackgroundExplorer:
 
     def __init__(self, stage: StageVerbs, first_step: int, version: int) -> None:
         """Explore from batch ``first_step`` on, with the explorer holding the weights of ``version``."""
-        cfg = stage.config
+        params = stage.params
         self.stage = stage
-        self.total = cfg.trainer.total_steps
-        self.offset, self.interval = cfg.synchronizer.offset, cfg.synchronizer.interval
-        self.newest_first = cfg.synchronizer.sync_style == "explorer_driven"
+        self.total = params.total_steps
+        self.offset, self.interval = params.sync_offset, params.sync_interval
+        self.newest_first = params.sync_newest_first
         self.next_step = first_step  # the next batch the thread explores
         self.version = version  # the weights the explorer holds now
         self._published: dict[int, SharedWeights] = {}  # snapshots some later batch may load
@@ -324,7 +324,7 @@ def run_concurrent(stage: StageVerbs) -> dict[str, float]:
     """Mode ``both``, ``synchronizer.offset >= 1``, ``synchronizer.concurrent``: see the module doc.
     The start, each :func:`.rl_loop.step` and the end are the reference loop's; what differs is
     who explores when (:class:`Concurrent`)."""
-    total = stage.config.trainer.total_steps
+    total = stage.params.total_steps
     loop = begin(stage)
     first = int(loop.extra.get(NEXT_STEP_KEY, loop.step + 1))
     loop.explored = first - 1  # the last batch's step that is in the buffer

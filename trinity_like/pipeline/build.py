@@ -43,6 +43,7 @@ from trinity_like.pipeline.stage import Stage, Trainer
 from trinity_like.pipeline.weight_ledger import WeightLedger
 from trinity_like.registry import SAMPLE_STRATEGY
 from trinity_like.threads import describe as describe_threads
+from trinity_like.trainer.engines import train_engine_traits
 from trinity_like.trainer.objective import Objective, objective_from_stage
 
 ROLES = ("both", "explore", "train", "offline")
@@ -55,23 +56,25 @@ def seed_everything(seed: int) -> None:
 
 
 def remote_explorer(spec: ResolvedStage) -> bool:
-    """The explorer runs as a Ray actor: asked for, or beside verl's workers in one process."""
+    """The explorer runs as a Ray actor: asked for, or beside a train engine's Ray workers in one process."""
     cfg = spec.config
-    auto = cfg.explorer.placement == "auto" and cfg.trainer.engine == "verl" and cfg.mode == "both"
+    auto = (
+        cfg.explorer.placement == "auto" and train_engine_traits(cfg.trainer.engine).ray_workers and cfg.mode == "both"
+    )
     return spec.algorithm.use_rollout and cfg.mode != "train" and (cfg.explorer.placement == "ray" or auto)
 
 
 def uses_ray(spec: ResolvedStage) -> bool:
     cfg = spec.config
-    return (cfg.mode != "explore" and cfg.trainer.engine == "verl") or remote_explorer(spec)
+    return (cfg.mode != "explore" and train_engine_traits(cfg.trainer.engine).ray_workers) or remote_explorer(spec)
 
 
 def start_ray_for(spec: ResolvedStage, engines: int) -> bool:
     """Start (or join) Ray before any engine, so the stage owns its lifetime; True if started here.
 
-    Every verl worker holds one logical Ray CPU, so a locally started Ray gets at least as
-    many logical CPUs as the stage's worker groups need (actor, reference, critic), whatever
-    the machine's core count: they take turns, they do not all compute at once.
+    Every Ray worker of a train engine (verl's) holds one logical Ray CPU, so a locally started
+    Ray gets at least as many logical CPUs as the stage's worker groups need (actor, reference,
+    critic), whatever the machine's core count: they take turns, they do not all compute at once.
     """
     if not uses_ray(spec):  # the local engine with an in-process explorer never imports Ray
         return False
@@ -82,15 +85,16 @@ def start_ray_for(spec: ResolvedStage, engines: int) -> bool:
     if ray.is_initialized():
         return False
     cfg = spec.config
-    needed = cfg.cluster.workers * engines if cfg.trainer.engine == "verl" else 0
+    ray_workers = train_engine_traits(cfg.trainer.engine).ray_workers
+    needed = cfg.cluster.workers * engines if ray_workers else 0
     num_cpus = cfg.cluster.num_cpus or max(os.cpu_count() or 1, needed)
     started = start_ray(dataclasses.replace(verl_params(cfg), num_cpus=num_cpus))
     gpus = ray.cluster_resources().get("GPU", 0.0)
-    if cfg.trainer.engine == "verl" and cfg.cluster.num_gpus > gpus:
+    if ray_workers and cfg.cluster.num_gpus > gpus:
         if started:
             ray.shutdown()
         raise TrinityError(
-            f"cluster.num_gpus: {cfg.cluster.num_gpus} GPUs asked for the verl workers, but the Ray "
+            f"cluster.num_gpus: {cfg.cluster.num_gpus} GPUs asked for the {cfg.trainer.engine} workers, but the Ray "
             f"cluster at {cfg.cluster.ray_address} has {gpus:g}; set cluster.num_gpus: 0 to train on CPU"
         )
     return started
@@ -99,12 +103,13 @@ def start_ray_for(spec: ResolvedStage, engines: int) -> bool:
 def check_gpus(cfg: Config) -> None:
     """GPU workers on a machine without them fail here, before the run directory is touched.
     (An existing Ray cluster's GPUs are counted once connected: :func:`start_ray_for`.)"""
-    if cfg.trainer.engine != "verl" or not cfg.cluster.num_gpus or cfg.cluster.ray_address is not None:
+    ray_workers = train_engine_traits(cfg.trainer.engine).ray_workers
+    if not ray_workers or not cfg.cluster.num_gpus or cfg.cluster.ray_address is not None:
         return
     found = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if found < cfg.cluster.num_gpus:
         raise TrinityError(
-            f"cluster.num_gpus: {cfg.cluster.num_gpus} GPUs asked for the verl workers, but this "
+            f"cluster.num_gpus: {cfg.cluster.num_gpus} GPUs asked for the {cfg.trainer.engine} workers, but this "
             f"machine has {found} usable by torch; set cluster.num_gpus: 0 to train on CPU"
         )
 

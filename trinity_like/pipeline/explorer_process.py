@@ -93,16 +93,16 @@ class ExplorerProcess:
 
     def run(self) -> dict[str, float]:
         stage = self.stage
-        cfg = stage.config
-        total, offset, interval = cfg.trainer.total_steps, cfg.synchronizer.offset, cfg.synchronizer.interval
+        params = stage.params
+        total, offset, interval = params.total_steps, params.sync_offset, params.sync_interval
         start = 0
-        saved = self.state.load() if cfg.checkpoint.resume else None
+        saved = self.state.load() if params.resume else None
         if saved is not None:
             start = int(saved["step"])
             stage.restore_task_position(saved["tasks"])
             stage.note(f"explorer resumed after step {start}")
             stage.advance(start)
-        elif cfg.monitor.eval_at_start:
+        elif params.eval_at_start:
             self.evaluate(0)  # nothing without held-out tasks
         last: dict[str, float] = {}
         for step in range(start + 1, total + 1):
@@ -111,7 +111,7 @@ class ExplorerProcess:
             before = self.version
             with timer("wait_weights"), stage.span("explorer", "wait", step):
                 self.wait_for(needed_version(step, offset, interval))
-            every = cfg.monitor.eval_interval
+            every = params.eval_interval
             if every and self.version // every != before // every and self.version != total:
                 with timer("eval"):  # the first version of each eval interval the explorer loads
                     self.evaluate(self.version)

@@ -28,11 +28,8 @@ from typing import Any
 import torch
 
 from trinity_like.atomic import write_atomic
-from trinity_like.config import ResolvedStage
-from trinity_like.errors import TrinityError
 from trinity_like.ops import normalizers
 from trinity_like.pipeline.batching import split_rows
-from trinity_like.pipeline.restart import run_restartable
 from trinity_like.pipeline.steps import LoopState, StepHooks, StepRecord, end_step, update
 from trinity_like.pipeline.verbs import StageVerbs
 
@@ -88,8 +85,8 @@ class OfflineTrainer:
         self.stage = stage
         self.trainer = stage.learner()
         self.cache = RefCache(stage.file("ref_cache.safetensors")) if "ref_logprob" in self.trainer.needs else None
-        self.batch_size = stage.spec.train_batch_size
-        self.pairs = stage.spec.algorithm.schema == "pair"
+        self.batch_size = stage.params.train_batch_size
+        self.pairs = stage.params.pairs
 
     def batch(self, rows: list[Any]) -> Batch:
         stage = self.stage
@@ -179,27 +176,16 @@ class HeldOut(StepHooks):
         return self.trainer.held_out(step)
 
 
-def run_offline(spec: ResolvedStage) -> dict[str, float]:
-    """Train an offline stage (SFT, DPO, RM) to ``trainer.total_steps``; returns the last metrics."""
-    if spec.config.buffer.eval_tasks is not None and "scores" in spec.needs:
-        raise TrinityError(
-            "buffer.eval_tasks: answer accuracy needs a language model; a reward model reports "
-            "pairwise accuracy on buffer.eval_data"
-        )
-    return run_restartable(spec, "offline", train_offline)  # a dead verl worker: again, from the checkpoint
-
-
 def train_offline(stage: StageVerbs) -> dict[str, float]:
     """The offline loop on a built stage, from its latest checkpoint to ``trainer.total_steps``."""
-    cfg = stage.config
-    total = cfg.trainer.total_steps
+    total, eval_at_start = stage.params.total_steps, stage.params.eval_at_start
     loop = LoopState.resume(stage)
     pair_metrics = stage.data_summary()
     trainer = OfflineTrainer(stage)
     hooks = HeldOut(trainer)
     has_eval = stage.has_eval()
-    if loop.step == 0 and (pair_metrics or (has_eval and cfg.monitor.eval_at_start)):
-        at_start = trainer.evaluate(0, loop.model_version) if has_eval and cfg.monitor.eval_at_start else {}
+    if loop.step == 0 and (pair_metrics or (has_eval and eval_at_start)):
+        at_start = trainer.evaluate(0, loop.model_version) if has_eval and eval_at_start else {}
         stage.log(0, {**pair_metrics, **at_start})
     last: dict[str, float] = {}
     while loop.step < total:

@@ -51,21 +51,17 @@ def begin(stage: StageVerbs) -> LoopState:
     fresh run, the learned reward checked against the gold one (``monitor.rm_check_tasks``) and
     the held-out evaluation (``monitor.eval_at_start``), both logged at step 0."""
     loop = LoopState.resume(stage)
-    monitor = stage.config.monitor
-    if (
-        loop.step == 0
-        and monitor.rm_check_tasks
-        and (checked := stage.check_rewards(monitor.rm_check_tasks)) is not None
-    ):
+    params = stage.params
+    if loop.step == 0 and params.rm_check_tasks and (checked := stage.check_rewards(params.rm_check_tasks)) is not None:
         stage.log(0, checked)
-    if loop.step == 0 and monitor.eval_at_start and (at_start := stage.evaluate(0)):
+    if loop.step == 0 and params.eval_at_start and (at_start := stage.evaluate(0)):
         stage.log(0, at_start)
     return loop
 
 
 def finish(stage: StageVerbs, last: dict[str, float]) -> dict[str, float]:
     """An online loop's end: the held-out evaluation of the final weights, logged at the last step."""
-    total = stage.config.trainer.total_steps
+    total = stage.params.total_steps
     if final := stage.evaluate(total):
         stage.log(total, final)
         last.update(final)
@@ -77,8 +73,7 @@ class InTurn(StepHooks):
     ``synchronizer.offset`` batches ahead of it (the off-policy window)."""
 
     def feed(self, stage: StageVerbs, loop: LoopState, rec: StepRecord) -> None:
-        cfg = stage.config
-        total, offset = cfg.trainer.total_steps, cfg.synchronizer.offset
+        total, offset = stage.params.total_steps, stage.params.sync_offset
         explored = loop.step if loop.explored is None else loop.explored
         while explored - rec.step < offset and explored < total:
             explored += 1
@@ -112,7 +107,7 @@ def run_online(stage: StageVerbs, loop: LoopState | None = None) -> dict[str, fl
     checkpoint's, or ``loop``'s when given) up to ``trainer.total_steps``; returns the last metrics."""
     loop = begin(stage) if loop is None else loop
     last: dict[str, float] = {}
-    while loop.step < stage.config.trainer.total_steps:
+    while loop.step < stage.params.total_steps:
         last = step(stage, loop, IN_TURN)
     return finish(stage, last)
 
@@ -125,7 +120,7 @@ def run_trainer(stage: StageVerbs) -> dict[str, float]:
     """
     loop = begin(stage)
     last: dict[str, float] = {}
-    while loop.step < stage.config.trainer.total_steps:
+    while loop.step < stage.params.total_steps:
         last = step(stage, loop, FED)
     return last
 
@@ -147,7 +142,7 @@ def learn(stage: StageVerbs, loop: LoopState, step: int, timer: PhaseTimer) -> t
         return short, 0
     batch: Batch | None = stage.collate(rows)
     metrics = {**short, **rollout_stats(batch, loop.model_version)}
-    if stage.spec.dynamic_sampling:
+    if stage.params.dynamic_sampling:
         batch, metrics["dynamic_sampling/dropped_rows"], keep = drop_uninformative_groups(batch)
         rows = [rows[i] for i in keep.tolist()]
     tokens = 0
@@ -187,9 +182,8 @@ def check_gap(stage: StageVerbs, step: int, batch: Batch, outputs: Batch) -> dic
     if "logprob" not in outputs or "rollout_logprob" not in batch:
         return {}
     gap = sampler_gap(outputs["logprob"], batch["rollout_logprob"], batch["response_mask"], batch["is_expert"])
-    bound = stage.config.trainer.sampler_gap
-    line = gap_past_bound(gap, step, bound.max_kl_k3)
-    if line is not None and bound.action == "stop":
+    line = gap_past_bound(gap, step, stage.params.gap_max_kl_k3)
+    if line is not None and stage.params.gap_stop:
         stage.learner().actor.zero_grad()  # this batch's gradients never reach the weights
         raise TrinityError(line + "; stopping before the step (trainer.sampler_gap.action: warn only warns)")
     if line is not None:
@@ -265,20 +259,18 @@ def compute_advantages(stage: StageVerbs, batch: Batch) -> dict[str, float]:
     2. The advantage fn (slot ``advantage``) gets exactly the inputs it declares; group
        methods (GRPO, RLOO) see the whole batch, so every group is complete.
     """
-    comps = stage.spec.components
+    params = stage.params
     metrics: dict[str, float] = {}
     mask = batch["response_mask"]
-    if "kl_penalty" in comps:
-        comp = comps["kl_penalty"]
+    if (comp := params.kl_penalty) is not None:
         sampler = batch.get("old_logprob", batch["rollout_logprob"])
         kl_BR = call_component(comp.fn, {"logprob": sampler, "ref_logprob": batch["ref_logprob"]})
         batch["token_level_rewards"], m = apply_kl_penalty(
             batch["token_level_rewards"], kl_BR, mask, coef=float(comp.coef or 0.0)
         )
         metrics.update(m)
-    if "advantage" not in comps:
+    if (comp := params.advantage) is None:
         return metrics
-    comp = comps["advantage"]
     adv_BR, ret_BR = call_component(comp.fn, {**batch, "action_mask": mask}, comp.params)
     batch["advantages"], batch["returns"] = adv_BR.detach().float(), ret_BR.detach().float()
     valid = mask > 0

@@ -11,6 +11,7 @@ What a stage holds, grouped by what needs it:
 
 ================  ===========================================================================
 ``spec``          the validated recipe stage: config, algorithm type, components
+``params``        :class:`~.loop_params.LoopParams`: what the loops read of it, built here once
 ``data``          the tasks / rows it reads (their positions are checkpointed)
 ``trainer``       :class:`Trainer`: the actor (+ reference, critic) and their losses; None in
                   an explorer process
@@ -48,6 +49,7 @@ from trinity_like.monitor.timeline import Span
 from trinity_like.pipeline.batching import experience_batch, pair_batch
 from trinity_like.pipeline.data_sources import StageData
 from trinity_like.pipeline.disk_full import disk_full_as_error
+from trinity_like.pipeline.loop_params import LoopParams
 from trinity_like.pipeline.resources import Resources, Trainer, resident_bytes
 from trinity_like.pipeline.reward_watch import RewardWatch
 from trinity_like.pipeline.run_dir import RunDir
@@ -82,6 +84,10 @@ class Stage:
     reward_watch: RewardWatch | None = None
     ledger: WeightLedger | None = None  # the weights the trainer sent, by name (a trainer with an explorer)
     resources: Resources = field(default_factory=Resources)
+    params: LoopParams = field(init=False)  # what the loops read of ``spec`` (:meth:`LoopParams.of`)
+
+    def __post_init__(self) -> None:
+        self.params = LoopParams.of(self.spec)
 
     @property
     def config(self) -> Config:
@@ -352,8 +358,7 @@ class Stage:
         return rows, short
 
     def collate(self, rows: list[Any]) -> dict[str, torch.Tensor]:
-        pairs = self.spec.algorithm.schema == "pair"
-        return pair_batch(rows, self.pad_id) if pairs else experience_batch(rows, self.pad_id)
+        return pair_batch(rows, self.pad_id) if self.params.pairs else experience_batch(rows, self.pad_id)
 
     def recorder(self) -> TrainingRecorder | None:
         return self.storage if isinstance(self.storage, TrainingRecorder) else None

@@ -116,11 +116,11 @@ def update(
     (``logprob [B, R]``, ...: the weights before this step), from the forward the loss ran;
     ``before_step()`` runs after that forward and before the first optimiser step.
     """
-    trainer, settings = stage.learner(), stage.config.trainer
+    trainer, params = stage.learner(), stage.params
     try:
         metrics = prepare(stage, batch, timer) if prepare is not None else {}
         with timer("update"):
-            for epoch in range(settings.update_epochs):
+            for epoch in range(params.update_epochs):
                 out = trainer.actor.forward_backward(
                     batch,
                     trainer.objective,
@@ -141,7 +141,7 @@ def update(
     except FloatingPointError as exc:
         loop.nan_streak += 1
         stage.note(f"step {step}: {exc}; step skipped ({loop.nan_streak} in a row)")
-        limit = settings.max_nan_steps
+        limit = params.max_nan_steps
         if loop.nan_streak > limit:
             raise TrinityError(
                 f"step {step}: {loop.nan_streak} non-finite losses in a row (trainer.max_nan_steps="
@@ -170,14 +170,12 @@ def end_step(stage: StageVerbs, loop: LoopState, rec: StepRecord, hooks: StepHoo
     checkpoint's own time follows on a line of its own (``time/checkpoint``); ``time/step``
     leaves it out.
     """
-    cfg, step, timer, metrics = stage.config, rec.step, rec.timer, rec.metrics
-    total = cfg.trainer.total_steps
-    if stage.spec.algorithm.use_rollout and (
-        step % cfg.synchronizer.interval == 0 or (step == total and cfg.mode == "train")
-    ):
+    params, step, timer, metrics = stage.params, rec.step, rec.timer, rec.metrics
+    total = params.total_steps
+    if params.use_rollout and (step % params.sync_interval == 0 or (step == total and params.sync_at_end)):
         with timer("sync"), stage.span("trainer", "sync", step):
             hooks.sync(stage, step)
-    if cfg.monitor.eval_interval and step % cfg.monitor.eval_interval == 0 and step != total:
+    if params.eval_interval and step % params.eval_interval == 0 and step != total:
         with timer("eval"), stage.span("trainer", "eval", step):
             metrics.update(hooks.evaluate(stage, step))
     metrics.update(timer.metrics())
@@ -186,7 +184,7 @@ def end_step(stage: StageVerbs, loop: LoopState, rec: StepRecord, hooks: StepHoo
     if rec.tokens:
         metrics["throughput/tokens_per_s"] = rec.tokens / max(metrics["time/step"], 1e-9)
     stage.log(step, metrics)
-    if step % cfg.checkpoint.interval == 0 or step == total:
+    if step % params.checkpoint_interval == 0 or step == total:
         hooks.before_checkpoint(stage, loop, step)
         t1 = time.perf_counter()
         with stage.span("trainer", "checkpoint", step):

@@ -3,11 +3,12 @@
 :mod:`.rl_loop`, :mod:`.async_loop`, :mod:`.offline_loop` and :mod:`.explorer_process` take a
 ``StageVerbs``, never the concrete :class:`~.stage.Stage`: what a loop may do with a stage is
 what is written here, each member with a one-line contract. The stage's parts (its buffer,
-its run directory, its data) stay behind these verbs; a loop reads two things directly, the
-recipe (``config``) and the validated stage (``spec``). Like torchtune's recipe interface
-it is a contract to read and to check against (``tests/pipeline/test_stage.py``), not a
-base class: :class:`~.stage.Stage` implements it, and so may a test's or a benchmark's
-stand-in.
+its run directory, its data) stay behind these verbs, and so does the recipe: a loop reads
+one thing directly, ``params`` (:class:`~.loop_params.LoopParams`), the recipe's values it
+needs, built once with the stage. Like torchtune's recipe interface it is a contract to read
+and to check against (``tests/pipeline/test_stage.py``), not a base class:
+:class:`~.stage.Stage` implements it, and so may a test's or a benchmark's stand-in
+(``tests/pipeline/test_loop_params.py`` holds one).
 
 The verbs, grouped by who calls them:
 
@@ -35,10 +36,9 @@ if TYPE_CHECKING:
     import torch
 
     from trinity_like.buffer.base import TrainingRecorder
-    from trinity_like.config import ResolvedStage
-    from trinity_like.config.schema import Config
     from trinity_like.experience import Experience
     from trinity_like.monitor.timeline import Span
+    from trinity_like.pipeline.loop_params import LoopParams
     from trinity_like.pipeline.stage import Trainer
     from trinity_like.trainer.base import TrainEngine
 
@@ -47,12 +47,8 @@ class StageVerbs(Protocol):
     """The verbs a loop calls on a stage. Each docstring is the verb's whole contract."""
 
     @property
-    def spec(self) -> ResolvedStage:
-        """The validated recipe stage: config, algorithm, components, batch size."""
-
-    @property
-    def config(self) -> Config:
-        """The recipe (``spec.config``)."""
+    def params(self) -> LoopParams:
+        """What a loop reads of the recipe (steps, sync, evaluation, checkpoints), built once with the stage."""
 
     # -- explorer side -------------------------------------------------------------------
     def explore(self, step: int) -> tuple[list[Experience], dict[str, float]]:

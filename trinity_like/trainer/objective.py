@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -209,7 +209,16 @@ def gap_past_bound(gap: Mapping[str, float], step: int, max_kl_k3: float | None)
     )
 
 
-def objective_from_stage(stage: Any, *, one_update: bool) -> Objective:
+class StageSlots(Protocol):
+    """What the objective reads of a resolved recipe stage (:class:`trinity_like.config.ResolvedStage`,
+    which the trainer does not import): its slots."""
+
+    @property
+    def components(self) -> Mapping[str, ComponentSpec]:
+        """Slot -> component; a slot that is off is absent."""
+
+
+def objective_from_stage(stage: StageSlots, *, one_update: bool) -> Objective:
     """Build the objective of a resolved recipe stage (:class:`trinity_like.config.ResolvedStage`)."""
     comps = stage.components
     return Objective(

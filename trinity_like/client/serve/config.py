@@ -12,8 +12,8 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
-from trinity_like.client.service import ENGINES
 from trinity_like.errors import ConfigError
+from trinity_like.registry import TRAIN_ENGINE
 
 LOOPBACK_NAMES = ("localhost",)
 POSITIVE = {  # fields that must be >= 1, and how a user names them
@@ -44,7 +44,9 @@ class ServeParams:
     max_batch_datums: int = 1024  # datums of one forward_backward request; told to the SDK, which splits larger ones
     max_models: int = 4  # training clients held at once (each: weights, gradients, Adam state); more is HTTP 400
     max_samplers: int = 8  # sampling sessions kept, least recently used let go first (a snapshot: a weights copy)
-    train_engine: str = "local"  # "local" (in-process torch) or "verl" (FSDP workers through Ray)
+    train_engine: str = (
+        "local"  # a TRAIN_ENGINE name: "local" (in-process torch), "verl" (FSDP workers through Ray), a plugin's
+    )
     micro_batch_size: int = 8  # rows per forward/backward pass of a train engine
     dtype: str = "float32"  # the training weights' dtype
     models: tuple[str, ...] = ()  # model ids or folders listed by get_server_capabilities beside the built-ins
@@ -59,8 +61,8 @@ class ServeParams:
             raise ConfigError("--api-key must start with 'tml-' (the tinker SDK refuses other keys)")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"--port {self.port} is not a TCP port")
-        if self.train_engine not in ENGINES:
-            raise ConfigError(f"--train-engine {self.train_engine!r}: expected one of {', '.join(ENGINES)}")
+        if self.train_engine not in TRAIN_ENGINE:
+            raise ConfigError(f"--train-engine: {TRAIN_ENGINE.unknown_message(self.train_engine)}")
         for name, flag in POSITIVE.items():
             if getattr(self, name) < 1:
                 raise ConfigError(f"{flag} must be >= 1, got {getattr(self, name)}")
