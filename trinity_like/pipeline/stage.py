@@ -50,11 +50,11 @@ from trinity_like.pipeline.batching import experience_batch, pair_batch
 from trinity_like.pipeline.data_sources import StageData
 from trinity_like.pipeline.disk_full import disk_full_as_error
 from trinity_like.pipeline.loop_params import LoopParams
+from trinity_like.pipeline.positions import Positions, first_line_of, loop_state_of
 from trinity_like.pipeline.resources import Resources, Trainer, resident_bytes
 from trinity_like.pipeline.reward_watch import RewardWatch
 from trinity_like.pipeline.run_dir import RunDir
 from trinity_like.pipeline.weight_channel import WeightChannel
-from trinity_like.pipeline.weight_ledger import KEY as WEIGHTS_SENT
 from trinity_like.pipeline.weight_ledger import WeightLedger
 from trinity_like.registry import REWARD_FN
 from trinity_like.trainer.base import TrainEngine
@@ -62,9 +62,6 @@ from trinity_like.trainer.base import TrainEngine
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
-
-# what a checkpoint's state holds for the stage itself
-STAGE_KEYS = ("step", "tasks", "strategy", "expert", WEIGHTS_SENT)
 
 
 @dataclass
@@ -233,18 +230,10 @@ class Stage:
     def save_checkpoint(self, step: int, loop_state: dict[str, Any]) -> Path:
         """Atomic and content-hashed (:mod:`.checkpoint`); the buffer commits ``step`` only once
         the checkpoint is whole (a run stopped in between marks the step when it resumes)."""
-        if set(loop_state) & set(STAGE_KEYS):
-            raise ValueError(f"loop state keys {sorted(set(loop_state) & set(STAGE_KEYS))} are the stage's own")
         writers = {"model": self.trainer.actor.save}
         if self.trainer.critic is not None:
             writers["critic"] = self.trainer.critic.save
-        positions = {
-            "tasks": _state(self.data.train),
-            "strategy": _state(self.strategy),
-            "expert": _state(self.data.expert),
-            WEIGHTS_SENT: _state(self.ledger),
-        }
-        path = self.run.checkpoints.save(step, {**loop_state, **positions}, writers)
+        path = self.run.checkpoints.save(step, self._positions().state(loop_state), writers)
         if self.storage is not None:
             with disk_full_as_error(f"step {step}'s consumed rows into the buffer", self._intact("the buffer")):
                 self.storage.commit(step)
@@ -269,18 +258,8 @@ class Stage:
             if self.trainer.critic is not None:
                 self.trainer.critic.load(str(latest / "critic"))
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:  # a manifest written to match
-            raise TrinityError(f"checkpoint {latest}: its weights do not load ({_first_line(exc)})") from None
-        for key, target in (("tasks", self.data.train), ("strategy", self.strategy), ("expert", self.data.expert)):
-            if target is not None and state.get(key) is not None:
-                try:
-                    target.load_state_dict(state[key])
-                except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
-                    raise TrinityError(
-                        f"checkpoint {latest}: state.json: its {key!r} position does not load ({_first_line(exc)})"
-                    ) from None
-        step = int(state["step"])
-        if self.ledger is not None:
-            self.ledger.load_state_dict(state.get(WEIGHTS_SENT))
+            raise TrinityError(f"checkpoint {latest}: its weights do not load ({first_line_of(exc)})") from None
+        step = self._positions().restore(latest, state)
         if self.storage is not None:
             moved = self.storage.recover(step)
             if any(moved.values()):
@@ -291,7 +270,7 @@ class Stage:
         if self.run.logger.bar is not None:
             self.run.logger.bar.update(step)
         self.run.logger.write(f"resumed from {latest} (step {step})")
-        return step, {k: v for k, v in state.items() if k not in STAGE_KEYS}
+        return step, loop_state_of(state)
 
     # -- metrics and closing -----------------------------------------------------------------
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -445,15 +424,9 @@ class Stage:
         save_file(state, str(Path(folder) / "model.safetensors"))
         return state
 
+    def _positions(self) -> Positions:
+        return Positions(self.data.train, self.strategy, self.data.expert, self.ledger)
+
     def _intact(self, what: str) -> str:
         latest = self.run.checkpoints.latest()
         return f"{what} keeps every earlier row and {f'checkpoint {latest.name}' if latest else 'the run'} is intact"
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
-
-
-def _state(x: Any) -> Any:
-    return x.state_dict() if x is not None else None
