@@ -97,23 +97,31 @@ def _fixture_text(item: pytest.Item) -> str:
     info = getattr(item, "_fixtureinfo", None)
     if info is None:
         return ""
-    parts = []
-    for defs in info.name2fixturedefs.values():
-        for fixturedef in defs:
-            func = fixturedef.func
-            module = sys.modules.get(func.__module__)
-            if module is None or module is getattr(item, "module", None):
-                continue
-            try:
-                source = inspect.getsource(func)
-            except (OSError, TypeError):  # a built-in fixture without a source file
-                continue
-            parts.append(source)
-            for name, value in vars(module).items():
-                lib = getattr(value, "__module__", "") or ""
-                if lib.startswith("_lib.") and re.search(rf"\b{re.escape(name)}\b", source):
-                    parts.append(_source(sys.modules[lib].__file__))
+    own = getattr(item, "module", None)
+    funcs = (d.func for defs in info.name2fixturedefs.values() for d in defs)
+    return "\n".join(_fixture_source(f) for f in funcs if sys.modules.get(f.__module__) not in (None, own))
+
+
+@cache
+def _fixture_source(func) -> str:
+    """One fixture's source with the ``_lib`` helpers its module imports and it names (once per fixture:
+    thousands of tests share a few dozen fixtures)."""
+    try:
+        source = inspect.getsource(func)
+    except (OSError, TypeError):  # a built-in fixture without a source file
+        return ""
+    parts = [source]
+    for name, value in vars(sys.modules[func.__module__]).items():
+        lib = getattr(value, "__module__", "") or ""
+        if lib.startswith("_lib.") and re.search(rf"\b{re.escape(name)}\b", source):
+            parts.append(_source(sys.modules[lib].__file__))
     return "\n".join(parts)
+
+
+@cache
+def _signals_in(text: str) -> frozenset[int]:
+    """Which of SIGNALS appear in ``text`` (once per module text and per fixture set)."""
+    return frozenset(i for i, (_, _, pattern) in enumerate(SIGNALS) if re.search(pattern, text, flags=re.M))
 
 
 def tier_of(item: pytest.Item) -> tuple[str, str]:
@@ -127,9 +135,9 @@ def tier_of(item: pytest.Item) -> tuple[str, str]:
         return "integration", "measured slow"
     folder = FOLDERS.get(item.path.parent.name) if item.path.parent.parent.name == "tests" else None
     module = getattr(item, "module", None)
-    text = (_module_text(module.__name__) if module is not None else "") + "\n" + _fixture_text(item)
-    for tier, what, pattern in SIGNALS:
-        if re.search(pattern, text, flags=re.M):
+    found = _signals_in(_module_text(module.__name__) if module is not None else "") | _signals_in(_fixture_text(item))
+    for i, (tier, what, _) in enumerate(SIGNALS):
+        if i in found:
             return tier, what
     if folder is not None:
         return folder

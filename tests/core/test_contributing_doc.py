@@ -14,9 +14,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "contributing.md"
-# one small file per tier, and what the page says each holds: a loss check, a CLI run, a Ray client
+# one small file per tier, and what the page says each holds: a loss check, a CLI run, a Ray client (on a
+# cluster started with `ray start`); each quick to collect (a collection of the three takes a few seconds)
 FILES = {"unit": "tests/core/test_registry.py", "integration": "tests/core/test_readme.py"}
-FILES["system"] = "tests/client_ray/test_runtime.py"
+FILES["system"] = "tests/client_ray/test_existing_cluster.py"
 
 
 def shown() -> list[str]:
@@ -34,10 +35,10 @@ def pytest_in(argv: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
 
 
-def collected(out: str) -> int:
-    """Tests listed by ``--collect-only``: one a line (``-q``) or a count per file (``-qq``)."""
-    per_file = re.findall(r"^tests/\S+\.py: (\d+)$", out, flags=re.M)
-    return sum(map(int, per_file)) + sum("::" in line for line in out.splitlines())
+def collected(out: str, file: str) -> int:
+    """Tests of ``file`` listed by ``--collect-only``: one a line (``-q``) or a count per file (``-qq``)."""
+    per_file = re.findall(rf"^{re.escape(file)}: (\d+)$", out, flags=re.M)
+    return sum(map(int, per_file)) + sum(line.startswith(f"{file}::") for line in out.splitlines())
 
 
 def test_the_page_shows_the_fast_loop_with_coverage_and_every_tier():
@@ -48,16 +49,16 @@ def test_the_page_shows_the_fast_loop_with_coverage_and_every_tier():
 
 @pytest.mark.parametrize("command", shown())
 def test_each_command_selects_its_tier(command):
-    """Collected (not run) on one file of each tier: the command's mark takes its tier's file and no other."""
+    """Collected (not run) on one file of each tier, all three in one collection (a pytest start costs
+    seconds): the command's mark takes its tier's file and no other."""
     argv = [a for a in shlex.split(command) if not a.startswith("--cov")]
     options = argv[3:]  # after python -m pytest
     tier = options[options.index("-m") + 1] if "-m" in options else None
-    paths = [a for a in argv if a.startswith("tests/")]
-    argv = [a for a in argv if a not in paths]
+    argv = [a for a in argv if not a.startswith("tests/")]
+    done = pytest_in([*argv, "--collect-only", *FILES.values()])
+    assert done.returncode in (0, 5), done.stdout[-3000:] + done.stderr[-3000:]
     for want, file in FILES.items():
-        done = pytest_in([*argv, "--collect-only", file])
-        assert done.returncode in (0, 5), done.stdout[-3000:] + done.stderr[-3000:]
-        assert bool(collected(done.stdout)) == (tier in (None, want)), (command, file, done.stdout[-2000:])
+        assert bool(collected(done.stdout, file)) == (tier in (None, want)), (command, file, done.stdout[-2000:])
 
 
 def test_the_fast_loop_runs_and_reports_coverage_of_the_core():

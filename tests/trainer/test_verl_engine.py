@@ -18,7 +18,7 @@ import pytest
 import ray
 import ray.cloudpickle
 import torch
-from _lib import trainer_batches
+from _lib import metric_invariance, trainer_batches
 from _lib.trainer_batches import ClippedPPOLoss, make_batch, nll_loss, value_mse_loss
 
 from trinity_like.cpu_share import EXPLORER, CoreShare
@@ -36,8 +36,9 @@ B, P, R = 8, 6, 5
 # Warmup 1: the first step has lr 0 (moments only), the second lr 1e-3; clipping at 0.05 is active.
 OPTIM = OptimParams(lr=1e-3, warmup_steps=1, weight_decay=0.01, eps=1e-6, grad_clip=0.05)
 
-# The loss callables live in a test module that Ray workers cannot import: ship them by value.
+# The loss callables live in test modules that Ray workers cannot import: ship them by value.
 ray.cloudpickle.register_pickle_by_value(trainer_batches)
+ray.cloudpickle.register_pickle_by_value(metric_invariance)
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +111,20 @@ def test_a_rollout_correction_runs_in_the_verl_workers_as_in_the_local_engine(en
     assert 0 < m_local[key] < 1 and 0 < m_verl[key] < 1  # computed in the workers: masked some, not all
     assert m_verl["loss"] == pytest.approx(m_local["loss"], rel=1e-5)
     assert abs(m_local["loss"] - plain) > 1e-3 * abs(plain)  # and the correction changed the loss
+
+
+def test_every_loss_logs_what_the_local_engines_single_micro_batch_logs(engine, tiny_path):
+    """tests/trainer/test_metric_invariance.py on verl: every loss's logged metrics, 2 workers x 4
+    micro-batches of 2 rows against the local engine's 1 micro-batch of 16 rows. On this module's engine
+    before its first step (forward/backward and zero_grad only): the tiny model's weights on both."""
+    one = LocalEngine(ModelParams(path=tiny_path, micro_batch_size=metric_invariance.B))
+    for layout, batch in metric_invariance.batches_of(one).items():
+        for name in metric_invariance.LOSSES:
+            whole, sharded = metric_invariance.run(one, name, batch), metric_invariance.run(engine, name, batch)
+            assert whole.keys() == sharded.keys(), (name, layout)
+            keys = metric_invariance.objective_keys(whole, layout)
+            # the engines' logprobs agree to ~1e-6 (the parity test below)
+            metric_invariance.assert_same(sharded, whole, keys, rel=1e-4, abs_=1e-5, what=(name, layout))
 
 
 def test_parity_same_loss_same_batch_same_updated_weights(engine, tiny_path, batch):
