@@ -1,18 +1,16 @@
 """Our contender in benchmarks/grpo_step.py: one online stage of the default GRPO recipe
 (``examples/grpo_arith.yaml``, the workload overridden), stepped one loop ``step`` at a
-time, with the engine's phases split by timing wrappers. See grpo_step.py for the workload."""
+time, with the phases and trained rows the step itself logs. See grpo_step.py for the workload."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from harness import timed
 
 # Our recipe keys per precision (bf16: the mixed path model.dtype auto gives where the CPU has bf16 units).
 OUR_DTYPES = {
@@ -80,37 +78,20 @@ class Ours:
             check_mixed_path()
         self.ctx = build_stage(self.stage, "both")
         self.hooks = bench_hooks()()
-        self.extra: dict[str, float] = {}
         self.loop = LoopState.resume(self.ctx)  # a fresh run directory: step 0
-        actor = self.ctx.trainer.actor
-        actor.forward_backward = self.counted(timed(actor.forward_backward, self.extra, "time/update.forward_backward"))
-        actor.optim_step = timed(actor.optim_step, self.extra, "time/update.optim_step")
-        actor.export_weights = timed(actor.export_weights, self.extra, "time/sync.gather")
         self.step_no = 0
-
-    def counted(self, fn: Callable) -> Callable:
-        """``forward_backward`` that records the rows and tokens of the batch it trains."""
-
-        def wrapper(batch: dict[str, torch.Tensor], *args: Any, **kwargs: Any) -> Any:
-            add = {"rows_trained": batch["input_ids"].shape[0], "real_tokens": float(batch["attention_mask"].sum())}
-            for k, v in add.items():
-                self.extra[k] = self.extra.get(k, 0.0) + v
-            return fn(batch, *args, **kwargs)
-
-        return wrapper
 
     def step(self) -> dict[str, Any]:
         from trinity_like.pipeline.rl_loop import step
 
         self.step_no += 1
-        self.extra.clear()
+        # the step's own metrics: its phases (time/update.forward_backward, .optim_step, time/sync.gather)
+        # and what it trained (train/rows, train/real_tokens), as every run logs them
         m: dict[str, Any] = dict(step(self.ctx, self.loop, self.hooks))
-        m.update(self.extra)
+        m["rows_trained"], m["real_tokens"] = m.get("train/rows", 0), m.get("train/real_tokens", 0.0)
         if "time/sync" in m and "time/sync.gather" in m:
             m["time/sync.transfer"] = m["time/sync"] - m["time/sync.gather"]
         m["train_s"] = m.get("time/update", 0.0)
-        m.setdefault("rows_trained", 0)
-        m.setdefault("real_tokens", 0.0)
         if "perf/train_tokens" in m:  # the engine's count: each group's prompt once
             m["run_tokens"], m["run_tokens_source"] = m["perf/train_tokens"], "`perf/train_tokens`"
         else:

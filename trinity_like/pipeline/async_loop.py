@@ -303,8 +303,9 @@ class Concurrent(StepHooks):
         both.enter_context(DEVICE_TURN)
         return both
 
-    def sync(self, stage: StageVerbs, version: int) -> None:
+    def sync(self, stage: StageVerbs, version: int) -> dict[str, float]:
         self.explorer.publish(version)
+        return {}
 
     def evaluate(self, stage: StageVerbs, step: int) -> dict[str, float]:
         self.put(stage, self.loop, self.explorer.pause(), self.pending)

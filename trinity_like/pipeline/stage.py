@@ -26,6 +26,7 @@ What a stage holds, grouped by what needs it:
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -207,19 +208,23 @@ class Stage:
             **env,
         }
 
-    def sync_weights(self, version: int) -> None:
+    def sync_weights(self, version: int) -> dict[str, float]:
         """In memory, or through the file channel (:mod:`.weight_channel`), as ``synchronizer.method`` says."""
+        t0 = time.perf_counter()
         if self.config.sync_method() == "memory":
-            if self.explorer is not None:
-                weights = self.trainer.actor.export_weights()
-                self.name_weights(version, weights)
-                self.explorer.receive_weights(weights, version)
-            return
+            if self.explorer is None:
+                return {}
+            weights = self.trainer.actor.export_weights()
+            gathered = {"time/sync.gather": time.perf_counter() - t0}
+            self.name_weights(version, weights)
+            self.explorer.receive_weights(weights, version)
+            return gathered
         saved: dict = {}
         folder = WeightChannel(self.run_dir).publish(version, lambda f: saved.update(self._save_weights(f)))
         self.name_weights(version, saved or folder)  # a folder published before a resume: read back
         if self.explorer is not None:
             self.explorer.receive_weights(folder, version)
+        return {}
 
     def name_weights(self, version: int, weights: Any) -> None:
         """Record the identity of the weights sent as ``version`` (:mod:`.weight_ledger`)."""

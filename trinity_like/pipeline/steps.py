@@ -80,9 +80,9 @@ class StepHooks:
         """What wraps the trainer's half of the step."""
         return nullcontext()
 
-    def sync(self, stage: StageVerbs, version: int) -> None:
-        """The trainer's weights to the explorer as ``version``."""
-        stage.sync_weights(version)
+    def sync(self, stage: StageVerbs, version: int) -> dict[str, float]:
+        """The trainer's weights to the explorer as ``version``; returns the time of its parts, if any."""
+        return stage.sync_weights(version)
 
     def evaluate(self, stage: StageVerbs, step: int) -> dict[str, float]:
         """Held-out metrics at the end of ``step``."""
@@ -121,19 +121,22 @@ def update(
         metrics = prepare(stage, batch, timer) if prepare is not None else {}
         with timer("update"):
             for epoch in range(params.update_epochs):
-                out = trainer.actor.forward_backward(
-                    batch,
-                    trainer.objective,
-                    need_entropy=trainer.objective.need_entropy,
-                    out=outputs if epoch == 0 else None,
-                )
+                with timer("update.forward_backward"):
+                    out = trainer.actor.forward_backward(
+                        batch,
+                        trainer.objective,
+                        need_entropy=trainer.objective.need_entropy,
+                        out=outputs if epoch == 0 else None,
+                    )
                 if out.get("nonfinite_loss", 0.0) > 0 or not math.isfinite(out.get("loss", 0.0)):
                     trainer.actor.zero_grad()  # drop what the finite micro-batches accumulated
                     raise FloatingPointError("non-finite loss")
                 metrics.update(out)
                 if epoch == 0 and before_step is not None:
                     before_step()
-                metrics.update({f"actor/{k}": v for k, v in trainer.actor.optim_step().items()})
+                with timer("update.optim_step"):
+                    stepped = trainer.actor.optim_step()
+                metrics.update({f"actor/{k}": v for k, v in stepped.items()})
             if trainer.critic is not None:
                 out = trainer.critic.forward_backward(batch, trainer.value_objective)
                 metrics.update({f"critic/{k}": v for k, v in out.items()})
@@ -149,6 +152,10 @@ def update(
             ) from None
         return {"skipped/nan_loss": 1.0}
     loop.nan_streak = 0
+    rows, real = batch["attention_mask"].shape[0], batch["attention_mask"].sum()
+    metrics.update(
+        {"train/rows": float(rows * params.update_epochs), "train/real_tokens": float(real) * params.update_epochs}
+    )
     return metrics
 
 
@@ -174,7 +181,7 @@ def end_step(stage: StageVerbs, loop: LoopState, rec: StepRecord, hooks: StepHoo
     total = params.total_steps
     if params.use_rollout and (step % params.sync_interval == 0 or (step == total and params.sync_at_end)):
         with timer("sync"), stage.span("trainer", "sync", step):
-            hooks.sync(stage, step)
+            metrics.update(hooks.sync(stage, step) or {})
     if params.eval_interval and step % params.eval_interval == 0 and step != total:
         with timer("eval"), stage.span("trainer", "eval", step):
             metrics.update(hooks.evaluate(stage, step))

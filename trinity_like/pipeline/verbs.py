@@ -91,8 +91,9 @@ class StageVerbs(Protocol):
     def trainer_computing(self) -> AbstractContextManager[None]:
         """Mark the trainer busy on the machine's CPU board for the body (the explorer takes its share only)."""
 
-    def sync_weights(self, version: int) -> None:
-        """The trainer's weights to the explorer as ``version`` (mode ``train``: published for its process)."""
+    def sync_weights(self, version: int) -> dict[str, float]:
+        """The trainer's weights to the explorer as ``version`` (mode ``train``: published for its process);
+        returns the time of its parts (``time/sync.gather``: the weights out of the train engine)."""
 
     def name_weights(self, version: int, weights: Any) -> None:
         """Record the identity of the weights sent as ``version``, which every trained row is checked against."""
