@@ -86,9 +86,9 @@ class Ours:
 
         self.step_no += 1
         # the step's own metrics: its phases (time/update.forward_backward, .optim_step, time/sync.gather)
-        # and what it trained (train/rows, train/real_tokens), as every run logs them
+        # and what it trained (perf/train_rows, perf/batch_tokens), as every run logs them
         m: dict[str, Any] = dict(step(self.ctx, self.loop, self.hooks))
-        m["rows_trained"], m["real_tokens"] = m.get("train/rows", 0), m.get("train/real_tokens", 0.0)
+        m["rows_trained"], m["real_tokens"] = m.get("perf/train_rows", 0), m.get("perf/batch_tokens", 0.0)
         if "time/sync" in m and "time/sync.gather" in m:
             m["time/sync.transfer"] = m["time/sync"] - m["time/sync.gather"]
         m["train_s"] = m.get("time/update", 0.0)

@@ -31,11 +31,19 @@ def test_two_steps_log_metrics_and_checkpoint(tmp_path):
         "actor/grad_norm",
         "perf/train_tokens",
         "perf/padded_fraction",
+        "perf/batch_tokens",
+        "time/update.forward_backward",
+        "time/update.optim_step",
+        "time/sync.gather",
         "memory/driver_gb",
         "memory/total_gb",
     ):
         assert key in trained[-1], key
     assert 0 < trained[-1]["memory/driver_gb"] <= trained[-1]["memory/total_gb"]
+    for r in trained:  # the update's parts lie inside it; the batch's real tokens are what throughput counts
+        assert 0 < r["time/update.forward_backward"] + r["time/update.optim_step"] <= r["time/update"]
+        assert r["time/sync.gather"] <= r["time/sync"]
+        assert r["perf/batch_tokens"] == pytest.approx(r["throughput/tokens_per_s"] * r["time/step"])
     assert "eval/accuracy" in rows[-1] and "eval/response_length" in rows[-1]
     assert (run_dir / "checkpoints" / "step_000002" / "manifest.json").exists()
     assert any((run_dir / "tensorboard").iterdir())

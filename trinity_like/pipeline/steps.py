@@ -152,10 +152,9 @@ def update(
             ) from None
         return {"skipped/nan_loss": 1.0}
     loop.nan_streak = 0
-    rows, real = batch["attention_mask"].shape[0], batch["attention_mask"].sum()
-    metrics.update(
-        {"train/rows": float(rows * params.update_epochs), "train/real_tokens": float(real) * params.update_epochs}
-    )
+    # the batch's real tokens (each row's prompt and response, padding left out) over the epochs: the
+    # work a trainer that runs every row whole does (perf/train_tokens: what the engine ran)
+    metrics["perf/batch_tokens"] = float(batch["attention_mask"].sum()) * params.update_epochs
     return metrics
 
 

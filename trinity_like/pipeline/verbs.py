@@ -92,8 +92,7 @@ class StageVerbs(Protocol):
         """Mark the trainer busy on the machine's CPU board for the body (the explorer takes its share only)."""
 
     def sync_weights(self, version: int) -> dict[str, float]:
-        """The trainer's weights to the explorer as ``version`` (mode ``train``: published for its process);
-        returns the time of its parts (``time/sync.gather``: the weights out of the train engine)."""
+        """The trainer's weights to the explorer as ``version`` (``train``: published); returns its parts' times."""
 
     def name_weights(self, version: int, weights: Any) -> None:
         """Record the identity of the weights sent as ``version``, which every trained row is checked against."""
