@@ -13,8 +13,9 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="py
 <property name="outcome" value="killed"/><property name="resumed" value="yes (3 s)"/><property name="rows" value="0 lost, 0 twice"/></properties></testcase>
 <testcase classname="b" name="test_lock"><properties><property name="fault" value="second run"/>
 <property name="outcome" value="x"/><property name="resumed" value="y"/><property name="rows" value="z"/></properties><failure message="boom"/></testcase>
-<testcase classname="c" name="test_helper"/>
-<testcase classname="c" name="test_early"><failure message="before recording"/></testcase>
+<testcase classname="tests.faults.test_c" name="test_helper"/>
+<testcase classname="tests.faults.test_c" name="test_early"><failure message="before recording"/></testcase>
+<testcase classname="tests.core.test_plugins" name="test_elsewhere"><failure message="not a fault test"/></testcase>
 <testcase classname="tests.faults.test_report" name="test_the_doc"><failure message="not a fault"/></testcase>
 <testcase classname="d" name="test_known"><properties><property name="fault" value="resume"/>
 <property name="outcome" value="KNOWN BUG: x"/><property name="resumed" value="yes"/><property name="rows" value="1 twice"/></properties>
@@ -35,7 +36,8 @@ def test_rows_come_from_recorded_properties_and_failures_show(tmp_path):
         ],
         ["SIGKILL at a", "killed", "yes (3 s)", "0 lost, 0 twice"],
         ["second run", "FAILED", "FAILED", "FAILED"],
-        ["c::test_early", "FAILED", "FAILED", "FAILED"],  # failed before recording a row: shown by its name
+        # failed before recording a row: shown by its name (a failure outside tests/faults is not a fault)
+        ["tests.faults.test_c::test_early", "FAILED", "FAILED", "FAILED"],
         ["resume", "KNOWN BUG: x", "yes", "1 twice"],  # a strict xfail keeps its row; a skip has none
     ]
     doc = tmp_path / "r.md"
