@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -90,6 +91,13 @@ def kill(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=30)
+
+
+def restart_lines(text: str) -> list[str]:
+    """The run's ``restart N of M: ...`` lines in a process's output. The run writes each in one
+    write of its own (monitor/logger.py), but a "(raylet)" report Ray prints from a background
+    thread may have left the line it was on unfinished: a restart line is read from where it starts."""
+    return re.findall(r"restart \d+ of \d+: [^\n]*", text)
 
 
 def one_line_error(out: subprocess.CompletedProcess) -> str:

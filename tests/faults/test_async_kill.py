@@ -27,6 +27,7 @@ from _lib.faultlib import (
     command,
     kill,
     record,
+    restart_lines,
     rows_by_step,
     run,
     start,
@@ -115,7 +116,7 @@ def test_sigkill_of_the_explorer_actor_while_it_explores_ahead_is_restarted_in_t
     t0 = time.monotonic()
     out = run(cmd, timeout=300, **{FAULT_ENV: "explorer_run:2", ONCE_VAR: str(tmp_path / "fired")})
     assert out.returncode == 0, out.stderr[-3000:]
-    said = [line for line in (out.stdout + out.stderr).splitlines() if line.startswith("restart ")]
+    said = restart_lines(out.stdout + out.stderr)
     assert len(said) == 1 and said[0].startswith("restart 1 of 2: the explorer actor (pid "), said
     assert ", in step 2; resuming from " in said[0], said
     check_resumed(tmp_path / "grpo_arith", straight_async[STEPS])

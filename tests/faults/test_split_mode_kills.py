@@ -29,6 +29,7 @@ from _lib.faultlib import (
     command,
     kill,
     record,
+    restart_lines,
     rows_by_step,
     start,
     step_metrics,
@@ -124,7 +125,7 @@ def test_sigkill_of_the_explorer_processs_actor_is_restarted_by_that_process(tmp
         for proc in procs.values():
             if proc.poll() is None:
                 kill(proc)
-    said = [line for line in outputs["explorer"].splitlines() if line.startswith("restart ")]
+    said = restart_lines(outputs["explorer"])
     assert len(said) == 1 and re.fullmatch(
         r"restart 1 of 2: the explorer actor \(pid \d+\) died during run \(.+\), in step 2; "
         r"resuming from explorer/state.json \(after step 1\)",

@@ -32,6 +32,7 @@ from _lib.faultlib import (
     child_env,
     command,
     record,
+    restart_lines,
     rows_by_step,
     start,
     step_metrics,
@@ -106,7 +107,7 @@ def test_sigkill_of_a_verl_worker_mid_update_is_restarted_in_the_run_exactly(tmp
     assert stuck_gone_at is not None and restarted_at is not None, (stuck_gone_at, restarted_at)
     noticed_s = stuck_gone_at - died_at
     assert noticed_s < 30, f"the surviving rank was stopped {noticed_s:.1f} s after the death (stuck in a collective?)"
-    said = [line for line in (out + err).splitlines() if line.startswith("restart ")]
+    said = restart_lines(out + err)
     assert len(said) == 1 and re.fullmatch(
         r"restart 1 of 2: verl worker rank 1 of 2 \(pid \d+\) died during forward/backward \(.+\), in step 2; "
         r"resuming from checkpoint step_000001",

@@ -18,7 +18,7 @@ import json
 import re
 import time
 
-from _lib.faultlib import FAULT_ENV, check_resumed, command, record, run
+from _lib.faultlib import FAULT_ENV, check_resumed, command, record, restart_lines, run
 
 from trinity_like.fault_points import ONCE_VAR
 
@@ -37,7 +37,7 @@ def test_sigkill_of_the_explorer_actor_is_restarted_in_the_run_exactly(tmp_path,
     took = time.monotonic() - t0
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "fired").exists(), "the fault never fired"
-    said = [line for line in (out.stdout + out.stderr).splitlines() if line.startswith("restart ")]
+    said = restart_lines(out.stdout + out.stderr)
     assert len(said) == 1 and re.fullmatch(
         r"restart 1 of 2: the explorer actor \(pid \d+\) died during run \(.+\), in step 2; "
         r"resuming from checkpoint step_000001",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -69,10 +71,19 @@ class MetricsLogger:
             self.bar.update(1)
 
     def write(self, text: str) -> None:
+        """One line for people. Without a bar it goes to stdout in one write of its own: Ray's
+        background threads print to the same stream (a dead worker's "(raylet)" report), and
+        buffered text from two threads can interleave mid-line."""
         if self.bar is not None:
             self.bar.write(text)
-        else:
+            return
+        sys.stdout.flush()
+        try:
+            fd = sys.stdout.fileno()
+        except (AttributeError, OSError, ValueError):  # a stream without a descriptor (captured in memory)
             print(text, flush=True)
+            return
+        os.write(fd, (text + "\n").encode("utf-8", "replace"))
 
     def close(self) -> None:
         for sink in self.sinks:
