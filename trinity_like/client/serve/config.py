@@ -44,9 +44,7 @@ class ServeParams:
     max_batch_datums: int = 1024  # datums of one forward_backward request; told to the SDK, which splits larger ones
     max_models: int = 4  # training clients held at once (each: weights, gradients, Adam state); more is HTTP 400
     max_samplers: int = 8  # sampling sessions kept, least recently used let go first (a snapshot: a weights copy)
-    train_engine: str = (
-        "local"  # a TRAIN_ENGINE name: "local" (in-process torch), "verl" (FSDP workers through Ray), a plugin's
-    )
+    train_engine: str = "local"  # a TRAIN_ENGINE name: "local" (in-process), "verl" (workers through Ray), a plugin's
     micro_batch_size: int = 8  # rows per forward/backward pass of a train engine
     dtype: str = "float32"  # the training weights' dtype
     models: tuple[str, ...] = ()  # model ids or folders listed by get_server_capabilities beside the built-ins
